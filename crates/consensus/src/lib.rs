@@ -1,0 +1,104 @@
+//! Consensus: the node's etcd member, run as a supervised child process.
+//!
+//! Polis does not embed etcd; it runs Debian's `etcd` binary (3.4) and owns its whole
+//! life: configuration, start, readiness, logs, restart and stop. Other parts of the node
+//! reach etcd only through the [`Status`] this crate publishes, which carries a client
+//! connected over etcd's unix socket.
+//!
+//! ```text
+//!   node (controlplane) ──EtcdConfig──▶ consensus::run ──spawn──▶ /usr/bin/etcd
+//!                                           │   ▲                  (cwd: ephemeral/consensus,
+//!                                           │   └── zap JSON logs   socket etcd.sock:0)
+//!                                           ▼
+//!                           event::Value<Status> ──▶ curator, pki, cluster state
+//! ```
+//!
+//! Invariants:
+//! - etcd's client endpoint is only the unix socket in a 0700 directory, never TCP.
+//! - Peers authenticate with mutual TLS against the etcd peer CA, and the peer CRL file
+//!   always exists (etcd rejects every peer when it is missing).
+//! - A stale socket is removed before start; etcd dies with polis-node
+//!   (`PR_SET_PDEATHSIG`); stopping sends SIGTERM and, after a timeout, SIGKILL.
+//! - "Ready" means a linearizable read through the socket succeeded, each attempt with
+//!   its own timeout.
+//! - Consensus users see etcd through [`Namespaced`] clients: `namespaced:<user>/`.
+
+pub mod client;
+pub mod config;
+pub mod process;
+
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+pub use client::{Namespaced, connect_unix};
+pub use config::{EtcdConfig, InitialClusterState, PeerTlsFiles, RaftTiming};
+pub use process::run;
+
+/// The published state of the local etcd member.
+#[derive(Clone, Debug)]
+pub enum Status {
+    /// etcd answered a linearizable read.
+    Running(Running),
+    /// etcd is not running (stopped, or exited and about to be restarted).
+    Stopped,
+}
+
+/// A running, ready etcd member.
+#[derive(Clone)]
+pub struct Running {
+    pub cluster_id: u64,
+    pub member_id: u64,
+    pub client: etcd_client::Client,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("cluster_id", &format_args!("{:x}", self.cluster_id))
+            .field("member_id", &format_args!("{:x}", self.member_id))
+            .finish()
+    }
+}
+
+impl Running {
+    pub fn namespaced(&self, user: &str) -> Namespaced {
+        Namespaced::new(self.client.clone(), user)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConsensusError {
+    #[error(
+        "etcd binary not found or not executable at {path}; install it with `apt-get install -y etcd-server`"
+    )]
+    BinaryMissing { path: PathBuf },
+    #[error(
+        "etcd client socket path {path} is longer than the 107 bytes Linux allows; use a shorter node root"
+    )]
+    SocketPathTooLong { path: PathBuf },
+    #[error("{what} file {path} is missing")]
+    MissingFile { what: &'static str, path: PathBuf },
+    #[error("starting {path}")]
+    Spawn {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{context}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("etcd exited ({})", process::describe_exit(status))]
+    Exited { status: ExitStatus },
+    #[error("etcd did not become ready within {after:?}; last error: {last_error}")]
+    NotReady { after: Duration, last_error: String },
+    #[error("connecting to etcd at {path}: {reason}")]
+    Connect { path: PathBuf, reason: String },
+    #[error("etcd request failed")]
+    Etcd(#[from] etcd_client::Error),
+    #[error("unexpected etcd response: {0}")]
+    Protocol(&'static str),
+}

@@ -1,0 +1,259 @@
+//! The etcd child process: start, readiness, log forwarding, stop.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tracing::Instrument;
+
+use crate::client::connect_unix;
+use crate::config::{EtcdConfig, MAX_SOCKET_PATH};
+use crate::{ConsensusError, Status};
+
+/// How long etcd gets to come up before the start counts as failed.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
+/// Per-probe timeout: a socket can accept connections while requests hang.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Grace period between SIGTERM and SIGKILL.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Checks what can be checked before spawning, so that failures name their cause.
+pub fn preflight(config: &EtcdConfig) -> Result<(), ConsensusError> {
+    let binary = &config.binary;
+    match std::fs::metadata(binary) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {}
+        _ => {
+            return Err(ConsensusError::BinaryMissing {
+                path: binary.clone(),
+            });
+        }
+    }
+    let socket = config.socket_path();
+    if socket.as_os_str().len() > MAX_SOCKET_PATH {
+        return Err(ConsensusError::SocketPathTooLong { path: socket });
+    }
+    if !config.peer_tls.crl.is_file() {
+        return Err(ConsensusError::MissingFile {
+            what: "peer CRL",
+            path: config.peer_tls.crl.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Runs etcd until `ctx` is cancelled (then stops it cleanly) or etcd exits (an error,
+/// so that the supervisor restarts this runnable with backoff).
+pub async fn run(
+    ctx: &supervisor::Context,
+    config: &EtcdConfig,
+    status: &event::Value<Status>,
+) -> Result<(), ConsensusError> {
+    preflight(config)?;
+    prepare_run_dir(&config.run_dir)?;
+    let started = Instant::now();
+    let mut child = spawn(config)?;
+    tracing::info!(pid = child.id(), "started etcd");
+
+    let ready = tokio::select! {
+        r = wait_ready(config, &mut child) => r,
+        _ = ctx.cancelled() => {
+            stop(&mut child).await;
+            return Ok(());
+        }
+    };
+    let running = match ready {
+        Ok(r) => r,
+        Err(e) => {
+            stop(&mut child).await;
+            return Err(e);
+        }
+    };
+    tracing::info!(
+        cluster_id = format!("{:x}", running.cluster_id),
+        member_id = format!("{:x}", running.member_id),
+        ms = started.elapsed().as_millis() as u64,
+        "etcd is ready"
+    );
+    status.set(Status::Running(running));
+    ctx.signal_healthy();
+
+    let result = tokio::select! {
+        exit = child.wait() => Err(match exit {
+            Ok(status) => ConsensusError::Exited { status },
+            Err(source) => ConsensusError::Io { context: "waiting for etcd".into(), source },
+        }),
+        _ = ctx.cancelled() => {
+            stop(&mut child).await;
+            Ok(())
+        }
+    };
+    status.set(Status::Stopped);
+    result
+}
+
+fn prepare_run_dir(run_dir: &Path) -> Result<(), ConsensusError> {
+    let io = |context: String| move |source| ConsensusError::Io { context, source };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(run_dir)
+        .map_err(io(format!("creating {}", run_dir.display())))?;
+    std::fs::set_permissions(run_dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(io(format!("setting permissions of {}", run_dir.display())))?;
+    // A socket left behind by a killed etcd makes the next one fail to bind.
+    let socket = run_dir.join(crate::config::CLIENT_SOCKET_NAME);
+    match std::fs::remove_file(&socket) {
+        Ok(()) => tracing::info!("removed stale etcd socket {}", socket.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(format!("removing stale socket {}", socket.display()))(e)),
+    }
+    Ok(())
+}
+
+fn spawn(config: &EtcdConfig) -> Result<Child, ConsensusError> {
+    let parent_pid = std::process::id() as libc::pid_t;
+    let mut cmd = Command::new(&config.binary);
+    cmd.args(config.args())
+        .current_dir(&config.run_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        // Own process group: a terminal's Ctrl-C reaches only polis-node, which then
+        // stops etcd in order.
+        .process_group(0);
+    // SAFETY: the closure only calls async-signal-safe functions (prctl, getppid, kill).
+    unsafe {
+        cmd.pre_exec(move || {
+            // etcd must not outlive polis-node, even after SIGKILL.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died between fork and prctl.
+            if libc::getppid() != parent_pid {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|source| ConsensusError::Spawn {
+        path: config.binary.clone(),
+        source,
+    })?;
+    if let Some(stderr) = child.stderr.take() {
+        tokio::spawn(forward_logs(stderr).in_current_span());
+    }
+    if let Some(stdout) = child.stdout.take() {
+        tokio::spawn(forward_logs(stdout).in_current_span());
+    }
+    Ok(child)
+}
+
+/// Re-emits etcd's zap JSON lines as our own log events, under the runnable's name.
+async fn forward_logs(pipe: impl tokio::io::AsyncRead + Unpin) {
+    let mut lines = BufReader::new(pipe).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let parsed = serde_json::from_str::<serde_json::Value>(&line).ok();
+        let (level, msg) = match &parsed {
+            Some(v) => (
+                v.get("level").and_then(|l| l.as_str()).unwrap_or("info"),
+                v.get("msg").and_then(|m| m.as_str()).unwrap_or(&line),
+            ),
+            None => ("info", line.as_str()),
+        };
+        let fields = parsed
+            .as_ref()
+            .and_then(|v| v.as_object())
+            .map(|o| {
+                o.iter()
+                    .filter(|(k, _)| !matches!(k.as_str(), "level" | "msg" | "ts" | "caller"))
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+        match level {
+            "debug" => tracing::debug!(target: "etcd", "{msg} {fields}"),
+            "warn" => tracing::warn!(target: "etcd", "{msg} {fields}"),
+            "error" | "dpanic" | "panic" | "fatal" => {
+                tracing::error!(target: "etcd", "{msg} {fields}")
+            }
+            _ => tracing::info!(target: "etcd", "{msg} {fields}"),
+        }
+    }
+}
+
+/// Polls etcd with linearizable reads through the socket until one succeeds.
+async fn wait_ready(
+    config: &EtcdConfig,
+    child: &mut Child,
+) -> Result<crate::Running, ConsensusError> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let socket = config.socket_path();
+    let mut last_error = String::from("no attempt yet");
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(ConsensusError::Exited { status });
+        }
+        if Instant::now() > deadline {
+            return Err(ConsensusError::NotReady {
+                after: READY_TIMEOUT,
+                last_error,
+            });
+        }
+        if socket.exists() {
+            match tokio::time::timeout(PROBE_TIMEOUT, probe(&socket)).await {
+                Ok(Ok(running)) => return Ok(running),
+                Ok(Err(e)) => last_error = e.to_string(),
+                Err(_) => last_error = "probe timed out".to_string(),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn probe(socket: &Path) -> Result<crate::Running, ConsensusError> {
+    let mut client = connect_unix(socket).await?;
+    // A linearizable read needs a leader and a quorum: etcd is really serving.
+    let response = client.get("\0polis-readiness-probe", None).await?;
+    let header = response
+        .header()
+        .ok_or(ConsensusError::Protocol("etcd response without header"))?;
+    Ok(crate::Running {
+        cluster_id: header.cluster_id(),
+        member_id: header.member_id(),
+        client,
+    })
+}
+
+/// SIGTERM, then SIGKILL if etcd has not exited within [`STOP_TIMEOUT`].
+async fn stop(child: &mut Child) {
+    let Some(pid) = child.id() else {
+        return;
+    };
+    // SAFETY: plain syscall on a pid we own and have not reaped yet.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGTERM);
+    }
+    match tokio::time::timeout(STOP_TIMEOUT, child.wait()).await {
+        Ok(Ok(status)) => tracing::info!(%status, "etcd stopped"),
+        Ok(Err(e)) => tracing::warn!("waiting for etcd to stop: {e}"),
+        Err(_) => {
+            tracing::warn!("etcd did not stop within {STOP_TIMEOUT:?}; killing it");
+            let _ = child.kill().await;
+        }
+    }
+}
+
+/// `ExitStatus` with the signal spelled out, for error messages.
+pub fn describe_exit(status: &ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => format!("signal {sig}"),
+        _ => status.to_string(),
+    }
+}

@@ -1,0 +1,207 @@
+//! The cluster manager: carries out the start decision and hands the result to the
+//! role server.
+//!
+//! ```text
+//!   main (preflight) ──Plan──▶ cluster manager ──Membership──▶ role server / controlplane
+//!                                     │                              │
+//!                                     └──── logs every change of ◀───┘ ClusterState
+//! ```
+//! Bootstrap prepares everything etcd needs to start (node key, both CAs, the peer
+//! certificate, an empty peer CRL) on disk; the sealed configuration is only written by
+//! the control plane once the cluster records are in etcd. A crash in between leaves a
+//! root that refuses to start (see `decision`), never a second cluster.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result, bail};
+use identity::NodeKey;
+use pki::{CA_LIFETIME, CERTIFICATE_LIFETIME, Ca, Issued, Template, Usage};
+use proto::config::{ClusterBootstrap, SealedConfiguration};
+
+use crate::decision::ClusterState;
+use crate::storage::{Root, pem, read_file, write_atomic};
+
+/// What main decided and validated before the supervisor started.
+#[derive(Debug, Clone)]
+pub enum Plan {
+    Bootstrap(ClusterBootstrap),
+    Join(SealedConfiguration),
+}
+
+/// Data for the role server: who this node is and how it belongs to its cluster.
+#[derive(Debug, Clone)]
+pub enum Membership {
+    Bootstrap(Arc<BootstrapData>),
+    Join(Arc<JoinData>),
+}
+
+impl Membership {
+    pub fn key(&self) -> &NodeKey {
+        match self {
+            Membership::Bootstrap(b) => &b.key,
+            Membership::Join(j) => &j.key,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct BootstrapData {
+    pub key: NodeKey,
+    pub parameters: ClusterBootstrap,
+    pub cluster_ca: Ca,
+    pub peer_ca: Ca,
+    pub peer_certificate: Issued,
+}
+
+#[derive(Debug)]
+pub struct JoinData {
+    pub key: NodeKey,
+    pub sealed: SealedConfiguration,
+}
+
+/// Shared values of one node.
+#[derive(Clone)]
+pub struct NodeValues {
+    pub membership: event::Value<Membership>,
+    pub cluster_state: event::Value<ClusterState>,
+}
+
+/// The certificate etcd peers know this node by. Loopback addresses also get
+/// 127.0.0.1: Linux sources connections between 127.0.0.x aliases from 127.0.0.1, and
+/// etcd checks the dialing peer's SAN against the source address.
+pub fn peer_template(node_id: &str, address: IpAddr) -> Template {
+    let mut ips = vec![address];
+    let localhost: IpAddr = [127, 0, 0, 1].into();
+    if address.is_loopback() && address != localhost {
+        ips.push(localhost);
+    }
+    Template {
+        common_name: node_id.to_string(),
+        dns_names: vec![node_id.to_string()],
+        ip_addresses: ips,
+        usage: Usage::ServerAndClient,
+        lifetime: CERTIFICATE_LIFETIME,
+    }
+}
+
+/// The node's own certificate from the cluster CA (curator server, node client).
+pub fn node_template(node_id: &str, address: IpAddr) -> Template {
+    Template {
+        common_name: node_id.to_string(),
+        dns_names: vec![node_id.to_string()],
+        ip_addresses: vec![address],
+        usage: Usage::ServerAndClient,
+        lifetime: CERTIFICATE_LIFETIME,
+    }
+}
+
+/// Writes the etcd peer TLS files; the CRL is replaced atomically like every file.
+pub fn write_peer_files(
+    root: &Root,
+    key: &NodeKey,
+    ca: &[u8],
+    cert: &[u8],
+    crl: &[u8],
+) -> Result<()> {
+    let dir = root.etcd_peer_dir();
+    write_atomic(&dir.join("key.pem"), &pem("PRIVATE KEY", key.pkcs8_der()))?;
+    write_atomic(&dir.join("cert.pem"), &pem("CERTIFICATE", cert))?;
+    write_atomic(&dir.join("ca.pem"), &pem("CERTIFICATE", ca))?;
+    write_atomic(&dir.join("crl.pem"), &pem("X509 CRL", crl))?;
+    Ok(())
+}
+
+/// Bootstrap, up to the point where etcd can start.
+pub fn prepare_bootstrap(
+    root: &Root,
+    address: IpAddr,
+    parameters: ClusterBootstrap,
+) -> Result<BootstrapData> {
+    let key = NodeKey::generate().context("generating the node key")?;
+    let node_id = key.node_id();
+    tracing::info!(node_id, "bootstrapping a new cluster");
+    write_atomic(&root.node_key(), key.pkcs8_der()).context("saving the node key")?;
+    let cluster_ca =
+        Ca::generate("Polis Cluster CA", CA_LIFETIME).context("creating the cluster CA")?;
+    let peer_ca =
+        Ca::generate("Polis etcd Peer CA", CA_LIFETIME).context("creating the etcd peer CA")?;
+    let peer_certificate = peer_ca
+        .issue(&peer_template(&node_id, address), &key.public_key())
+        .context("issuing the etcd peer certificate")?;
+    let crl = peer_ca.crl(&[], 1).context("creating the etcd peer CRL")?;
+    write_peer_files(root, &key, &peer_ca.cert_der, &peer_certificate.der, &crl)
+        .context("writing etcd peer TLS files")?;
+    Ok(BootstrapData {
+        key,
+        parameters,
+        cluster_ca,
+        peer_ca,
+        peer_certificate,
+    })
+}
+
+/// Join: load the node's identity and check it against the sealed configuration.
+pub fn prepare_join(root: &Root, sealed: SealedConfiguration) -> Result<JoinData> {
+    let key_path = root.node_key();
+    let key = NodeKey::from_pkcs8(&read_file(&key_path, "node key")?)
+        .with_context(|| format!("node key in {} is corrupt", key_path.display()))?;
+    if key.node_id() != sealed.node_id {
+        bail!(
+            "node key in {} belongs to {}, but the sealed configuration is for {}",
+            key_path.display(),
+            key.node_id(),
+            sealed.node_id
+        );
+    }
+    for file in ["key.pem", "cert.pem", "ca.pem", "crl.pem"] {
+        let path = root.etcd_peer_dir().join(file);
+        if !path.is_file() {
+            bail!("etcd peer TLS file {} is missing", path.display());
+        }
+    }
+    tracing::info!(
+        node_id = sealed.node_id,
+        "joining cluster as an existing member"
+    );
+    Ok(JoinData { key, sealed })
+}
+
+/// The `root.cluster` runnable body: carry out the plan, then log cluster state changes.
+pub async fn run(
+    ctx: supervisor::Context,
+    root: Root,
+    address: IpAddr,
+    plan: Plan,
+    values: NodeValues,
+    fatal: tokio::sync::mpsc::UnboundedSender<anyhow::Error>,
+) -> supervisor::RunnableResult {
+    if values.membership.current().is_none() {
+        let membership = match plan {
+            Plan::Bootstrap(p) => {
+                prepare_bootstrap(&root, address, p).map(|b| Membership::Bootstrap(Arc::new(b)))
+            }
+            Plan::Join(s) => prepare_join(&root, s).map(|j| Membership::Join(Arc::new(j))),
+        };
+        match membership {
+            Ok(m) => values.membership.set(m),
+            Err(e) => {
+                // The decision is once per start: a failed attempt is not retried.
+                let _ = fatal.send(e.context("cluster manager"));
+                ctx.signal_done();
+                return Ok(());
+            }
+        }
+    }
+    ctx.signal_healthy();
+    let mut state = values.cluster_state.watch();
+    loop {
+        tokio::select! {
+            s = state.get() => match s {
+                Ok(s) => tracing::info!(cluster_state = %s, "cluster state changed"),
+                Err(_) => return Ok(()),
+            },
+            _ = ctx.cancelled() => return Ok(()),
+        }
+    }
+}

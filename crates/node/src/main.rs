@@ -1,0 +1,289 @@
+//! `polis-node`: the agent every machine of a Polis cluster runs.
+//!
+//! On every start the node decides once what it is (see `decision`): a node that
+//! already belongs to a cluster *joins* it again; a fresh node *bootstraps* a new cluster
+//! or *registers* into an existing one, as its node parameters say. Everything after
+//! that decision runs as runnables under a supervisor:
+//!
+//! ```text
+//!   root
+//!   ├── cluster                  cluster manager: carries out the decision, logs state
+//!   └── role                     role server
+//!       └── controlplane         consensus + cluster records
+//!           └── consensus        the etcd child process
+//! ```
+//!
+//! Invariants:
+//! - Refusals (would-be second cluster, corrupt files, foreign address, missing etcd) are
+//!   decided before anything is written, and end the process with a message and exit 1.
+//! - SIGTERM/SIGINT stop the tree in order (etcd last gets SIGTERM) and exit 0.
+//! - SIGUSR1 logs the supervisor tree.
+
+mod cluster;
+mod decision;
+mod roleserver;
+mod storage;
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, ValueEnum};
+use proto::config::{NodeParameters, SealedConfiguration, node_parameters};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::cluster::{NodeValues, Plan};
+use crate::decision::{ClusterState, Decision, ParametersKind, RootFacts, decide};
+use crate::storage::{Root, read_proto};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Runs a Polis node.
+#[derive(Debug, Parser)]
+#[command(name = "polis-node", version)]
+struct Args {
+    /// Node root directory (created 0700 if absent).
+    #[arg(long)]
+    root: PathBuf,
+    /// This node's address; peers and clients reach it here. Must be on this machine.
+    #[arg(long)]
+    address: IpAddr,
+    /// Node parameters file [default: ROOT/esp/parameters.pb]. Only read by a node
+    /// that does not belong to a cluster yet.
+    #[arg(long)]
+    params: Option<PathBuf>,
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// The etcd binary (Debian: apt-get install etcd-server).
+    #[arg(long, env = "POLIS_ETCD_BINARY", default_value = consensus::config::DEFAULT_ETCD_BINARY)]
+    etcd_binary: PathBuf,
+    /// etcd raft heartbeat interval in milliseconds.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=5000))]
+    etcd_heartbeat_ms: u64,
+    /// etcd raft election timeout in milliseconds (at least 5 heartbeats).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=50000))]
+    etcd_election_timeout_ms: u64,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("POLIS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("polis-node: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Lines logged before the supervisor starts belong to the root runnable too.
+    let span = tracing::info_span!("runnable", dn = %"root");
+    match runtime.block_on(tracing::Instrument::instrument(run(args), span)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("polis-node: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Fails unless `address` is assigned to an interface of this machine.
+fn check_address(address: IpAddr) -> Result<()> {
+    match std::net::TcpListener::bind((address, 0)) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+            bail!("address {address} is not present on this machine (no interface has it)")
+        }
+        Err(e) => Err(e).with_context(|| format!("checking address {address}")),
+    }
+}
+
+fn check_port_free(address: IpAddr, port: u16, what: &str) -> Result<()> {
+    std::net::TcpListener::bind((address, port))
+        .map(drop)
+        .with_context(|| {
+            format!(
+                "{what} port {address}:{port} is not available (is another node running there?)"
+            )
+        })
+}
+
+fn check_etcd_binary(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(()),
+        _ => Err(consensus::ConsensusError::BinaryMissing { path: path.into() }.into()),
+    }
+}
+
+/// Everything that can refuse the start, before anything is written.
+fn preflight(args: &Args, root: &Root) -> Result<Plan> {
+    check_address(args.address)?;
+    check_etcd_binary(&args.etcd_binary)?;
+    if root.root.exists() && !root.root.is_dir() {
+        bail!("node root {} is not a directory", root.root.display());
+    }
+    let sealed_path = root.sealed_configuration();
+    let params_path = args
+        .params
+        .clone()
+        .unwrap_or_else(|| root.default_parameters());
+    let sealed_present = sealed_path.exists();
+    let parameters: Option<NodeParameters> = if sealed_present {
+        None
+    } else if args.params.is_some() || params_path.exists() {
+        Some(read_proto(&params_path, "node parameters")?)
+    } else {
+        None
+    };
+    let facts = RootFacts {
+        sealed_configuration: sealed_present.then(|| sealed_path.clone()),
+        cluster_state: root.cluster_state_present(),
+        parameters: parameters.as_ref().map(|p| match p.cluster {
+            Some(node_parameters::Cluster::Bootstrap(_)) => ParametersKind::Bootstrap,
+            Some(node_parameters::Cluster::Register(_)) => ParametersKind::Register,
+            None => ParametersKind::Empty,
+        }),
+        parameters_path: params_path.clone(),
+    };
+    let decision = decide(&facts, sealed_path.clone(), root.data())?;
+    tracing::info!(?decision, "start decision");
+    match decision {
+        Decision::Join => {
+            let sealed: SealedConfiguration = read_proto(&sealed_path, "sealed configuration")?;
+            identity::validate_node_id(&sealed.node_id).with_context(|| {
+                format!(
+                    "sealed configuration in {} is corrupt",
+                    sealed_path.display()
+                )
+            })?;
+            if sealed.address != args.address.to_string() {
+                bail!(
+                    "this node joined its cluster with address {}, but was started with --address {}; \
+                     changing a node's address is not supported",
+                    sealed.address,
+                    args.address
+                );
+            }
+            roleserver::check_join_root(root)?;
+            check_port_free(args.address, consensus::config::PEER_PORT, "etcd peer")?;
+            Ok(Plan::Join(sealed))
+        }
+        Decision::Bootstrap => {
+            let Some(node_parameters::Cluster::Bootstrap(b)) = parameters.and_then(|p| p.cluster)
+            else {
+                unreachable!("decided bootstrap from bootstrap parameters");
+            };
+            identity::public_key_from_slice(&b.owner_public_key).with_context(|| {
+                format!(
+                    "owner public key in node parameters {} is invalid",
+                    params_path.display()
+                )
+            })?;
+            check_port_free(args.address, consensus::config::PEER_PORT, "etcd peer")?;
+            Ok(Plan::Bootstrap(b))
+        }
+        Decision::Register => bail!(
+            "node parameters {} ask to register into an existing cluster; registration is not supported yet",
+            params_path.display()
+        ),
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    if args.etcd_election_timeout_ms < 5 * args.etcd_heartbeat_ms {
+        bail!("--etcd-election-timeout-ms must be at least 5 times --etcd-heartbeat-ms");
+    }
+    let root = Root::new(&args.root);
+    let plan = preflight(&args, &root)?;
+    root.prepare()?;
+
+    let values = NodeValues {
+        membership: event::Value::new(),
+        cluster_state: event::Value::new(),
+    };
+    values.cluster_state.set(ClusterState::Unknown);
+    let settings = roleserver::Settings {
+        root: root.clone(),
+        address: args.address,
+        etcd_binary: args.etcd_binary.clone(),
+        raft_timing: consensus::RaftTiming {
+            heartbeat: Duration::from_millis(args.etcd_heartbeat_ms),
+            election_timeout: Duration::from_millis(args.etcd_election_timeout_ms),
+        },
+    };
+    let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
+    let address = args.address;
+    let supervisor = supervisor::Supervisor::start(supervisor::Config::default(), move |ctx| {
+        let (root, plan, values, settings, fatal) = (
+            root.clone(),
+            plan.clone(),
+            values.clone(),
+            settings.clone(),
+            fatal_tx.clone(),
+        );
+        async move {
+            let cluster_values = values.clone();
+            let cluster_fatal = fatal.clone();
+            ctx.run("cluster", move |ctx| {
+                cluster::run(
+                    ctx,
+                    root.clone(),
+                    address,
+                    plan.clone(),
+                    cluster_values.clone(),
+                    cluster_fatal.clone(),
+                )
+            })?;
+            ctx.run("role", move |ctx| {
+                roleserver::run(ctx, settings.clone(), values.clone(), fatal.clone())
+            })?;
+            ctx.signal_healthy();
+            ctx.cancelled().await;
+            Ok(())
+        }
+    });
+
+    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut sigusr1 = signal(SignalKind::user_defined1()).context("installing SIGUSR1 handler")?;
+    let outcome = loop {
+        tokio::select! {
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); break Ok(()) }
+            _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); break Ok(()) }
+            _ = sigusr1.recv() => tracing::info!("supervisor tree:\n{}", supervisor.dump()),
+            Some(e) = fatal_rx.recv() => break Err(e),
+        }
+    };
+    supervisor.shutdown().await;
+    outcome
+}

@@ -1,0 +1,223 @@
+//! Local storage: the node root's layout, permissions and atomic file writes.
+//!
+//! ```text
+//!   <root>/esp/parameters.pb             node parameters (operator-provided)
+//!   <root>/esp/sealed_configuration.pb   written last; present = "join on start"
+//!   <root>/data/node/key.der             node Ed25519 key (PKCS#8)       0600
+//!   <root>/data/node/cert.der            node certificate (cluster CA)
+//!   <root>/data/node/ca.der              cluster CA certificate
+//!   <root>/data/etcd/data/               etcd's data directory
+//!   <root>/data/etcd/peer/               etcd peer cert, key, CA, CRL (PEM)
+//!   <root>/ephemeral/consensus/          etcd's cwd; client socket etcd.sock:0
+//! ```
+//! Directories are 0700, secret files 0600, and every file is written atomically
+//! (temporary file, fsync, rename, fsync of the directory).
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use prost::Message;
+
+/// The paths of one node root.
+#[derive(Debug, Clone)]
+pub struct Root {
+    pub root: PathBuf,
+}
+
+impl Root {
+    pub fn new(root: impl Into<PathBuf>) -> Root {
+        Root { root: root.into() }
+    }
+    pub fn esp(&self) -> PathBuf {
+        self.root.join("esp")
+    }
+    pub fn data(&self) -> PathBuf {
+        self.root.join("data")
+    }
+    pub fn ephemeral(&self) -> PathBuf {
+        self.root.join("ephemeral")
+    }
+    pub fn default_parameters(&self) -> PathBuf {
+        self.esp().join("parameters.pb")
+    }
+    pub fn sealed_configuration(&self) -> PathBuf {
+        self.esp().join("sealed_configuration.pb")
+    }
+    pub fn node_dir(&self) -> PathBuf {
+        self.data().join("node")
+    }
+    pub fn node_key(&self) -> PathBuf {
+        self.node_dir().join("key.der")
+    }
+    pub fn node_certificate(&self) -> PathBuf {
+        self.node_dir().join("cert.der")
+    }
+    pub fn cluster_ca(&self) -> PathBuf {
+        self.node_dir().join("ca.der")
+    }
+    pub fn etcd_data(&self) -> PathBuf {
+        self.data().join("etcd").join("data")
+    }
+    pub fn etcd_peer_dir(&self) -> PathBuf {
+        self.data().join("etcd").join("peer")
+    }
+    pub fn consensus_run_dir(&self) -> PathBuf {
+        self.ephemeral().join("consensus")
+    }
+
+    /// Creates the root's directories (0700) and empties `ephemeral/`.
+    pub fn prepare(&self) -> Result<()> {
+        for dir in [
+            self.root.clone(),
+            self.esp(),
+            self.data(),
+            self.node_dir(),
+            self.data().join("etcd"),
+            self.etcd_peer_dir(),
+        ] {
+            ensure_private_dir(&dir)?;
+        }
+        let ephemeral = self.ephemeral();
+        if ephemeral.exists() {
+            fs::remove_dir_all(&ephemeral)
+                .with_context(|| format!("emptying {}", ephemeral.display()))?;
+        }
+        ensure_private_dir(&ephemeral)?;
+        Ok(())
+    }
+
+    /// Cluster state a fresh bootstrap would silently shadow: etcd data or credentials.
+    pub fn cluster_state_present(&self) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        if dir_non_empty(&self.etcd_data()) {
+            found.push(self.etcd_data());
+        }
+        for f in [self.node_key(), self.node_certificate(), self.cluster_ca()] {
+            if f.exists() {
+                found.push(f);
+            }
+        }
+        found
+    }
+}
+
+fn dir_non_empty(dir: &Path) -> bool {
+    fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
+}
+
+/// Creates `dir` (and parents) with mode 0700, and tightens it if it already exists.
+pub fn ensure_private_dir(dir: &Path) -> Result<()> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating directory {}", dir.display()))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("setting permissions of {}", dir.display()))
+}
+
+/// Writes `contents` to `path` atomically with mode 0600: a reader sees the old file or
+/// the new one, never a mix, also across a crash.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
+    let dir = path
+        .parent()
+        .with_context(|| format!("{} has no parent directory", path.display()))?;
+    let file_name = path
+        .file_name()
+        .with_context(|| format!("{} has no file name", path.display()))?;
+    let tmp = dir.join(format!(".{}.tmp", file_name.to_string_lossy()));
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    file.write_all(contents)
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    drop(file);
+    fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("syncing directory {}", dir.display()))
+}
+
+/// Reads and decodes a protobuf file; errors name the file.
+pub fn read_proto<M: Message + Default>(path: &Path, what: &str) -> Result<M> {
+    let bytes =
+        fs::read(path).with_context(|| format!("reading {what} from {}", path.display()))?;
+    M::decode(bytes.as_slice()).with_context(|| {
+        format!(
+            "{what} in {} is corrupt (not a valid protobuf)",
+            path.display()
+        )
+    })
+}
+
+pub fn write_proto<M: Message>(path: &Path, message: &M) -> Result<()> {
+    write_atomic(path, &message.encode_to_vec())
+}
+
+/// Reads a file that must exist; the error names it.
+pub fn read_file(path: &Path, what: &str) -> Result<Vec<u8>> {
+    fs::read(path).with_context(|| format!("reading {what} from {}", path.display()))
+}
+
+/// PEM-encodes DER for files consumed by etcd.
+pub fn pem(tag: &str, der: &[u8]) -> Vec<u8> {
+    pem::encode(&pem::Pem::new(tag, der)).into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_is_private_and_replaces() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"two");
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let leftovers: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(leftovers.len(), 1, "temporary file left behind");
+    }
+
+    #[test]
+    fn prepare_creates_private_dirs_and_empties_ephemeral() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path().join("node"));
+        root.prepare().unwrap();
+        fs::write(root.ephemeral().join("stale"), b"x").unwrap();
+        root.prepare().unwrap();
+        assert!(!root.ephemeral().join("stale").exists());
+        for d in [root.root.clone(), root.esp(), root.data(), root.ephemeral()] {
+            let mode = fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", d.display());
+        }
+        assert!(root.cluster_state_present().is_empty());
+        fs::write(root.node_key(), b"k").unwrap();
+        assert_eq!(root.cluster_state_present(), vec![root.node_key()]);
+    }
+
+    #[test]
+    fn corrupt_proto_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("params.pb");
+        fs::write(&path, [0xff, 0xff, 0xff]).unwrap();
+        let err =
+            read_proto::<proto::config::NodeParameters>(&path, "node parameters").unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("params.pb") && text.contains("corrupt"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,47 @@
+//! Cluster PKI: certificate authorities, certificates and revocation lists, kept in etcd.
+//!
+//! Polis has two CAs, both Ed25519 and both stored in etcd under their consensus user's
+//! namespace:
+//! - the **cluster CA** (`namespaced:curator/cluster-pki/`) issues node certificates and
+//!   owner/user certificates; the curator's gRPC servers trust only it;
+//! - the **etcd peer CA** (`namespaced:etcd-pki/`) issues the certificates etcd members
+//!   use to talk to each other.
+//!
+//! ```text
+//!   issue.rs (pure: rcgen)            store.rs (etcd transactions)
+//!   Ca::generate ─┐                   ensure_ca ── create if absent, else load
+//!   Ca::issue ────┼──▶ Issued{der} ──▶ ensure_certificate ── create if absent, else load
+//!   Ca::crl ──────┘                   revoke ── CAS update of the CRL
+//! ```
+//!
+//! Invariants:
+//! - *Ensure* operations are single etcd transactions: when two callers race, exactly one
+//!   creates and both end up with the same object.
+//! - Every certificate has a random serial number (not derived from the key, so re-issues
+//!   for the same key differ), recorded under `serials/` when stored; etcd's CRL check
+//!   compares serials only, so they must be unique across CAs.
+//! - Every certificate has a finite lifetime.
+//! - A CA always has a CRL (possibly empty), created together with it.
+
+mod issue;
+mod store;
+
+pub use issue::{
+    CA_LIFETIME, CERTIFICATE_LIFETIME, Ca, Issued, Template, Usage, certificate_public_key,
+    crl_serials, random_serial,
+};
+pub use store::CaStore;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("generating certificate material")]
+    Generate(#[from] rcgen::Error),
+    #[error("invalid {what}: {reason}")]
+    Invalid { what: &'static str, reason: String },
+    #[error("etcd operation on the PKI store failed")]
+    Consensus(#[from] consensus::ConsensusError),
+    #[error("etcd transaction on the PKI store failed")]
+    Etcd(#[from] etcd_client::Error),
+    #[error("PKI store is inconsistent: {0}")]
+    Inconsistent(String),
+}

@@ -1,0 +1,195 @@
+//! The PKI's etcd storage, with create-if-absent ("ensure") semantics.
+//!
+//! Layout inside the store's namespace (e.g. `namespaced:curator/cluster-pki/`):
+//! ```text
+//!   ca/cert           DER of the CA certificate
+//!   ca/key            PKCS#8 of the CA key
+//!   ca/crl            DER of the current CRL (empty list at creation)
+//!   issued/<name>     DER of a named certificate, e.g. issued/node-polis-…
+//!   serials/<hex>     what the serial was issued for (the CA, or a certificate name)
+//! ```
+
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+
+use consensus::Namespaced;
+
+use crate::PkiError;
+use crate::issue::{Ca, Issued, crl_serials};
+
+/// How often a store operation retries after losing a race or a serial collision.
+const MAX_ATTEMPTS: usize = 5;
+
+/// One CA's storage in etcd.
+#[derive(Debug, Clone)]
+pub struct CaStore {
+    ns: Namespaced,
+}
+
+fn first_value(response: Option<&TxnOpResponse>) -> Option<Vec<u8>> {
+    match response {
+        Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.value().to_vec()),
+        _ => None,
+    }
+}
+
+fn certificate_serial(der: &[u8]) -> Result<Vec<u8>, PkiError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| PkiError::Invalid {
+        what: "certificate",
+        reason: e.to_string(),
+    })?;
+    Ok(cert.raw_serial().to_vec())
+}
+
+impl CaStore {
+    /// A store rooted at `ns` (one CA per namespace).
+    pub fn new(ns: Namespaced) -> CaStore {
+        CaStore { ns }
+    }
+
+    /// Stores `candidate()` as this store's CA unless a CA is already stored; returns the
+    /// stored CA and whether this call created it. Racing callers all get the same CA.
+    pub async fn ensure_ca(
+        &self,
+        candidate: impl FnOnce() -> Result<Ca, PkiError>,
+    ) -> Result<(Ca, bool), PkiError> {
+        if let Some(ca) = self.load_ca().await? {
+            return Ok((ca, false));
+        }
+        let ca = candidate()?;
+        let serial = certificate_serial(&ca.cert_der)?;
+        let empty_crl = ca.crl(&[], 1)?;
+        let cert_key = self.ns.key("ca/cert");
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                cert_key.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([
+                TxnOp::put(cert_key.clone(), ca.cert_der.clone(), None),
+                TxnOp::put(self.ns.key("ca/key"), ca.key_pkcs8().to_vec(), None),
+                TxnOp::put(self.ns.key("ca/crl"), empty_crl, None),
+                TxnOp::put(
+                    self.ns.key(&format!("serials/{}", hex::encode(&serial))),
+                    "ca",
+                    None,
+                ),
+            ])
+            .or_else([
+                TxnOp::get(cert_key, None),
+                TxnOp::get(self.ns.key("ca/key"), None),
+            ]);
+        let response = self.ns.client().txn(txn).await?;
+        if response.succeeded() {
+            return Ok((ca, true));
+        }
+        let ops = response.op_responses();
+        let stored = Self::ca_from(first_value(ops.first()), first_value(ops.get(1)))?
+            .ok_or_else(|| PkiError::Inconsistent("CA vanished during ensure".into()))?;
+        Ok((stored, false))
+    }
+
+    fn ca_from(cert: Option<Vec<u8>>, key: Option<Vec<u8>>) -> Result<Option<Ca>, PkiError> {
+        match (cert, key) {
+            (Some(cert), Some(key)) => Ok(Some(Ca::from_parts(cert, key)?)),
+            (None, None) => Ok(None),
+            _ => Err(PkiError::Inconsistent(
+                "CA certificate and key are not both present".into(),
+            )),
+        }
+    }
+
+    /// The stored CA, if any.
+    pub async fn load_ca(&self) -> Result<Option<Ca>, PkiError> {
+        let txn = Txn::new().and_then([
+            TxnOp::get(self.ns.key("ca/cert"), None),
+            TxnOp::get(self.ns.key("ca/key"), None),
+        ]);
+        let response = self.ns.client().txn(txn).await?;
+        let ops = response.op_responses();
+        Self::ca_from(first_value(ops.first()), first_value(ops.get(1)))
+    }
+
+    /// Returns the certificate stored under `name`; if there is none, stores the one
+    /// `issue` returns (with its serial). Racing callers get the same certificate.
+    pub async fn ensure_certificate(
+        &self,
+        name: &str,
+        mut issue: impl FnMut() -> Result<Issued, PkiError>,
+    ) -> Result<Vec<u8>, PkiError> {
+        let cert_key = self.ns.key(&format!("issued/{name}"));
+        for _ in 0..MAX_ATTEMPTS {
+            if let Some(existing) = self.ns.get(&format!("issued/{name}")).await? {
+                return Ok(existing);
+            }
+            let Issued { der, serial } = issue()?;
+            let serial_key = self.ns.key(&format!("serials/{}", hex::encode(&serial)));
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(cert_key.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(serial_key.clone(), CompareOp::Equal, 0),
+                ])
+                .and_then([
+                    TxnOp::put(cert_key.clone(), der.clone(), None),
+                    TxnOp::put(serial_key, name, None),
+                ])
+                .or_else([TxnOp::get(cert_key.clone(), None)]);
+            let response = self.ns.client().txn(txn).await?;
+            if response.succeeded() {
+                return Ok(der);
+            }
+            if let Some(existing) = first_value(response.op_responses().first()) {
+                return Ok(existing);
+            }
+            // Serial collision with another certificate: issue again with a new serial.
+        }
+        Err(PkiError::Inconsistent(format!(
+            "could not store certificate {name} after {MAX_ATTEMPTS} attempts"
+        )))
+    }
+
+    /// The current CRL (DER).
+    pub async fn crl(&self) -> Result<Vec<u8>, PkiError> {
+        self.ns
+            .get("ca/crl")
+            .await?
+            .ok_or_else(|| PkiError::Inconsistent("CA has no CRL".into()))
+    }
+
+    /// Adds `serial` to the CRL. Concurrent revocations are serialized by a
+    /// compare-and-swap on the CRL's revision; none is lost.
+    pub async fn revoke(&self, ca: &Ca, serial: &[u8]) -> Result<Vec<u8>, PkiError> {
+        let crl_key = self.ns.key("ca/crl");
+        for _ in 0..MAX_ATTEMPTS * 4 {
+            let response = self
+                .ns
+                .client()
+                .get(crl_key.clone(), None::<GetOptions>)
+                .await?;
+            let kv = response
+                .kvs()
+                .first()
+                .ok_or_else(|| PkiError::Inconsistent("CA has no CRL".into()))?;
+            let mut serials = crl_serials(kv.value())?;
+            if serials.iter().any(|s| s == serial) {
+                return Ok(kv.value().to_vec());
+            }
+            serials.push(serial.to_vec());
+            // Revocations only ever append, so the count is a growing CRL number.
+            let crl = ca.crl(&serials, serials.len() as u64 + 1)?;
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    crl_key.clone(),
+                    CompareOp::Equal,
+                    kv.mod_revision(),
+                )])
+                .and_then([TxnOp::put(crl_key.clone(), crl.clone(), None)]);
+            if self.ns.client().txn(txn).await?.succeeded() {
+                return Ok(crl);
+            }
+        }
+        Err(PkiError::Inconsistent(
+            "CRL kept changing during revocation".into(),
+        ))
+    }
+}

@@ -1,0 +1,247 @@
+//! `polisctl`: the operator's command line for Polis clusters.
+//!
+//! The config directory (`--config`, default `~/.config/polis`) holds the operator's
+//! credentials:
+//! ```text
+//!   <config>/owner-key.pem    the owner's Ed25519 private key (PKCS#8 PEM)   0600
+//! ```
+//! Invariants: the directory is 0700 and every file in it 0600, written atomically; a key
+//! file readable by others is refused, as ssh does.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use clap::{CommandFactory, Parser, Subcommand};
+use identity::NodeKey;
+use prost::Message;
+use proto::config::{ClusterBootstrap, ClusterConfiguration, NodeParameters, node_parameters};
+
+/// Operate Polis clusters.
+#[derive(Debug, Parser)]
+#[command(name = "polisctl", version)]
+struct Cli {
+    /// Configuration directory holding the owner key.
+    #[arg(long, global = true, env = "POLISCTL_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create node parameters.
+    #[command(subcommand)]
+    Params(ParamsCommand),
+    /// Print a shell completion script.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ParamsCommand {
+    /// Parameters for the first node of a new cluster; creates the owner key if absent.
+    Bootstrap {
+        /// Where to write the parameters.
+        #[arg(long)]
+        out: PathBuf,
+        /// The cluster's DNS domain.
+        #[arg(long, default_value = "polis.internal")]
+        cluster_domain: String,
+        /// Node labels, KEY=VALUE (repeatable).
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+    },
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("label {s:?} is not KEY=VALUE"))?;
+    if k.is_empty() {
+        return Err(format!("label {s:?} has an empty key"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("polisctl: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn config_dir(cli: &Cli) -> Result<PathBuf> {
+    if let Some(c) = &cli.config {
+        return Ok(c.clone());
+    }
+    let home = std::env::var_os("HOME").context("HOME is not set; pass --config DIR")?;
+    Ok(PathBuf::from(home).join(".config").join("polis"))
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match &cli.command {
+        Command::Completion { shell } => {
+            clap_complete::generate(
+                *shell,
+                &mut Cli::command(),
+                "polisctl",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+        Command::Params(ParamsCommand::Bootstrap {
+            out,
+            cluster_domain,
+            labels,
+        }) => {
+            let config = config_dir(&cli)?;
+            let key = ensure_owner_key(&config)?;
+            let params = NodeParameters {
+                cluster: Some(node_parameters::Cluster::Bootstrap(ClusterBootstrap {
+                    owner_public_key: key.public_key().to_vec(),
+                    initial_cluster_configuration: Some(ClusterConfiguration {
+                        cluster_domain: cluster_domain.clone(),
+                    }),
+                    labels: labels.iter().cloned().collect(),
+                })),
+            };
+            write_private(out, &params.encode_to_vec())
+                .with_context(|| format!("writing node parameters to {}", out.display()))?;
+            eprintln!("wrote bootstrap parameters to {}", out.display());
+            Ok(())
+        }
+    }
+}
+
+fn owner_key_path(config: &Path) -> PathBuf {
+    config.join("owner-key.pem")
+}
+
+/// Loads the owner key, creating it (and the 0700 config directory) if absent.
+fn ensure_owner_key(config: &Path) -> Result<NodeKey> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(config)
+        .with_context(|| format!("creating config directory {}", config.display()))?;
+    let mode = fs::metadata(config)
+        .with_context(|| format!("reading {}", config.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        bail!(
+            "config directory {} has permissions {:o}, which let others in; chmod 700 it",
+            config.display(),
+            mode & 0o777
+        );
+    }
+    let path = owner_key_path(config);
+    if path.exists() {
+        return load_owner_key(&path);
+    }
+    let key = NodeKey::generate().context("generating the owner key")?;
+    let pem = pem::encode(&pem::Pem::new("PRIVATE KEY", key.pkcs8_der()));
+    write_private(&path, pem.as_bytes())
+        .with_context(|| format!("writing owner key to {}", path.display()))?;
+    eprintln!("created owner key {}", path.display());
+    Ok(key)
+}
+
+fn load_owner_key(path: &Path) -> Result<NodeKey> {
+    let mode = fs::metadata(path)
+        .with_context(|| format!("reading owner key {}", path.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        bail!(
+            "owner key {} has permissions {:o}, which are too open; chmod 600 it",
+            path.display(),
+            mode & 0o777
+        );
+    }
+    let text = fs::read_to_string(path)
+        .with_context(|| format!("reading owner key {}", path.display()))?;
+    let parsed = pem::parse(&text)
+        .with_context(|| format!("owner key {} is not a PEM file", path.display()))?;
+    if parsed.tag() != "PRIVATE KEY" {
+        bail!(
+            "owner key {} holds a {}, not a PRIVATE KEY",
+            path.display(),
+            parsed.tag()
+        );
+    }
+    NodeKey::from_pkcs8(parsed.contents())
+        .with_context(|| format!("owner key {} is not an Ed25519 key", path.display()))
+}
+
+/// Writes a 0600 file atomically (temporary file, fsync, rename).
+fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} is not a file path", path.display()))?;
+    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    f.write_all(contents).and_then(|()| f.sync_all())?;
+    fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_key_is_created_once_with_private_permissions() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("cfg");
+        let a = ensure_owner_key(&config).unwrap();
+        let b = ensure_owner_key(&config).unwrap();
+        assert_eq!(a.public_key(), b.public_key());
+        let dir_mode = fs::metadata(&config).unwrap().permissions().mode() & 0o777;
+        let key_mode = fs::metadata(owner_key_path(&config))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!((dir_mode, key_mode), (0o700, 0o600));
+    }
+
+    #[test]
+    fn too_open_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("cfg");
+        ensure_owner_key(&config).unwrap();
+        let key = owner_key_path(&config);
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).unwrap();
+        let err = ensure_owner_key(&config).unwrap_err().to_string();
+        assert!(err.contains("too open"), "{err}");
+    }
+
+    #[test]
+    fn labels_parse() {
+        assert_eq!(parse_label("a=b"), Ok(("a".into(), "b".into())));
+        assert!(parse_label("ab").is_err());
+        assert!(parse_label("=b").is_err());
+    }
+}
