@@ -280,7 +280,7 @@ mod tests {
         let san = cert.subject_alternative_name().unwrap().unwrap().value;
         let names: Vec<String> = san.general_names.iter().map(|n| format!("{n}")).collect();
         assert!(names.iter().any(|n| n.contains("polis-0123")), "{names:?}");
-        assert!(names.iter().any(|n| n.contains("127.0.0.2")), "{names:?}");
+        assert!(names.iter().any(|n| n.contains("7f:00:00:02")), "{names:?}");
         let eku = cert.extended_key_usage().unwrap().unwrap().value;
         assert!(eku.server_auth && eku.client_auth);
         assert!(!cert.is_ca());

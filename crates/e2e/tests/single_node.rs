@@ -1,0 +1,328 @@
+//! A one-node cluster, end to end: real polis-node processes running real etcd.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use anyhow::Result;
+use e2e::{Node, TIMEOUT, process_alive, wait_until};
+use prost::Message;
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+fn sealed(node: &Node) -> proto::config::SealedConfiguration {
+    let bytes = std::fs::read(node.root.join("esp/sealed_configuration.pb")).unwrap();
+    proto::config::SealedConfiguration::decode(bytes.as_slice()).unwrap()
+}
+
+/// Bootstraps a node in `dir` and waits for Home.
+fn bootstrapped(dir: &Path) -> Result<Node> {
+    let mut node = Node::new(dir);
+    let params = node.bootstrap_params()?;
+    node.start(&["--params", params.to_str().unwrap()])?;
+    node.wait_home()?;
+    Ok(node)
+}
+
+#[test]
+fn bootstrap_reaches_home_with_state_in_etcd() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let node = bootstrapped(dir.path())?;
+    let sealed = sealed(&node);
+    identity::validate_node_id(&sealed.node_id)?;
+
+    // The node record, the initial owner and the cluster configuration are in etcd.
+    let record = node
+        .etcd_get(&format!("namespaced:curator/nodes/{}", sealed.node_id))?
+        .expect("node record exists");
+    let record = proto::state::Node::decode(record.as_slice())?;
+    assert_eq!(record.id, sealed.node_id);
+    assert_eq!(record.state, proto::state::NodeState::Up as i32);
+    assert!(record.roles.unwrap().consensus_member.is_some());
+    assert_eq!(record.address, node.address.to_string());
+    let keys = node.etcdctl(&["get", "--prefix", "--keys-only", "namespaced:"])?;
+    for expected in [
+        "namespaced:curator/global/initial_owner",
+        "namespaced:curator/cluster/configuration",
+        "namespaced:curator/cluster-pki/ca/cert",
+        "namespaced:curator/cluster-pki/ca/crl",
+        "namespaced:etcd-pki/ca/cert",
+        "namespaced:etcd-pki/ca/crl",
+    ] {
+        assert!(
+            keys.lines().any(|k| k == expected),
+            "{expected} missing in:\n{keys}"
+        );
+    }
+    assert!(keys.contains(&format!(
+        "namespaced:curator/cluster-pki/issued/node-{}",
+        sealed.node_id
+    )));
+    assert!(keys.contains(&format!(
+        "namespaced:etcd-pki/issued/peer-{}",
+        sealed.node_id
+    )));
+    let (cluster_id, member_id) = node.etcd_ids()?;
+    assert_eq!(
+        (cluster_id, member_id),
+        (sealed.etcd_cluster_id, sealed.etcd_member_id)
+    );
+
+    // Permissions: private directories, secret files 0600.
+    for d in [
+        "",
+        "esp",
+        "data",
+        "data/node",
+        "data/etcd/peer",
+        "ephemeral",
+        "ephemeral/consensus",
+    ] {
+        assert_eq!(mode(&node.root.join(d)), 0o700, "directory {d}");
+    }
+    for f in [
+        "data/node/key.der",
+        "data/etcd/peer/key.pem",
+        "esp/sealed_configuration.pb",
+    ] {
+        assert_eq!(mode(&node.root.join(f)), 0o600, "file {f}");
+    }
+    assert_eq!(mode(&dir.path().join("config/owner-key.pem")), 0o600);
+    assert_eq!(mode(&dir.path().join("config")), 0o700);
+    Ok(())
+}
+
+#[test]
+fn kill_9_and_restart_is_the_same_cluster_with_data() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = bootstrapped(dir.path())?;
+    let before = sealed(&node);
+    let ids = node.etcd_ids()?;
+    node.etcdctl(&["put", "operator/marker", "survives"])?;
+    let etcd_pid = node.etcd_pid()?;
+
+    node.proc().signal(libc::SIGKILL);
+    node.proc().wait_exit(TIMEOUT)?;
+    // etcd must not outlive polis-node.
+    wait_until("etcd to die with polis-node", TIMEOUT, || {
+        !process_alive(etcd_pid)
+    })?;
+
+    node.start(&[])?; // no --params: the sealed configuration decides
+    node.wait_home()?;
+    assert_eq!(node.etcd_ids()?, ids, "etcd cluster or member ID changed");
+    let after = sealed(&node);
+    assert_eq!(after, before, "sealed configuration changed");
+    assert_eq!(
+        node.etcdctl(&["get", "--print-value-only", "operator/marker"])?
+            .trim(),
+        "survives"
+    );
+    let ca = node.etcd_get("namespaced:curator/cluster-pki/ca/cert")?;
+    assert_eq!(
+        ca.as_deref(),
+        Some(before.cluster_ca_certificate.as_slice())
+    );
+    Ok(())
+}
+
+#[test]
+fn kill_9_during_startup_then_restart() -> Result<()> {
+    // kill -9 right after Home repeatedly: each restart must come back Home.
+    let dir = tempfile::tempdir()?;
+    let mut node = bootstrapped(dir.path())?;
+    let ids = node.etcd_ids()?;
+    for _ in 0..3 {
+        node.proc().signal(libc::SIGKILL);
+        node.proc().wait_exit(TIMEOUT)?;
+        node.start(&[])?;
+        node.wait_home()?;
+    }
+    assert_eq!(node.etcd_ids()?, ids);
+    Ok(())
+}
+
+#[test]
+fn sigterm_stops_etcd_cleanly_and_exits_zero() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = bootstrapped(dir.path())?;
+    let etcd_pid = node.etcd_pid()?;
+    node.proc().signal(libc::SIGTERM);
+    let status = node.proc().wait_exit(TIMEOUT)?;
+    assert!(status.success(), "polis-node exited with {status}");
+    assert!(
+        !process_alive(etcd_pid),
+        "etcd still running after polis-node exited"
+    );
+    assert!(
+        node.proc().output().contains("etcd stopped"),
+        "no clean etcd stop logged"
+    );
+    Ok(())
+}
+
+#[test]
+fn etcd_crash_is_restarted_by_the_supervisor() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = bootstrapped(dir.path())?;
+    let first = node.etcd_pid()?;
+    // SAFETY: kill(2) on the etcd child of our own polis-node.
+    unsafe { libc::kill(first, libc::SIGKILL) };
+    let proc = node.proc();
+    proc.wait_for_line(TIMEOUT, |l| {
+        l.contains("runnable failed") && l.contains("etcd exited")
+    })?;
+    let count_ready = |p: &e2e::Proc| p.output().matches("etcd is ready").count();
+    wait_until("etcd ready again", TIMEOUT, || count_ready(proc) >= 2)?;
+    node.etcdctl(&["put", "after", "restart"])?;
+    assert!(node.etcd_pid()? > 0);
+    Ok(())
+}
+
+/// Runs polis-node expecting a refusal; returns its stderr/log output.
+fn refused(node: &mut Node, extra: &[&str]) -> Result<String> {
+    let proc = node.start(extra)?;
+    let status = proc.wait_exit(TIMEOUT)?;
+    assert!(
+        !status.success(),
+        "polis-node should have refused; output:\n{}",
+        proc.output()
+    );
+    Ok(proc.output())
+}
+
+#[test]
+fn refuses_state_without_sealed_configuration() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = bootstrapped(dir.path())?;
+    node.proc().signal(libc::SIGKILL);
+    node.proc().wait_exit(TIMEOUT)?;
+    // Simulate a crash before the sealed configuration was written.
+    std::fs::remove_file(node.root.join("esp/sealed_configuration.pb"))?;
+    let key_before = std::fs::read(node.root.join("data/node/key.der"))?;
+    let params = dir.path().join("params.pb");
+    let out = refused(&mut node, &["--params", params.to_str().unwrap()])?;
+    assert!(out.contains("second cluster"), "{out}");
+    assert!(out.contains("data/etcd/data"), "{out}");
+    assert_eq!(
+        std::fs::read(node.root.join("data/node/key.der"))?,
+        key_before
+    );
+    assert!(node.root.join("data/etcd/data/member").is_dir());
+    Ok(())
+}
+
+#[test]
+fn refuses_corrupt_parameters_naming_the_file() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::new(dir.path());
+    let params = dir.path().join("bad-params.pb");
+    std::fs::write(&params, b"\xff\xff\xff garbage")?;
+    let out = refused(&mut node, &["--params", params.to_str().unwrap()])?;
+    assert!(
+        out.contains("bad-params.pb") && out.contains("corrupt"),
+        "{out}"
+    );
+    assert!(!node.root.join("data/node/key.der").exists());
+    Ok(())
+}
+
+#[test]
+fn refuses_missing_parameters_naming_the_file() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::new(dir.path());
+    let out = refused(&mut node, &["--params", "/nonexistent/params.pb"])?;
+    assert!(out.contains("/nonexistent/params.pb"), "{out}");
+    let out = refused(&mut node, &[])?;
+    assert!(
+        out.contains("nothing to do") && out.contains("polisctl params bootstrap"),
+        "{out}"
+    );
+    Ok(())
+}
+
+#[test]
+fn refuses_corrupt_sealed_configuration_without_overwriting() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = bootstrapped(dir.path())?;
+    node.proc().signal(libc::SIGTERM);
+    node.proc().wait_exit(TIMEOUT)?;
+    let sealed_path = node.root.join("esp/sealed_configuration.pb");
+    std::fs::write(&sealed_path, b"\x0a\xff\xff")?;
+    let out = refused(&mut node, &[])?;
+    assert!(
+        out.contains("sealed_configuration.pb") && out.contains("corrupt"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read(&sealed_path)?, b"\x0a\xff\xff");
+    Ok(())
+}
+
+#[test]
+fn refuses_address_not_on_this_machine() -> Result<()> {
+    // The address exists only inside a namespace this test creates, not here.
+    let ns = e2e::NetNs::with_address("10.213.77.1")?;
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::new(dir.path());
+    let params = node.bootstrap_params()?;
+    node.address = "10.213.77.1".parse()?;
+    let out = refused(&mut node, &["--params", params.to_str().unwrap()])?;
+    assert!(
+        out.contains("10.213.77.1 is not present on this machine"),
+        "{out}"
+    );
+    assert!(
+        !node.root.join("data").exists(),
+        "refusal wrote to the root"
+    );
+    drop(ns);
+    Ok(())
+}
+
+#[test]
+fn refuses_missing_etcd_binary_saying_how_to_install() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::new(dir.path());
+    let params = node.bootstrap_params()?;
+    let out = refused(
+        &mut node,
+        &[
+            "--params",
+            params.to_str().unwrap(),
+            "--etcd-binary",
+            "/nonexistent/etcd",
+        ],
+    )?;
+    assert!(
+        out.contains("/nonexistent/etcd") && out.contains("apt-get install -y etcd-server"),
+        "{out}"
+    );
+    Ok(())
+}
+
+#[test]
+fn refuses_restart_on_a_different_address() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = bootstrapped(dir.path())?;
+    node.proc().signal(libc::SIGTERM);
+    node.proc().wait_exit(TIMEOUT)?;
+    let original = node.address;
+    node.address = e2e::unique_loopback();
+    let out = refused(&mut node, &[])?;
+    assert!(out.contains(&format!("with address {original}")), "{out}");
+    Ok(())
+}
+
+#[test]
+fn sigusr1_dumps_the_supervisor_tree() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = bootstrapped(dir.path())?;
+    node.proc().signal(libc::SIGUSR1);
+    let line = node
+        .proc()
+        .wait_for_line(TIMEOUT, |l| l.contains("supervisor tree"))?;
+    assert!(line.contains("root.role.controlplane.consensus"), "{line}");
+    assert!(line.contains("HEALTHY"), "{line}");
+    Ok(())
+}
