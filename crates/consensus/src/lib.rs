@@ -39,7 +39,7 @@ pub use process::run;
 #[derive(Clone, Debug)]
 pub enum Status {
     /// etcd answered a linearizable read.
-    Running(Running),
+    Running(Box<Running>),
     /// etcd is not running (stopped, or exited and about to be restarted).
     Stopped,
 }

@@ -77,7 +77,7 @@ pub async fn run(
         ms = started.elapsed().as_millis() as u64,
         "etcd is ready"
     );
-    status.set(Status::Running(running));
+    status.set(Status::Running(Box::new(running)));
     ctx.signal_healthy();
 
     let result = tokio::select! {
