@@ -1,5 +1,9 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/polis/config.proto", "proto/polis/state.proto"];
+    let protos = [
+        "proto/polis/config.proto",
+        "proto/polis/state.proto",
+        "proto/polis/api.proto",
+    ];
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }

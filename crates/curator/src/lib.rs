@@ -19,6 +19,9 @@
 //! - Re-running the bootstrap transaction with the same records succeeds (idempotent);
 //!   with different records it fails and changes nothing.
 
+pub mod election;
+pub mod labels;
+pub mod service;
 pub mod state;
 
 pub use state::{BootstrapRecords, CuratorError, cluster_pki, create_bootstrap_records, load_node};

@@ -10,7 +10,11 @@
 //!   ├── cluster                  cluster manager: carries out the decision, logs state
 //!   └── role                     role server
 //!       └── controlplane         consensus + cluster records
-//!           └── consensus        the etcd child process
+//!           ├── consensus        the etcd child process
+//!           └── curator          leader election + gRPC API on :7835
+//!               ├── election
+//!               └── listener
+//!       └── heartbeat            tells the curator this node is alive
 //! ```
 //!
 //! Invariants:
@@ -70,6 +74,13 @@ struct Args {
     /// etcd raft election timeout in milliseconds (at least 5 heartbeats).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=50000))]
     etcd_election_timeout_ms: u64,
+    /// TTL of the curator's leadership lease, in seconds: how long a dead leader blocks
+    /// failover.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=60))]
+    curator_lease_ttl: u64,
+    /// Lifetime of owner certificates issued by this node's curator, in seconds.
+    #[arg(long, default_value_t = 30 * 24 * 3600, value_parser = clap::value_parser!(u64).range(60..=5 * 365 * 24 * 3600))]
+    owner_certificate_lifetime: u64,
 }
 
 fn init_logging(format: LogFormat) {
@@ -196,6 +207,7 @@ fn preflight(args: &Args, root: &Root) -> Result<Plan> {
             }
             roleserver::check_join_root(root)?;
             check_port_free(args.address, consensus::config::PEER_PORT, "etcd peer")?;
+            check_port_free(args.address, rpc::CURATOR_PORT, "curator")?;
             Ok(Plan::Join(sealed))
         }
         Decision::Bootstrap => {
@@ -210,6 +222,7 @@ fn preflight(args: &Args, root: &Root) -> Result<Plan> {
                 )
             })?;
             check_port_free(args.address, consensus::config::PEER_PORT, "etcd peer")?;
+            check_port_free(args.address, rpc::CURATOR_PORT, "curator")?;
             Ok(Plan::Bootstrap(b))
         }
         Decision::Register => bail!(
@@ -240,6 +253,8 @@ async fn run(args: Args) -> Result<()> {
             heartbeat: Duration::from_millis(args.etcd_heartbeat_ms),
             election_timeout: Duration::from_millis(args.etcd_election_timeout_ms),
         },
+        curator_lease_ttl: Duration::from_secs(args.curator_lease_ttl),
+        owner_certificate_lifetime: Duration::from_secs(args.owner_certificate_lifetime),
     };
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
     let address = args.address;

@@ -10,8 +10,9 @@
 //! Today every node is a consensus member (the bootstrap node); role fetch, status push
 //! and heartbeats arrive with the curator's node API.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use consensus::{EtcdConfig, InitialClusterState, PeerTlsFiles, RaftTiming, Running, Status};
@@ -21,7 +22,7 @@ use proto::state::{ConsensusMemberRole, Node, NodeRoles, NodeState};
 
 use crate::cluster::{BootstrapData, JoinData, Membership, NodeValues, node_template};
 use crate::decision::ClusterState;
-use crate::storage::{Root, write_atomic, write_proto};
+use crate::storage::{Root, read_file, write_atomic, write_proto};
 
 /// Node settings the role server needs.
 #[derive(Debug, Clone)]
@@ -30,7 +31,14 @@ pub struct Settings {
     pub address: IpAddr,
     pub etcd_binary: PathBuf,
     pub raft_timing: RaftTiming,
+    pub curator_lease_ttl: Duration,
+    pub owner_certificate_lifetime: Duration,
 }
+
+/// How often a node tells the curator it is alive, and after how long without a
+/// heartbeat the curator reports it as timed out (three missed periods: no flapping).
+pub const HEARTBEAT_PERIOD: Duration = Duration::from_secs(5);
+pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Where a fatal (not retryable) error goes: main stops the node with it.
 pub type FatalSender = tokio::sync::mpsc::UnboundedSender<anyhow::Error>;
@@ -41,8 +49,12 @@ pub async fn run(
     values: NodeValues,
     fatal: FatalSender,
 ) -> supervisor::RunnableResult {
+    let (heartbeat_settings, heartbeat_values) = (settings.clone(), values.clone());
     ctx.run("controlplane", move |ctx| {
         controlplane(ctx, settings.clone(), values.clone(), fatal.clone())
+    })?;
+    ctx.run("heartbeat", move |ctx| {
+        heartbeat(ctx, heartbeat_settings.clone(), heartbeat_values.clone())
     })?;
     ctx.signal_healthy();
     ctx.cancelled().await;
@@ -117,10 +129,88 @@ async fn controlplane(
             return Ok(());
         }
     }
+    let curator_config = curator::service::CuratorConfig {
+        node_id: membership.key().node_id(),
+        listen: SocketAddr::new(settings.address, rpc::CURATOR_PORT),
+        credentials: node_credentials(&settings.root)?,
+        ca_certificate: read_file(&settings.root.cluster_ca(), "cluster CA certificate")?,
+        lease_ttl: settings.curator_lease_ttl,
+        owner_certificate_lifetime: settings.owner_certificate_lifetime,
+        heartbeat_timeout: HEARTBEAT_TIMEOUT,
+    };
+    let curator_ns = running.namespaced(curator::state::NAMESPACE);
+    ctx.run("curator", move |ctx| {
+        curator::service::run(ctx, curator_config.clone(), curator_ns.clone())
+    })?;
     values.cluster_state.set(ClusterState::Home);
     ctx.signal_healthy();
     ctx.cancelled().await;
     Ok(())
+}
+
+/// The node's own certificate and key, for serving and for calling the curator.
+fn node_credentials(root: &Root) -> Result<rpc::Credentials> {
+    Ok(rpc::Credentials {
+        certificate: read_file(&root.node_certificate(), "node certificate")?,
+        key_pkcs8: read_file(&root.node_key(), "node key")?,
+    })
+}
+
+/// Tells the curator every [`HEARTBEAT_PERIOD`] that this node is alive.
+async fn heartbeat(
+    ctx: supervisor::Context,
+    settings: Settings,
+    values: NodeValues,
+) -> supervisor::RunnableResult {
+    let mut state = values.cluster_state.watch();
+    tokio::select! {
+        s = state.get_matching(|s| *s == ClusterState::Home) => { s?; }
+        _ = ctx.cancelled() => return Ok(()),
+    }
+    let credentials = node_credentials(&settings.root)?;
+    let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
+    let endpoint = SocketAddr::new(settings.address, rpc::CURATOR_PORT);
+    let trust = rpc::ServerTrust::PinnedCa(ca);
+    ctx.signal_healthy();
+    let mut client = None;
+    let mut failures = 0u32;
+    loop {
+        if client.is_none() {
+            client = rpc::connect(endpoint, &trust, Some(&credentials))
+                .await
+                .ok()
+                .map(proto::api::curator_client::CuratorClient::new);
+        }
+        let sent = match client.as_mut() {
+            Some(c) => c
+                .heartbeat(proto::api::HeartbeatRequest {})
+                .await
+                .map_err(|s| s.message().to_string()),
+            None => Err(format!("cannot reach the curator at {endpoint}")),
+        };
+        let wait = match sent {
+            Ok(_) => {
+                failures = 0;
+                HEARTBEAT_PERIOD
+            }
+            Err(e) => {
+                failures += 1;
+                // The curator may still be electing a leader: retry soon, and only
+                // complain when it persists.
+                if failures % 10 == 3 {
+                    tracing::warn!("heartbeat failed {failures} times in a row: {e}");
+                }
+                if failures % 5 == 0 {
+                    client = None;
+                }
+                Duration::from_millis(500)
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = ctx.cancelled() => return Ok(()),
+        }
+    }
 }
 
 /// A failed step is either worth retrying (etcd hiccup) or proof that this root cannot

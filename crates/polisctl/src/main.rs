@@ -4,9 +4,17 @@
 //! credentials:
 //! ```text
 //!   <config>/owner-key.pem    the owner's Ed25519 private key (PKCS#8 PEM)   0600
+//!   <config>/owner.pem        the owner certificate from `takeownership`      0600
+//!   <config>/ca.pem           the pinned cluster CA certificate               0600
 //! ```
+//! Every call to a curator is mutual TLS: the curator's certificate must chain to the
+//! pinned CA; polisctl presents its owner certificate (or, to take ownership, a
+//! self-signed certificate proving the owner key).
 //! Invariants: the directory is 0700 and every file in it 0600, written atomically; a key
 //! file readable by others is refused, as ssh does.
+
+mod cluster;
+mod output;
 
 use std::fs;
 use std::io::Write;
@@ -24,9 +32,15 @@ use proto::config::{ClusterBootstrap, ClusterConfiguration, NodeParameters, node
 #[derive(Debug, Parser)]
 #[command(name = "polisctl", version)]
 struct Cli {
-    /// Configuration directory holding the owner key.
+    /// Configuration directory holding the owner key, certificate and pinned CA.
     #[arg(long, global = true, env = "POLISCTL_CONFIG")]
     config: Option<PathBuf>,
+    /// Curator endpoints (IP or IP:PORT, comma-separated); tried in order.
+    #[arg(long, global = true, value_delimiter = ',', env = "POLISCTL_ENDPOINTS")]
+    endpoints: Vec<String>,
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
+    output: output::Format,
     #[command(subcommand)]
     command: Command,
 }
@@ -36,6 +50,21 @@ enum Command {
     /// Create node parameters.
     #[command(subcommand)]
     Params(ParamsCommand),
+    /// Prove the owner key to the cluster, pin its CA and receive an owner certificate.
+    Takeownership {
+        /// Pin the cluster CA without asking.
+        #[arg(long, conflicts_with = "ca_fingerprint")]
+        accept_ca: bool,
+        /// Pin the cluster CA only if its SHA-256 fingerprint is HEX.
+        #[arg(long, value_name = "HEX")]
+        ca_fingerprint: Option<String>,
+    },
+    /// Cluster-wide information.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+    /// Inspect and change nodes.
+    #[command(subcommand)]
+    Node(NodeCommand),
     /// Print a shell completion script.
     Completion {
         #[arg(value_enum)]
@@ -59,6 +88,36 @@ enum ParamsCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// The cluster's CA, configuration and curators.
+    Info,
+}
+
+#[derive(Debug, Subcommand)]
+enum NodeCommand {
+    /// List nodes.
+    List {
+        /// Only nodes in this state (NEW, STANDBY, UP, …).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only nodes with this role (e.g. ConsensusMember).
+        #[arg(long)]
+        role: Option<String>,
+        /// Only nodes with this label (KEY=VALUE, repeatable).
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+    },
+    /// Show one node.
+    Describe { id: String },
+    /// Set labels (KEY=VALUE) and remove them (KEY-) on a node.
+    Label {
+        id: String,
+        #[arg(required = true, value_name = "KEY=VALUE|KEY-")]
+        changes: Vec<String>,
+    },
+}
+
 fn parse_label(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
@@ -71,7 +130,17 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(cli) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("polisctl: starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("polisctl: {e:#}");
@@ -88,8 +157,52 @@ fn config_dir(cli: &Cli) -> Result<PathBuf> {
     Ok(PathBuf::from(home).join(".config").join("polis"))
 }
 
-fn run(cli: Cli) -> Result<()> {
+async fn run(cli: Cli) -> Result<()> {
     match &cli.command {
+        Command::Takeownership {
+            accept_ca,
+            ca_fingerprint,
+        } => {
+            let config = config_dir(&cli)?;
+            let trust = if *accept_ca {
+                cluster::CaApproval::Accept
+            } else if let Some(f) = ca_fingerprint {
+                cluster::CaApproval::Fingerprint(f.clone())
+            } else {
+                cluster::CaApproval::Ask
+            };
+            cluster::take_ownership(&config, &cli.endpoints, trust).await
+        }
+        Command::Cluster(ClusterCommand::Info) => {
+            let config = config_dir(&cli)?;
+            cluster::cluster_info(&config, &cli.endpoints, cli.output).await
+        }
+        Command::Node(command) => {
+            let config = config_dir(&cli)?;
+            match command {
+                NodeCommand::List {
+                    state,
+                    role,
+                    labels,
+                } => {
+                    cluster::node_list(
+                        &config,
+                        &cli.endpoints,
+                        cli.output,
+                        state.as_deref(),
+                        role.as_deref(),
+                        labels,
+                    )
+                    .await
+                }
+                NodeCommand::Describe { id } => {
+                    cluster::node_describe(&config, &cli.endpoints, cli.output, id).await
+                }
+                NodeCommand::Label { id, changes } => {
+                    cluster::node_label(&config, &cli.endpoints, cli.output, id, changes).await
+                }
+            }
+        }
         Command::Completion { shell } => {
             clap_complete::generate(
                 *shell,
@@ -123,7 +236,7 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-fn owner_key_path(config: &Path) -> PathBuf {
+pub(crate) fn owner_key_path(config: &Path) -> PathBuf {
     config.join("owner-key.pem")
 }
 
@@ -157,7 +270,7 @@ fn ensure_owner_key(config: &Path) -> Result<NodeKey> {
     Ok(key)
 }
 
-fn load_owner_key(path: &Path) -> Result<NodeKey> {
+pub(crate) fn load_owner_key(path: &Path) -> Result<NodeKey> {
     let mode = fs::metadata(path)
         .with_context(|| format!("reading owner key {}", path.display()))?
         .permissions()
@@ -185,7 +298,7 @@ fn load_owner_key(path: &Path) -> Result<NodeKey> {
 }
 
 /// Writes a 0600 file atomically (temporary file, fsync, rename).
-fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
+pub(crate) fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),

@@ -15,3 +15,7 @@ pub mod config {
 pub mod state {
     tonic::include_proto!("polis.state");
 }
+
+pub mod api {
+    tonic::include_proto!("polis.api");
+}

@@ -1,0 +1,217 @@
+//! Leader election through etcd's election API, with a lease.
+//!
+//! ```text
+//!   lease grant (TTL) ──▶ campaign(namespaced:curator/leader) ──won──▶ Role::Leader{key, rev}
+//!        ▲  keepalive every TTL/3                                        │ lease lost / cancelled
+//!        └──────────────────────────────────────────────────────────────┘──▶ Role::Follower
+//! ```
+//! Every leader write is guarded by `create_revision(key) == rev` ([`guard`]): once the
+//! lease expires, etcd deletes the key and a deposed leader's writes fail even before it
+//! notices.
+
+use std::time::{Duration, Instant};
+
+use consensus::Namespaced;
+use etcd_client::{Client, Compare, CompareOp, GetOptions, ResignOptions, Txn, TxnOp};
+use prost::Message;
+use proto::state::LeaderElectionValue;
+use tokio_util::sync::CancellationToken;
+
+use crate::CuratorError;
+
+/// Election name inside the curator namespace.
+pub const ELECTION: &str = "leader";
+
+/// Proof of leadership: the election key this curator holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leadership {
+    pub key: Vec<u8>,
+    pub revision: i64,
+    pub lease: i64,
+    pub since: Instant,
+}
+
+/// This curator's role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    Follower,
+    Leader(Leadership),
+}
+
+/// The comparison every leader write must carry.
+pub fn guard(leadership: &Leadership) -> Compare {
+    Compare::create_revision(
+        leadership.key.clone(),
+        CompareOp::Equal,
+        leadership.revision,
+    )
+}
+
+/// Settings of one campaigner.
+#[derive(Debug, Clone)]
+pub struct ElectionConfig {
+    pub node_id: String,
+    pub endpoint: String,
+    pub ttl: Duration,
+}
+
+fn ttl_seconds(ttl: Duration) -> i64 {
+    (ttl.as_secs_f64().ceil() as i64).max(1)
+}
+
+/// Removes election keys a previous lifetime of this node left behind (e.g. after kill
+/// -9), so that a restarted curator need not wait for its own old lease to expire.
+async fn cleanup_previous_lifetime(
+    client: &mut Client,
+    prefix: &str,
+    node_id: &str,
+) -> Result<(), CuratorError> {
+    let response = client
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await?;
+    for kv in response.kvs() {
+        let ours = LeaderElectionValue::decode(kv.value()).is_ok_and(|v| v.node_id == node_id);
+        if !ours {
+            continue;
+        }
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                kv.key().to_vec(),
+                CompareOp::Equal,
+                kv.mod_revision(),
+            )])
+            .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
+        client.txn(txn).await?;
+        if kv.lease() != 0 {
+            let _ = client.lease_revoke(kv.lease()).await;
+        }
+        tracing::info!("removed election key of a previous lifetime of this node");
+    }
+    Ok(())
+}
+
+async fn keep_lease_alive(
+    mut keeper: etcd_client::LeaseKeeper,
+    mut stream: etcd_client::LeaseKeepAliveStream,
+    ttl: Duration,
+) -> CuratorError {
+    let period = (ttl / 3).max(Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(period).await;
+        if let Err(e) = keeper.keep_alive().await {
+            return e.into();
+        }
+        match stream.message().await {
+            Ok(Some(r)) if r.ttl() > 0 => {}
+            Ok(_) => return CuratorError::LeaseLost,
+            Err(e) => return e.into(),
+        }
+    }
+}
+
+/// Campaigns until elected, then holds leadership until the lease is lost (an error, so
+/// the supervisor campaigns again) or `cancel` fires (resigns, returns Ok).
+pub async fn run(
+    curator: &Namespaced,
+    config: &ElectionConfig,
+    role: &event::Value<Role>,
+    cancel: &CancellationToken,
+) -> Result<(), CuratorError> {
+    role.set(Role::Follower);
+    let mut client = curator.client();
+    let name = curator.key(ELECTION);
+    cleanup_previous_lifetime(&mut client, &format!("{name}/"), &config.node_id).await?;
+    let lease = client
+        .lease_grant(ttl_seconds(config.ttl), None)
+        .await?
+        .id();
+    let (keeper, stream) = client.lease_keep_alive(lease).await?;
+    let keepalive = keep_lease_alive(keeper, stream, config.ttl);
+    tokio::pin!(keepalive);
+    let value = LeaderElectionValue {
+        node_id: config.node_id.clone(),
+        endpoint: config.endpoint.clone(),
+    }
+    .encode_to_vec();
+
+    let mut campaign_client = client.clone();
+    let won = tokio::select! {
+        won = campaign_client.campaign(name.clone(), value, lease) => won?,
+        e = &mut keepalive => return Err(e),
+        _ = cancel.cancelled() => {
+            let _ = client.lease_revoke(lease).await;
+            return Ok(());
+        }
+    };
+    let key = won
+        .leader()
+        .ok_or(CuratorError::Protocol(
+            "campaign response without leader key",
+        ))?
+        .clone();
+    let leadership = Leadership {
+        key: key.key().to_vec(),
+        revision: key.rev(),
+        lease,
+        since: Instant::now(),
+    };
+    tracing::info!(node_id = config.node_id, "this curator is now the leader");
+    role.set(Role::Leader(leadership));
+
+    let outcome = tokio::select! {
+        e = &mut keepalive => Err(e),
+        _ = cancel.cancelled() => {
+            let _ = client.resign(Some(ResignOptions::new().with_leader(key))).await;
+            let _ = client.lease_revoke(lease).await;
+            Ok(())
+        }
+    };
+    role.set(Role::Follower);
+    if let Err(e) = &outcome {
+        tracing::warn!("lost leadership: {e}");
+    }
+    outcome
+}
+
+/// The current leader, as recorded in etcd (any curator can answer this).
+pub async fn current_leader(
+    curator: &Namespaced,
+) -> Result<Option<LeaderElectionValue>, CuratorError> {
+    let mut client = curator.client();
+    match client.leader(curator.key(ELECTION)).await {
+        Ok(r) => match r.kv() {
+            Some(kv) => Ok(Some(LeaderElectionValue::decode(kv.value()).map_err(
+                |source| CuratorError::Corrupt {
+                    what: "leader election value".into(),
+                    source,
+                },
+            )?)),
+            None => Ok(None),
+        },
+        // etcd answers "election: no leader" as an error.
+        Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("no leader") => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs `ops` in a transaction guarded by `leadership`; fails with
+/// [`CuratorError::NotLeader`] if leadership was lost.
+pub async fn leader_txn(
+    curator: &Namespaced,
+    leadership: &Leadership,
+    inner: Txn,
+) -> Result<etcd_client::TxnResponse, CuratorError> {
+    let txn = Txn::new()
+        .when([guard(leadership)])
+        .and_then([TxnOp::txn(inner)]);
+    let response = curator.client().txn(txn).await?;
+    if !response.succeeded() {
+        return Err(CuratorError::NotLeader);
+    }
+    match response.op_responses().into_iter().next() {
+        Some(etcd_client::TxnOpResponse::Txn(inner)) => Ok(inner),
+        _ => Err(CuratorError::Protocol(
+            "guarded transaction without inner response",
+        )),
+    }
+}

@@ -1,0 +1,139 @@
+//! Node labels: validation and application of changes (pure).
+//!
+//! Limits follow Metropolis: at most 128 labels per node; keys and values at most 63
+//! characters; keys non-empty; both made of `[A-Za-z0-9._-]`, starting and ending with
+//! an alphanumeric character (values may be empty).
+
+use std::collections::{BTreeMap, HashMap};
+
+pub const MAX_LABELS: usize = 128;
+pub const MAX_LENGTH: usize = 63;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error(
+        "invalid label key {0:?}: want 1-63 characters of [A-Za-z0-9._-], alphanumeric at both ends"
+    )]
+    InvalidKey(String),
+    #[error(
+        "invalid value for label {key:?}: want at most 63 characters of [A-Za-z0-9._-], alphanumeric at both ends"
+    )]
+    InvalidValue { key: String },
+    #[error("too many labels: {count} (at most {MAX_LABELS})")]
+    TooMany { count: usize },
+    #[error("label {0:?} is both set and deleted")]
+    Conflict(String),
+}
+
+fn well_formed(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    let inner_ok = bytes
+        .iter()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    s.len() <= MAX_LENGTH
+        && inner_ok
+        && bytes.first().is_none_or(|b| b.is_ascii_alphanumeric())
+        && bytes.last().is_none_or(|b| b.is_ascii_alphanumeric())
+}
+
+pub fn validate_key(key: &str) -> Result<(), LabelError> {
+    if !key.is_empty() && well_formed(key) {
+        Ok(())
+    } else {
+        Err(LabelError::InvalidKey(key.to_string()))
+    }
+}
+
+pub fn validate_value(key: &str, value: &str) -> Result<(), LabelError> {
+    if well_formed(value) {
+        Ok(())
+    } else {
+        Err(LabelError::InvalidValue {
+            key: key.to_string(),
+        })
+    }
+}
+
+/// The labels after upserting and deleting; nothing changes if any part is invalid.
+pub fn apply(
+    current: &HashMap<String, String>,
+    upsert: &BTreeMap<String, String>,
+    delete: &[String],
+) -> Result<HashMap<String, String>, LabelError> {
+    for (k, v) in upsert {
+        validate_key(k)?;
+        validate_value(k, v)?;
+        if delete.contains(k) {
+            return Err(LabelError::Conflict(k.clone()));
+        }
+    }
+    for k in delete {
+        validate_key(k)?;
+    }
+    let mut labels = current.clone();
+    for k in delete {
+        labels.remove(k);
+    }
+    for (k, v) in upsert {
+        labels.insert(k.clone(), v.clone());
+    }
+    if labels.len() > MAX_LABELS {
+        return Err(LabelError::TooMany {
+            count: labels.len(),
+        });
+    }
+    Ok(labels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_values() {
+        let cases = [
+            ("zone", "a1", true),
+            ("a", "", true),
+            ("rack.row-3_x", "v.1", true),
+            ("", "v", false),
+            ("-zone", "v", false),
+            ("zone-", "v", false),
+            ("zo ne", "v", false),
+            ("zone", "-v", false),
+            ("zone", "v/1", false),
+            (&"k".repeat(63), &"v".repeat(63), true),
+            (&"k".repeat(64), "v", false),
+            ("k", &"v".repeat(64), false),
+        ];
+        for (k, v, ok) in cases {
+            let upsert = BTreeMap::from([(k.to_string(), v.to_string())]);
+            assert_eq!(
+                apply(&HashMap::new(), &upsert, &[]).is_ok(),
+                ok,
+                "{k:?}={v:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn upsert_delete_and_limits() {
+        let current = HashMap::from([
+            ("a".to_string(), "1".to_string()),
+            ("b".to_string(), "2".to_string()),
+        ]);
+        let upsert = BTreeMap::from([("a".to_string(), "9".to_string())]);
+        let got = apply(&current, &upsert, &["b".to_string()]).unwrap();
+        assert_eq!(got, HashMap::from([("a".to_string(), "9".to_string())]));
+        assert_eq!(
+            apply(&current, &upsert, &["a".to_string()]),
+            Err(LabelError::Conflict("a".into()))
+        );
+        let many: BTreeMap<_, _> = (0..=MAX_LABELS)
+            .map(|i| (format!("k{i}"), "v".to_string()))
+            .collect();
+        assert!(matches!(
+            apply(&HashMap::new(), &many, &[]),
+            Err(LabelError::TooMany { .. })
+        ));
+    }
+}

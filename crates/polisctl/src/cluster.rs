@@ -1,0 +1,519 @@
+//! Talking to curators: ownership, cluster information and node management.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use proto::api::{self, NodeHealth, NodeState};
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+use crate::output::{self, Format};
+use crate::{load_owner_key, owner_key_path, write_private};
+
+/// How the operator approves the cluster CA on first contact.
+pub enum CaApproval {
+    Accept,
+    Fingerprint(String),
+    Ask,
+}
+
+fn owner_certificate_path(config: &Path) -> PathBuf {
+    config.join("owner.pem")
+}
+
+fn ca_path(config: &Path) -> PathBuf {
+    config.join("ca.pem")
+}
+
+fn read_pem(path: &Path, tag: &str, what: &str) -> Result<Option<Vec<u8>>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {what} {}", path.display())),
+    };
+    let parsed = pem::parse(&text)
+        .with_context(|| format!("{what} {} is not a PEM file", path.display()))?;
+    if parsed.tag() != tag {
+        bail!(
+            "{what} {} holds a {}, not a {tag}",
+            path.display(),
+            parsed.tag()
+        );
+    }
+    Ok(Some(parsed.into_contents()))
+}
+
+fn write_pem(path: &Path, tag: &str, der: &[u8]) -> Result<()> {
+    write_private(path, pem::encode(&pem::Pem::new(tag, der)).as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn endpoints(raw: &[String]) -> Result<Vec<SocketAddr>> {
+    if raw.is_empty() {
+        bail!("no curator endpoint given; pass --endpoints IP[:PORT]");
+    }
+    raw.iter()
+        .map(|e| rpc::parse_endpoint(e.trim()).map_err(anyhow::Error::from))
+        .collect()
+}
+
+/// Connects to the first reachable endpoint.
+async fn connect(
+    endpoints: &[SocketAddr],
+    trust: &rpc::ServerTrust,
+    credentials: Option<&rpc::Credentials>,
+) -> Result<Channel> {
+    let mut last = None;
+    for e in endpoints {
+        match rpc::connect(*e, trust, credentials).await {
+            Ok(c) => return Ok(c),
+            Err(err) => last = Some(err),
+        }
+    }
+    Err(last
+        .map(anyhow::Error::from)
+        .unwrap_or_else(|| anyhow!("no endpoints")))
+}
+
+/// One-line description of a failed call.
+fn call_error(what: &str, status: tonic::Status) -> anyhow::Error {
+    use tonic::Code;
+    let kind = match status.code() {
+        Code::PermissionDenied => "permission denied",
+        Code::Unauthenticated => "not authenticated",
+        Code::NotFound => "not found",
+        Code::InvalidArgument => "invalid argument",
+        Code::Unavailable => "unavailable",
+        Code::DeadlineExceeded => "timed out",
+        _ => "failed",
+    };
+    anyhow!("{what}: {kind}: {}", status.message())
+}
+
+fn normalize_fingerprint(f: &str) -> String {
+    f.trim()
+        .trim_start_matches("SHA256:")
+        .chars()
+        .filter(|c| *c != ':')
+        .collect::<String>()
+        .to_ascii_lowercase()
+}
+
+fn approve_ca(fingerprint: &str, approval: &CaApproval) -> Result<()> {
+    match approval {
+        CaApproval::Accept => Ok(()),
+        CaApproval::Fingerprint(expected) => {
+            if normalize_fingerprint(expected) == fingerprint {
+                Ok(())
+            } else {
+                bail!(
+                    "CA fingerprint mismatch: the cluster presents SHA256:{fingerprint}, expected {}",
+                    expected.trim()
+                )
+            }
+        }
+        CaApproval::Ask => {
+            if !std::io::stdin().is_terminal() {
+                bail!(
+                    "the cluster CA (SHA256:{fingerprint}) is not pinned yet and there is no terminal to confirm it; \
+                     pass --accept-ca or --ca-fingerprint HEX"
+                );
+            }
+            eprint!(
+                "The cluster CA certificate has SHA-256 fingerprint\n  {fingerprint}\nPin it and continue? [y/N] "
+            );
+            std::io::stderr().flush().ok();
+            let mut answer = String::new();
+            std::io::stdin()
+                .lock()
+                .read_line(&mut answer)
+                .context("reading the answer")?;
+            if matches!(answer.trim(), "y" | "Y" | "yes" | "YES") {
+                Ok(())
+            } else {
+                bail!("CA not accepted; nothing changed")
+            }
+        }
+    }
+}
+
+pub async fn take_ownership(
+    config: &Path,
+    raw_endpoints: &[String],
+    approval: CaApproval,
+) -> Result<()> {
+    let endpoints = endpoints(raw_endpoints)?;
+    let key_path = owner_key_path(config);
+    if !key_path.exists() {
+        bail!(
+            "no owner key at {}; it is created by `polisctl params bootstrap` for the cluster you own",
+            key_path.display()
+        );
+    }
+    let key = load_owner_key(&key_path)?;
+
+    // First contact: fetch the CA over TLS without trusting the server yet.
+    let channel = connect(&endpoints, &rpc::ServerTrust::FirstUse, None).await?;
+    let ca = api::curator_local_client::CuratorLocalClient::new(channel)
+        .get_ca_certificate(api::GetCaCertificateRequest {})
+        .await
+        .map_err(|s| call_error("fetching the cluster CA", s))?
+        .into_inner()
+        .ca_certificate;
+    let fingerprint = rpc::fingerprint(&ca);
+    match read_pem(&ca_path(config), "CERTIFICATE", "pinned CA")? {
+        Some(pinned) if pinned == ca => {}
+        Some(pinned) => bail!(
+            "CA fingerprint mismatch: {} pins SHA256:{}, but the endpoint presents SHA256:{fingerprint}",
+            ca_path(config).display(),
+            rpc::fingerprint(&pinned)
+        ),
+        None => approve_ca(&fingerprint, &approval)?,
+    }
+
+    // Now with the CA pinned: prove the owner key and receive a certificate.
+    let self_signed = rpc::self_signed(&key)?;
+    let trust = rpc::ServerTrust::PinnedCa(ca.clone());
+    let channel = connect(&endpoints, &trust, Some(&self_signed)).await?;
+    let response = api::aaa_client::AaaClient::new(channel)
+        .escrow(api::EscrowRequest {
+            public_key: key.public_key().to_vec(),
+        })
+        .await
+        .map_err(|s| {
+            if s.code() == tonic::Code::PermissionDenied {
+                anyhow!(
+                    "taking ownership: permission denied: the key in {} is not this cluster's owner key",
+                    key_path.display()
+                )
+            } else {
+                call_error("taking ownership", s)
+            }
+        })?
+        .into_inner();
+    if response.ca_certificate != ca {
+        bail!("the curator answered with a different CA than it presented; refusing");
+    }
+    write_pem(&ca_path(config), "CERTIFICATE", &ca)?;
+    write_pem(
+        &owner_certificate_path(config),
+        "CERTIFICATE",
+        &response.owner_certificate,
+    )?;
+    println!("Took ownership of the cluster (CA SHA256:{fingerprint}).");
+    println!(
+        "Owner certificate: {}",
+        owner_certificate_path(config).display()
+    );
+    Ok(())
+}
+
+/// A channel authenticated with the owner certificate and the pinned CA.
+async fn owner_channel(config: &Path, raw_endpoints: &[String]) -> Result<Channel> {
+    let endpoints = endpoints(raw_endpoints)?;
+    let ca = read_pem(&ca_path(config), "CERTIFICATE", "pinned CA")?.ok_or_else(|| {
+        anyhow!(
+            "no pinned cluster CA in {}; run `polisctl takeownership` first",
+            config.display()
+        )
+    })?;
+    let certificate = read_pem(
+        &owner_certificate_path(config),
+        "CERTIFICATE",
+        "owner certificate",
+    )?
+    .ok_or_else(|| {
+        anyhow!(
+            "no owner certificate in {}; run `polisctl takeownership` first",
+            config.display()
+        )
+    })?;
+    if let Ok((_, parsed)) = x509_parser::parse_x509_certificate(&certificate)
+        && !parsed.validity().is_valid()
+    {
+        bail!(
+            "the owner certificate {} expired on {}; run `polisctl takeownership` again",
+            owner_certificate_path(config).display(),
+            parsed.validity().not_after
+        );
+    }
+    let key = load_owner_key(&owner_key_path(config))?;
+    let credentials = rpc::Credentials {
+        certificate,
+        key_pkcs8: key.pkcs8_der().to_vec(),
+    };
+    connect(
+        &endpoints,
+        &rpc::ServerTrust::PinnedCa(ca),
+        Some(&credentials),
+    )
+    .await
+}
+
+fn state_name(state: i32) -> String {
+    NodeState::try_from(state)
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("NODE_STATE_")
+                .to_string()
+        })
+        .unwrap_or_else(|_| format!("UNKNOWN({state})"))
+}
+
+fn health_name(health: i32) -> String {
+    NodeHealth::try_from(health)
+        .map(|s| {
+            s.as_str_name()
+                .trim_start_matches("NODE_HEALTH_")
+                .to_string()
+        })
+        .unwrap_or_else(|_| format!("UNKNOWN({health})"))
+}
+
+fn parse_state(s: &str) -> Result<i32> {
+    let name = format!("NODE_STATE_{}", s.to_ascii_uppercase());
+    NodeState::from_str_name(&name)
+        .map(|s| s as i32)
+        .ok_or_else(|| {
+            anyhow!(
+                "unknown node state {s:?}; use NEW, STANDBY, UP, DECOMMISSIONING or DECOMMISSIONED"
+            )
+        })
+}
+
+fn node_json(n: &api::NodeInfo) -> Value {
+    let labels: serde_json::Map<String, Value> = n
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
+    json!({
+        "id": n.id,
+        "state": state_name(n.state),
+        "roles": n.roles,
+        "address": n.address,
+        "health": health_name(n.health),
+        "labels": labels,
+        "public_key": hex_encode(&n.public_key),
+        "time_since_heartbeat_ms": n.time_since_heartbeat_ms,
+    })
+}
+
+fn hex_encode(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn print_nodes(nodes: &[api::NodeInfo], format: Format) {
+    match format {
+        Format::Json => println!("{}", Value::Array(nodes.iter().map(node_json).collect())),
+        Format::Yaml => print!(
+            "{}",
+            output::yaml(&Value::Array(nodes.iter().map(node_json).collect()))
+        ),
+        Format::Table => {
+            let rows: Vec<Vec<String>> = nodes
+                .iter()
+                .map(|n| {
+                    let mut labels: Vec<String> =
+                        n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    labels.sort();
+                    vec![
+                        n.id.clone(),
+                        state_name(n.state),
+                        health_name(n.health),
+                        n.address.clone(),
+                        n.roles.join(","),
+                        labels.join(","),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                output::table(
+                    &["ID", "STATE", "HEALTH", "ADDRESS", "ROLES", "LABELS"],
+                    &rows
+                )
+            );
+        }
+    }
+}
+
+pub async fn node_list(
+    config: &Path,
+    raw_endpoints: &[String],
+    format: Format,
+    state: Option<&str>,
+    role: Option<&str>,
+    labels: &[(String, String)],
+) -> Result<()> {
+    let request = api::ListNodesRequest {
+        state: state.map(parse_state).transpose()?.unwrap_or(0),
+        role: role.unwrap_or_default().to_string(),
+        labels: labels.iter().cloned().collect(),
+    };
+    let channel = owner_channel(config, raw_endpoints).await?;
+    let nodes = api::management_client::ManagementClient::new(channel)
+        .list_nodes(request)
+        .await
+        .map_err(|s| call_error("listing nodes", s))?
+        .into_inner()
+        .nodes;
+    print_nodes(&nodes, format);
+    Ok(())
+}
+
+fn print_node(node: &api::NodeInfo, format: Format) {
+    match format {
+        Format::Json => println!("{}", node_json(node)),
+        Format::Yaml => print!("{}", output::yaml(&node_json(node))),
+        Format::Table => {
+            let mut labels: Vec<String> = node
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            labels.sort();
+            let heartbeat = node
+                .time_since_heartbeat_ms
+                .map(|ms| format!("{:.1} s ago", ms as f64 / 1000.0))
+                .unwrap_or_else(|| "never (since the current leader took over)".into());
+            println!("ID:          {}", node.id);
+            println!("State:       {}", state_name(node.state));
+            println!("Health:      {}", health_name(node.health));
+            println!("Heartbeat:   {heartbeat}");
+            println!("Address:     {}", node.address);
+            println!("Roles:       {}", node.roles.join(", "));
+            println!("Labels:      {}", labels.join(", "));
+            println!("Public key:  {}", hex_encode(&node.public_key));
+        }
+    }
+}
+
+pub async fn node_describe(
+    config: &Path,
+    raw_endpoints: &[String],
+    format: Format,
+    id: &str,
+) -> Result<()> {
+    let channel = owner_channel(config, raw_endpoints).await?;
+    let node = api::management_client::ManagementClient::new(channel)
+        .describe_node(api::DescribeNodeRequest { id: id.to_string() })
+        .await
+        .map_err(|s| call_error(&format!("describing node {id}"), s))?
+        .into_inner();
+    print_node(&node, format);
+    Ok(())
+}
+
+/// Label changes from the command line: labels to set and keys to remove.
+#[derive(Debug, Default, PartialEq)]
+pub struct LabelChanges {
+    pub upsert: Vec<(String, String)>,
+    pub delete: Vec<String>,
+}
+
+/// Splits `KEY=VALUE` (set) and `KEY-` (remove) arguments.
+pub fn parse_label_changes(changes: &[String]) -> Result<LabelChanges> {
+    let LabelChanges {
+        mut upsert,
+        mut delete,
+    } = LabelChanges::default();
+    for c in changes {
+        if let Some((k, v)) = c.split_once('=') {
+            upsert.push((k.to_string(), v.to_string()));
+        } else if let Some(k) = c.strip_suffix('-') {
+            delete.push(k.to_string());
+        } else {
+            bail!("label change {c:?} is neither KEY=VALUE nor KEY-");
+        }
+    }
+    Ok(LabelChanges { upsert, delete })
+}
+
+pub async fn node_label(
+    config: &Path,
+    raw_endpoints: &[String],
+    format: Format,
+    id: &str,
+    changes: &[String],
+) -> Result<()> {
+    let LabelChanges { upsert, delete } = parse_label_changes(changes)?;
+    let channel = owner_channel(config, raw_endpoints).await?;
+    let response = api::management_client::ManagementClient::new(channel)
+        .update_node_labels(api::UpdateNodeLabelsRequest {
+            id: id.to_string(),
+            upsert: upsert.into_iter().collect(),
+            delete,
+        })
+        .await
+        .map_err(|s| call_error(&format!("labelling node {id}"), s))?
+        .into_inner();
+    if let Some(node) = response.node {
+        print_node(&node, format);
+    }
+    Ok(())
+}
+
+pub async fn cluster_info(config: &Path, raw_endpoints: &[String], format: Format) -> Result<()> {
+    let channel = owner_channel(config, raw_endpoints).await?;
+    let info = api::management_client::ManagementClient::new(channel)
+        .get_cluster_info(api::GetClusterInfoRequest {})
+        .await
+        .map_err(|s| call_error("reading cluster info", s))?
+        .into_inner();
+    let fingerprint = rpc::fingerprint(&info.ca_certificate);
+    let domain = info
+        .cluster_configuration
+        .map(|c| c.cluster_domain)
+        .unwrap_or_default();
+    let value = json!({
+        "ca_fingerprint": fingerprint,
+        "cluster_domain": domain,
+        "curator_endpoints": info.curator_endpoints,
+        "node_count": info.node_count,
+    });
+    match format {
+        Format::Json => println!("{value}"),
+        Format::Yaml => print!("{}", output::yaml(&value)),
+        Format::Table => {
+            println!("CA fingerprint:    SHA256:{fingerprint}");
+            println!("Cluster domain:    {domain}");
+            println!("Curators:          {}", info.curator_endpoints.join(", "));
+            println!("Nodes:             {}", info.node_count);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_changes() {
+        let LabelChanges {
+            upsert: u,
+            delete: d,
+        } = parse_label_changes(&["a=1".into(), "b-".into(), "c=".into()]).unwrap();
+        assert_eq!(u, vec![("a".into(), "1".into()), ("c".into(), "".into())]);
+        assert_eq!(d, vec!["b".to_string()]);
+        assert!(parse_label_changes(&["bad".into()]).is_err());
+    }
+
+    #[test]
+    fn fingerprints_normalize() {
+        assert_eq!(normalize_fingerprint("SHA256:AB:cd"), "abcd");
+        assert!(approve_ca("abcd", &CaApproval::Fingerprint("AB:CD".into())).is_ok());
+        let err = approve_ca("abcd", &CaApproval::Fingerprint("ffff".into())).unwrap_err();
+        assert!(err.to_string().contains("mismatch"));
+    }
+
+    #[test]
+    fn states_parse() {
+        assert_eq!(parse_state("up").unwrap(), NodeState::Up as i32);
+        assert!(parse_state("sideways").is_err());
+        assert_eq!(state_name(NodeState::Up as i32), "UP");
+    }
+}

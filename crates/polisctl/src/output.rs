@@ -1,0 +1,144 @@
+//! Rendering results as a table, JSON or YAML.
+
+use clap::ValueEnum;
+use serde_json::Value;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Format {
+    #[default]
+    Table,
+    Json,
+    Yaml,
+}
+
+/// Renders `value` as YAML. JSON scalars are valid YAML, so strings are emitted in JSON
+/// quoting: no ambiguity (`yes`, `1.0`, `null` stay strings).
+pub fn yaml(value: &Value) -> String {
+    let mut out = String::new();
+    write_yaml(value, 0, &mut out);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out
+}
+
+fn scalar(value: &Value) -> String {
+    serde_json::to_string(value).expect("serializing a JSON value cannot fail")
+}
+
+fn write_yaml(value: &Value, indent: usize, out: &mut String) {
+    let pad = "  ".repeat(indent);
+    match value {
+        Value::Object(map) if map.is_empty() => out.push_str("{}\n"),
+        Value::Array(items) if items.is_empty() => out.push_str("[]\n"),
+        Value::Object(map) => {
+            for (k, v) in map {
+                out.push_str(&format!("{pad}{}:", scalar(&Value::String(k.clone()))));
+                match v {
+                    Value::Object(m) if !m.is_empty() => {
+                        out.push('\n');
+                        write_yaml(v, indent + 1, out);
+                    }
+                    Value::Array(a) if !a.is_empty() => {
+                        out.push('\n');
+                        write_yaml(v, indent + 1, out);
+                    }
+                    _ => {
+                        out.push(' ');
+                        write_yaml(v, 0, out);
+                    }
+                }
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                match item {
+                    Value::Object(m) if !m.is_empty() => {
+                        // "- first: …" then the other keys aligned under it.
+                        let mut nested = String::new();
+                        write_yaml(item, indent + 1, &mut nested);
+                        let inner_pad = "  ".repeat(indent + 1);
+                        out.push_str(&format!("{pad}- "));
+                        out.push_str(nested.strip_prefix(&inner_pad).unwrap_or(&nested));
+                        continue;
+                    }
+                    _ => out.push_str(&format!("{pad}-")),
+                }
+                match item {
+                    Value::Array(a) if !a.is_empty() => {
+                        out.push('\n');
+                        write_yaml(item, indent + 1, out);
+                    }
+                    _ => {
+                        out.push(' ');
+                        write_yaml(item, 0, out);
+                    }
+                }
+            }
+        }
+        scalar_value => {
+            out.push_str(&scalar(scalar_value));
+            out.push('\n');
+        }
+    }
+}
+
+/// A plain text table with a header row; columns padded to their widest cell.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let mut out = line(header.iter().map(|h| h.to_string()).collect());
+    out.push('\n');
+    for row in rows {
+        out.push_str(&line(row.clone()));
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn yaml_of_nodes() {
+        let v = json!([{"id": "polis-1", "roles": ["ConsensusMember"], "labels": {}, "n": 3, "ok": true}]);
+        assert_eq!(
+            yaml(&v),
+            "- \"id\": \"polis-1\"\n  \"labels\": {}\n  \"n\": 3\n  \"ok\": true\n  \"roles\":\n    - \"ConsensusMember\"\n"
+        );
+    }
+
+    #[test]
+    fn yaml_keeps_ambiguous_strings_strings() {
+        assert_eq!(yaml(&json!({"v": "yes"})), "\"v\": \"yes\"\n");
+        assert_eq!(yaml(&json!([])), "[]\n");
+    }
+
+    #[test]
+    fn tables_align() {
+        let t = table(
+            &["ID", "STATE"],
+            &[
+                vec!["a".into(), "UP".into()],
+                vec!["long-id".into(), "NEW".into()],
+            ],
+        );
+        assert_eq!(t, "ID       STATE\na        UP\nlong-id  NEW\n");
+    }
+}

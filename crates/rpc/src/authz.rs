@@ -1,0 +1,220 @@
+//! Who may call what: the permission table and the decision (pure, no I/O).
+
+use std::fmt;
+
+/// What an RPC requires of its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Permission {
+    /// Anyone, with or without a client certificate (but not with an invalid one).
+    Public,
+    /// A self-signed client certificate: the caller proves a key, nothing more.
+    ProvenKey,
+    /// Read cluster state: nodes and owners.
+    ReadClusterStatus,
+    /// A node updating its own status: nodes only.
+    UpdateNodeSelf,
+    /// Change the cluster: owners only.
+    Manage,
+}
+
+/// The caller, as established from its TLS client certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// No client certificate.
+    Anonymous,
+    /// A self-signed certificate; the TLS handshake proved possession of this key.
+    SelfSigned { public_key: Vec<u8> },
+    /// A node certificate from the cluster CA.
+    Node { id: String, public_key: Vec<u8> },
+    /// A user (owner) certificate from the cluster CA.
+    User { name: String, public_key: Vec<u8> },
+    /// A certificate that is neither self-signed nor valid in this cluster: expired,
+    /// revoked, from another CA, or malformed.
+    Invalid { reason: String },
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Identity::Anonymous => f.write_str("anonymous"),
+            Identity::SelfSigned { public_key } => {
+                write!(
+                    f,
+                    "self-signed key {}",
+                    hex::encode(&public_key[..public_key.len().min(8)])
+                )
+            }
+            Identity::Node { id, .. } => write!(f, "node {id}"),
+            Identity::User { name, .. } => write!(f, "user {name}"),
+            Identity::Invalid { reason } => write!(f, "invalid certificate ({reason})"),
+        }
+    }
+}
+
+/// Every RPC Polis serves, with its permission. An RPC that is not listed is denied.
+pub const METHODS: &[(&str, Permission)] = &[
+    (
+        "/polis.api.CuratorLocal/GetCurrentLeader",
+        Permission::Public,
+    ),
+    (
+        "/polis.api.CuratorLocal/GetCACertificate",
+        Permission::Public,
+    ),
+    ("/polis.api.AAA/Escrow", Permission::ProvenKey),
+    (
+        "/polis.api.Management/GetClusterInfo",
+        Permission::ReadClusterStatus,
+    ),
+    (
+        "/polis.api.Management/ListNodes",
+        Permission::ReadClusterStatus,
+    ),
+    (
+        "/polis.api.Management/DescribeNode",
+        Permission::ReadClusterStatus,
+    ),
+    ("/polis.api.Management/UpdateNodeLabels", Permission::Manage),
+    (
+        "/polis.api.Management/GetRegisterTicket",
+        Permission::Manage,
+    ),
+    ("/polis.api.Curator/Heartbeat", Permission::UpdateNodeSelf),
+];
+
+/// Why a call was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Denied {
+    #[error("{method} is not a declared RPC")]
+    UndeclaredMethod { method: String },
+    #[error("client certificate rejected: {reason}")]
+    InvalidCertificate { reason: String },
+    #[error("{method} requires {needed:?}; caller is {caller}")]
+    Insufficient {
+        method: String,
+        needed: Permission,
+        caller: String,
+    },
+}
+
+/// The permission declared for `method`, if any.
+pub fn permission(method: &str) -> Option<Permission> {
+    METHODS.iter().find(|(m, _)| *m == method).map(|(_, p)| *p)
+}
+
+/// Decides whether `identity` may call `method`.
+pub fn authorize(method: &str, identity: &Identity) -> Result<(), Denied> {
+    let needed = permission(method).ok_or_else(|| Denied::UndeclaredMethod {
+        method: method.to_string(),
+    })?;
+    if let Identity::Invalid { reason } = identity {
+        return Err(Denied::InvalidCertificate {
+            reason: reason.clone(),
+        });
+    }
+    let allowed = match needed {
+        Permission::Public => true,
+        Permission::ProvenKey => matches!(identity, Identity::SelfSigned { .. }),
+        Permission::ReadClusterStatus => {
+            matches!(identity, Identity::Node { .. } | Identity::User { .. })
+        }
+        Permission::UpdateNodeSelf => matches!(identity, Identity::Node { .. }),
+        Permission::Manage => matches!(identity, Identity::User { .. }),
+    };
+    if allowed {
+        Ok(())
+    } else {
+        Err(Denied::Insufficient {
+            method: method.to_string(),
+            needed,
+            caller: identity.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identities() -> Vec<(&'static str, Identity)> {
+        vec![
+            ("anonymous", Identity::Anonymous),
+            (
+                "self-signed",
+                Identity::SelfSigned {
+                    public_key: vec![1; 32],
+                },
+            ),
+            (
+                "node",
+                Identity::Node {
+                    id: "polis-x".into(),
+                    public_key: vec![2; 32],
+                },
+            ),
+            (
+                "owner",
+                Identity::User {
+                    name: "owner".into(),
+                    public_key: vec![3; 32],
+                },
+            ),
+            (
+                "invalid",
+                Identity::Invalid {
+                    reason: "expired".into(),
+                },
+            ),
+        ]
+    }
+
+    fn check(method: &str, allowed: &[&str]) {
+        for (name, identity) in identities() {
+            let got = authorize(method, &identity).is_ok();
+            assert_eq!(got, allowed.contains(&name), "{method} × {name}");
+        }
+    }
+
+    #[test]
+    fn matrix() {
+        check(
+            "/polis.api.CuratorLocal/GetCurrentLeader",
+            &["anonymous", "self-signed", "node", "owner"],
+        );
+        check(
+            "/polis.api.CuratorLocal/GetCACertificate",
+            &["anonymous", "self-signed", "node", "owner"],
+        );
+        check("/polis.api.AAA/Escrow", &["self-signed"]);
+        check("/polis.api.Management/GetClusterInfo", &["node", "owner"]);
+        check("/polis.api.Management/ListNodes", &["node", "owner"]);
+        check("/polis.api.Management/DescribeNode", &["node", "owner"]);
+        check("/polis.api.Management/UpdateNodeLabels", &["owner"]);
+        check("/polis.api.Management/GetRegisterTicket", &["owner"]);
+        check("/polis.api.Curator/Heartbeat", &["node"]);
+    }
+
+    #[test]
+    fn undeclared_methods_are_denied_for_everyone() {
+        check("/polis.api.Management/DeleteEverything", &[]);
+        check("", &[]);
+        assert!(matches!(
+            authorize(
+                "/x/Y",
+                &Identity::User {
+                    name: "owner".into(),
+                    public_key: vec![]
+                }
+            ),
+            Err(Denied::UndeclaredMethod { .. })
+        ));
+    }
+
+    #[test]
+    fn method_table_has_no_duplicates() {
+        let mut names: Vec<_> = METHODS.iter().map(|(m, _)| *m).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), METHODS.len());
+    }
+}

@@ -1,0 +1,52 @@
+//! RPC plumbing: mutual TLS for the curator's gRPC services, and who may call what.
+//!
+//! ```text
+//!   client (polisctl, node) ──TLS 1.3, client cert──▶ incoming() ──▶ AuthLayer ──▶ handler
+//!                                                     handshake:      per call:
+//!                                                     proves key      classify cert (CA, expiry, CRL)
+//!                                                     possession      authorize(method, identity)
+//!                                                                     Identity → request extensions
+//! ```
+//!
+//! The handshake accepts any client certificate, because registering nodes and an owner
+//! taking ownership can only present self-signed ones. The decision happens per call:
+//! [`tls::Authenticator`] classifies the certificate as anonymous, self-signed, node,
+//! user or invalid (expired, revoked, foreign CA), and [`authz::authorize`] checks it
+//! against the one permission table, [`authz::METHODS`].
+//!
+//! Invariants:
+//! - An RPC that is not in the table is denied, whoever calls it.
+//! - Certificates that claim the cluster but fail verification are never downgraded to
+//!   anonymous: they are denied everywhere.
+//! - Every cluster certificate is checked against the current CRL on every call.
+//! - rustls uses the ring provider only.
+
+pub mod authz;
+pub mod client;
+pub mod server;
+pub mod tls;
+
+pub use authz::{Identity, Permission};
+pub use client::{CURATOR_PORT, connect, parse_endpoint};
+pub use server::{AuthLayer, CrlSource, PeerInfo, incoming};
+pub use tls::{Authenticator, Credentials, ServerTrust, self_signed};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    #[error("TLS configuration")]
+    Tls(#[from] rustls::Error),
+    #[error("certificate: {0}")]
+    Certificate(String),
+    #[error("invalid endpoint {endpoint:?}: want an IP address, optionally with :PORT")]
+    BadEndpoint { endpoint: String },
+    #[error("cannot reach {endpoint}: {reason}")]
+    Connect {
+        endpoint: std::net::SocketAddr,
+        reason: String,
+    },
+}
+
+/// SHA-256 fingerprint of a DER certificate, as lowercase hex.
+pub fn fingerprint(der: &[u8]) -> String {
+    hex::encode(ring::digest::digest(&ring::digest::SHA256, der))
+}

@@ -1,0 +1,322 @@
+//! TLS configuration: the curator's server side, clients, and client classification.
+
+use std::sync::{Arc, Mutex};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{
+    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName,
+    UnixTime,
+};
+use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+
+use crate::RpcError;
+use crate::authz::Identity;
+
+/// The only crypto provider Polis uses.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A certificate and the PKCS#8 private key for it.
+#[derive(Clone)]
+pub struct Credentials {
+    pub certificate: Vec<u8>,
+    pub key_pkcs8: Vec<u8>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").finish_non_exhaustive()
+    }
+}
+
+impl Credentials {
+    fn chain(&self) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+        (
+            vec![CertificateDer::from(self.certificate.clone())],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key_pkcs8.clone())),
+        )
+    }
+}
+
+/// A self-signed certificate for `key`: proves possession of the key and nothing else.
+pub fn self_signed(key: &identity::NodeKey) -> Result<Credentials, RpcError> {
+    let pair = rcgen::KeyPair::try_from(key.pkcs8_der())
+        .map_err(|e| RpcError::Certificate(e.to_string()))?;
+    let mut params = rcgen::CertificateParams::default();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "polis self-signed");
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::minutes(5);
+    params.not_after = now + time::Duration::hours(1);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params
+        .self_signed(&pair)
+        .map_err(|e| RpcError::Certificate(e.to_string()))?;
+    Ok(Credentials {
+        certificate: cert.der().to_vec(),
+        key_pkcs8: key.pkcs8_der().to_vec(),
+    })
+}
+
+/// Accepts any client certificate at the handshake (while still checking that the client
+/// holds its key); who the client is gets decided per RPC by [`Authenticator`].
+#[derive(Debug)]
+struct DeferClientAuthentication {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ClientCertVerifier for DeferClientAuthentication {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Ok(ClientCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The curator's TLS server configuration (HTTP/2 only).
+pub fn server_config(credentials: &Credentials) -> Result<Arc<rustls::ServerConfig>, RpcError> {
+    let provider = provider();
+    let (chain, key) = credentials.chain();
+    let mut config = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(Arc::new(DeferClientAuthentication { provider }))
+        .with_single_cert(chain, key)?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// How a client checks the server it talks to.
+#[derive(Debug, Clone)]
+pub enum ServerTrust {
+    /// The server certificate must chain to this CA (DER) and name the address dialed.
+    PinnedCa(Vec<u8>),
+    /// Accept any server certificate: only for fetching the CA to pin (trust on first
+    /// use, confirmed by the operator through its fingerprint).
+    FirstUse,
+}
+
+#[derive(Debug)]
+struct AcceptAnyServer {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for AcceptAnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A client TLS configuration (HTTP/2), optionally presenting `client` credentials.
+pub fn client_config(
+    trust: &ServerTrust,
+    client: Option<&Credentials>,
+) -> Result<Arc<rustls::ClientConfig>, RpcError> {
+    let provider = provider();
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?;
+    let builder = match trust {
+        ServerTrust::PinnedCa(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots
+                .add(CertificateDer::from(ca.clone()))
+                .map_err(|e| RpcError::Certificate(format!("pinned CA: {e}")))?;
+            builder.with_root_certificates(roots)
+        }
+        ServerTrust::FirstUse => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyServer { provider })),
+    };
+    let mut config = match client {
+        Some(c) => {
+            let (chain, key) = c.chain();
+            builder.with_client_auth_cert(chain, key)?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A verifier together with the CRL (DER) it was built for.
+type CachedVerifier = (Vec<u8>, Arc<dyn ClientCertVerifier>);
+
+/// Decides who a client is from its certificate, the cluster CA and the current CRL.
+pub struct Authenticator {
+    ca: CertificateDer<'static>,
+    /// The verifier for the last CRL seen, rebuilt when the CRL changes.
+    verifier: Mutex<Option<CachedVerifier>>,
+}
+
+impl Authenticator {
+    pub fn new(ca_der: Vec<u8>) -> Authenticator {
+        Authenticator {
+            ca: CertificateDer::from(ca_der),
+            verifier: Mutex::new(None),
+        }
+    }
+
+    fn verifier(&self, crl_der: &[u8]) -> Result<Arc<dyn ClientCertVerifier>, String> {
+        let mut cached = self.verifier.lock().expect("verifier lock poisoned");
+        if let Some((crl, v)) = cached.as_ref()
+            && crl == crl_der
+        {
+            return Ok(v.clone());
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(self.ca.clone())
+            .map_err(|e| format!("cluster CA unusable: {e}"))?;
+        let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+            .with_crls([CertificateRevocationListDer::from(crl_der.to_vec())])
+            .build()
+            .map_err(|e| format!("building verifier: {e}"))?;
+        *cached = Some((crl_der.to_vec(), v.clone()));
+        Ok(v)
+    }
+
+    /// Classifies the client certificate `leaf` (if any) against the CA and `crl_der`.
+    pub fn classify(
+        &self,
+        leaf: Option<&CertificateDer<'_>>,
+        crl_der: &[u8],
+        now: UnixTime,
+    ) -> Identity {
+        let Some(leaf) = leaf else {
+            return Identity::Anonymous;
+        };
+        let parsed = match x509_parser::parse_x509_certificate(leaf) {
+            Ok((_, c)) => c,
+            Err(e) => {
+                return Identity::Invalid {
+                    reason: format!("malformed certificate: {e}"),
+                };
+            }
+        };
+        let public_key = parsed.public_key().subject_public_key.data.to_vec();
+        let verifier = match self.verifier(crl_der) {
+            Ok(v) => v,
+            Err(reason) => return Identity::Invalid { reason },
+        };
+        match verifier.verify_client_cert(leaf, &[], now) {
+            Ok(_) => {
+                let cn = parsed
+                    .subject()
+                    .iter_common_name()
+                    .next()
+                    .and_then(|cn| cn.as_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let as_node = <[u8; 32]>::try_from(public_key.as_slice())
+                    .ok()
+                    .map(|k| identity::node_id(&k));
+                if as_node.as_deref() == Some(cn.as_str()) {
+                    Identity::Node { id: cn, public_key }
+                } else if cn.is_empty() || cn.starts_with(identity::NODE_ID_PREFIX) {
+                    Identity::Invalid {
+                        reason: format!(
+                            "certificate names {cn:?}, which is not its key's identity"
+                        ),
+                    }
+                } else {
+                    Identity::User {
+                        name: cn,
+                        public_key,
+                    }
+                }
+            }
+            Err(e) if parsed.issuer() == parsed.subject() => {
+                tracing::trace!("not a cluster certificate ({e}); treating as self-signed");
+                Identity::SelfSigned { public_key }
+            }
+            Err(e) => Identity::Invalid {
+                reason: e.to_string(),
+            },
+        }
+    }
+}
