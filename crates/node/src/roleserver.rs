@@ -200,7 +200,7 @@ async fn heartbeat(
                 if failures % 10 == 3 {
                     tracing::warn!("heartbeat failed {failures} times in a row: {e}");
                 }
-                if failures % 5 == 0 {
+                if failures.is_multiple_of(5) {
                     client = None;
                 }
                 Duration::from_millis(500)
