@@ -146,8 +146,20 @@ impl Ca {
         )?)
     }
 
-    /// Issues a certificate for `subject_key` (a raw Ed25519 public key).
+    /// Issues a certificate for `subject_key` (a raw Ed25519 public key), valid from now
+    /// (minus a small allowance for clock skew) for the template's lifetime.
     pub fn issue(&self, template: &Template, subject_key: &[u8; 32]) -> Result<Issued, PkiError> {
+        let (not_before, _) = validity(template.lifetime);
+        self.issue_at(template, subject_key, not_before)
+    }
+
+    /// Issues a certificate valid from `not_before` for the template's lifetime.
+    pub fn issue_at(
+        &self,
+        template: &Template,
+        subject_key: &[u8; 32],
+        not_before: OffsetDateTime,
+    ) -> Result<Issued, PkiError> {
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params
@@ -179,7 +191,8 @@ impl Ca {
         let serial = random_serial();
         params.serial_number = Some(SerialNumber::from_slice(&serial));
         params.use_authority_key_identifier_extension = true;
-        (params.not_before, params.not_after) = validity(template.lifetime);
+        params.not_before = not_before;
+        params.not_after = not_before + template.lifetime;
         let cert = params.signed_by(&Ed25519PublicKey(subject_key), &self.issuer()?)?;
         Ok(Issued {
             der: cert.der().to_vec(),

@@ -1,0 +1,414 @@
+//! The curator's API over real mTLS against a real polis-node: the README flow with
+//! polisctl, and the authorization matrix.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use e2e::{Node, TIMEOUT, polisctl};
+use proto::api;
+
+fn bootstrapped(dir: &Path) -> Result<Node> {
+    let mut node = Node::new(dir);
+    let params = node.bootstrap_params()?;
+    node.start(&["--params", params.to_str().unwrap()])?;
+    node.wait_home()?;
+    Ok(node)
+}
+
+fn ctl(node: &Node, config: &str, args: &[&str]) -> Result<(bool, String, String)> {
+    let config = node.dir.join(config);
+    let endpoint = node.address.to_string();
+    let mut all = vec![
+        "--config",
+        config.to_str().unwrap(),
+        "--endpoints",
+        endpoint.as_str(),
+    ];
+    all.extend_from_slice(args);
+    let (status, out, err) = polisctl(&all)?;
+    Ok((status.success(), out, err))
+}
+
+/// polisctl until it succeeds (the curator may still be electing itself).
+fn ctl_ok(node: &Node, config: &str, args: &[&str]) -> Result<String> {
+    let mut last = String::new();
+    for _ in 0..100 {
+        let (ok, out, err) = ctl(node, config, args)?;
+        if ok {
+            return Ok(out);
+        }
+        last = err;
+        if !last.contains("unavailable") && !last.contains("cannot reach") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    anyhow::bail!("polisctl {args:?} failed: {last}")
+}
+
+#[test]
+fn readme_flow_takeownership_and_manage_nodes() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let node = bootstrapped(dir.path())?;
+
+    // Before ownership: a clear refusal, not a crash.
+    let (ok, _, err) = ctl(&node, "config", &["node", "list"])?;
+    assert!(
+        !ok && err.contains("run `polisctl takeownership` first"),
+        "{err}"
+    );
+    // Without a terminal and without --accept-ca it refuses, showing the fingerprint.
+    let (ok, _, err) = ctl(&node, "config", &["takeownership"])?;
+    assert!(
+        !ok && err.contains("no terminal") && err.contains("SHA256:"),
+        "{err}"
+    );
+    // A wrong fingerprint is refused.
+    let (ok, _, err) = ctl(
+        &node,
+        "config",
+        &["takeownership", "--ca-fingerprint", "00ff"],
+    )?;
+    assert!(!ok && err.contains("CA fingerprint mismatch"), "{err}");
+
+    let out = ctl_ok(&node, "config", &["takeownership", "--accept-ca"])?;
+    assert!(out.contains("Took ownership"), "{out}");
+    // Harmless to repeat; and the right fingerprint pins without asking.
+    ctl_ok(&node, "config", &["takeownership"])?;
+    for file in ["owner.pem", "ca.pem", "owner-key.pem"] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("config").join(file))?
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600, "{file}");
+    }
+
+    let nodes: serde_json::Value =
+        serde_json::from_str(&ctl_ok(&node, "config", &["node", "list", "-o", "json"])?)?;
+    let nodes = nodes.as_array().context("an array")?;
+    assert_eq!(nodes.len(), 1);
+    let n = &nodes[0];
+    assert_eq!(n["state"], "UP");
+    assert_eq!(n["roles"], serde_json::json!(["ConsensusMember"]));
+    assert_eq!(n["address"], node.address.to_string());
+    assert!(n["health"] == "HEALTHY" || n["health"] == "UNKNOWN", "{n}");
+    let id = n["id"].as_str().context("id")?.to_string();
+
+    let table = ctl_ok(&node, "config", &["node", "list"])?;
+    assert!(
+        table.starts_with("ID") && table.contains(&id) && table.contains("ConsensusMember"),
+        "{table}"
+    );
+    let yaml = ctl_ok(&node, "config", &["node", "list", "-o", "yaml"])?;
+    assert!(
+        yaml.contains(&format!("- \"address\": \"{}\"", node.address)),
+        "{yaml}"
+    );
+
+    let info: serde_json::Value = serde_json::from_str(&ctl_ok(
+        &node,
+        "config",
+        &["cluster", "info", "-o", "json"],
+    )?)?;
+    let sealed_ca = std::fs::read(node.root.join("data/node/ca.der"))?;
+    assert_eq!(info["ca_fingerprint"], rpc::fingerprint(&sealed_ca));
+
+    let described: serde_json::Value = serde_json::from_str(&ctl_ok(
+        &node,
+        "config",
+        &["node", "label", &id, "zone=a", "rack=r1", "-o", "json"],
+    )?)?;
+    assert_eq!(
+        described["labels"],
+        serde_json::json!({"zone": "a", "rack": "r1"})
+    );
+    let described: serde_json::Value = serde_json::from_str(&ctl_ok(
+        &node,
+        "config",
+        &["node", "label", &id, "rack-", "-o", "json"],
+    )?)?;
+    assert_eq!(described["labels"], serde_json::json!({"zone": "a"}));
+    let filtered: serde_json::Value = serde_json::from_str(&ctl_ok(
+        &node,
+        "config",
+        &["node", "list", "--label", "zone=b", "-o", "json"],
+    )?)?;
+    assert_eq!(filtered, serde_json::json!([]));
+    let (ok, _, err) = ctl(&node, "config", &["node", "label", &id, "bad key=1"])?;
+    assert!(!ok && err.contains("invalid label key"), "{err}");
+    let described = ctl_ok(&node, "config", &["node", "describe", &id])?;
+    assert!(described.contains("zone=a"), "{described}");
+
+    // Errors: unknown node, unreachable endpoint, a different owner key.
+    let (ok, _, err) = ctl(
+        &node,
+        "config",
+        &["node", "describe", "polis-00000000000000000000000000000000"],
+    )?;
+    assert!(!ok && err.contains("does not exist"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let (status, _, err) = polisctl(&[
+        "--config",
+        dir.path().join("config").to_str().unwrap(),
+        "--endpoints",
+        &e2e::unique_loopback().to_string(),
+        "node",
+        "list",
+    ])?;
+    assert!(!status.success() && err.contains("cannot reach"), "{err}");
+
+    let (status, _, err) = polisctl(&[
+        "--config",
+        dir.path().join("intruder").to_str().unwrap(),
+        "params",
+        "bootstrap",
+        "--out",
+        dir.path().join("other-params.pb").to_str().unwrap(),
+    ])?;
+    assert!(status.success(), "{err}");
+    let (ok, _, err) = ctl(&node, "intruder", &["takeownership", "--accept-ca"])?;
+    assert!(!ok && err.contains("not this cluster's owner key"), "{err}");
+    assert!(!dir.path().join("intruder/owner.pem").exists());
+    Ok(())
+}
+
+/// The identities of the matrix, as client credentials (None: no certificate).
+struct Identities {
+    anonymous: Option<rpc::Credentials>,
+    self_signed: Option<rpc::Credentials>,
+    node: Option<rpc::Credentials>,
+    owner: Option<rpc::Credentials>,
+    expired_owner: Option<rpc::Credentials>,
+    revoked_owner: Option<rpc::Credentials>,
+    foreign_ca: Option<rpc::Credentials>,
+}
+
+fn owner_template(lifetime: Duration) -> pki::Template {
+    pki::Template {
+        common_name: "owner".into(),
+        dns_names: vec![],
+        ip_addresses: vec![],
+        usage: pki::Usage::Client,
+        lifetime,
+    }
+}
+
+async fn identities(node: &Node, owner_key: &identity::NodeKey) -> Result<Identities> {
+    let client = consensus::connect_unix(&node.socket()).await?;
+    let store = curator::cluster_pki(&consensus::Namespaced::new(client, "curator"));
+    let ca = store.load_ca().await?.context("cluster CA")?;
+    let creds = |der: Vec<u8>, key: &identity::NodeKey| rpc::Credentials {
+        certificate: der,
+        key_pkcs8: key.pkcs8_der().to_vec(),
+    };
+    let day = Duration::from_secs(24 * 3600);
+    let owner = ca.issue(&owner_template(day), &owner_key.public_key())?;
+    let expired = ca.issue_at(
+        &owner_template(day),
+        &owner_key.public_key(),
+        time::OffsetDateTime::now_utc() - 2 * day,
+    )?;
+    let revoked = ca.issue(&owner_template(day), &owner_key.public_key())?;
+    store.revoke(&ca, &revoked.serial).await?;
+    let foreign = pki::Ca::generate("Foreign CA", pki::CA_LIFETIME)?
+        .issue(&owner_template(day), &owner_key.public_key())?;
+    let node_key =
+        identity::NodeKey::from_pkcs8(&std::fs::read(node.root.join("data/node/key.der"))?)?;
+    Ok(Identities {
+        anonymous: None,
+        self_signed: Some(rpc::self_signed(owner_key)?),
+        node: Some(creds(
+            std::fs::read(node.root.join("data/node/cert.der"))?,
+            &node_key,
+        )),
+        owner: Some(creds(owner.der, owner_key)),
+        expired_owner: Some(creds(expired.der, owner_key)),
+        revoked_owner: Some(creds(revoked.der, owner_key)),
+        foreign_ca: Some(creds(foreign.der, owner_key)),
+    })
+}
+
+/// Calls `method` as the holder of `credentials`; true if authorization let it through.
+async fn allowed(
+    endpoint: SocketAddr,
+    ca: &[u8],
+    credentials: Option<&rpc::Credentials>,
+    method: &str,
+    owner_key: &identity::NodeKey,
+    node_id: &str,
+) -> Result<bool> {
+    let channel = rpc::connect(
+        endpoint,
+        &rpc::ServerTrust::PinnedCa(ca.to_vec()),
+        credentials,
+    )
+    .await?;
+    let mut management = api::management_client::ManagementClient::new(channel.clone());
+    let mut aaa = api::aaa_client::AaaClient::new(channel.clone());
+    let mut local = api::curator_local_client::CuratorLocalClient::new(channel);
+    let status = match method {
+        "GetCurrentLeader" => local
+            .get_current_leader(api::GetCurrentLeaderRequest {})
+            .await
+            .err(),
+        "GetCACertificate" => local
+            .get_ca_certificate(api::GetCaCertificateRequest {})
+            .await
+            .err(),
+        "Escrow" => aaa
+            .escrow(api::EscrowRequest {
+                public_key: owner_key.public_key().to_vec(),
+            })
+            .await
+            .err(),
+        "GetClusterInfo" => management
+            .get_cluster_info(api::GetClusterInfoRequest {})
+            .await
+            .err(),
+        "ListNodes" => management
+            .list_nodes(api::ListNodesRequest::default())
+            .await
+            .err(),
+        "DescribeNode" => management
+            .describe_node(api::DescribeNodeRequest {
+                id: node_id.to_string(),
+            })
+            .await
+            .err(),
+        "UpdateNodeLabels" => management
+            .update_node_labels(api::UpdateNodeLabelsRequest {
+                id: node_id.to_string(),
+                upsert: [("matrix".to_string(), "1".to_string())].into(),
+                delete: vec![],
+            })
+            .await
+            .err(),
+        "GetRegisterTicket" => management
+            .get_register_ticket(api::GetRegisterTicketRequest {})
+            .await
+            .err(),
+        other => anyhow::bail!("no such method in the matrix: {other}"),
+    };
+    match status {
+        None => Ok(true),
+        Some(s)
+            if matches!(
+                s.code(),
+                tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+            ) =>
+        {
+            Ok(false)
+        }
+        Some(s) => anyhow::bail!("{method}: unexpected error {s:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorization_matrix_over_real_tls() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let node = tokio::task::block_in_place(|| bootstrapped(dir.path()))?;
+    let owner_key = {
+        let pem_text = std::fs::read_to_string(dir.path().join("config/owner-key.pem"))?;
+        identity::NodeKey::from_pkcs8(pem::parse(&pem_text)?.contents())?
+    };
+    let ids = identities(&node, &owner_key).await?;
+    let ca = std::fs::read(node.root.join("data/node/ca.der"))?;
+    let node_id = node_id(&node)?;
+    let endpoint = SocketAddr::new(node.address, rpc::CURATOR_PORT);
+
+    // Wait for the curator to lead.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !allowed(
+        endpoint,
+        &ca,
+        ids.owner.as_ref(),
+        "ListNodes",
+        &owner_key,
+        &node_id,
+    )
+    .await
+    .unwrap_or(false)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "curator never served the owner"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let who: [(&str, Option<&rpc::Credentials>); 7] = [
+        ("none", ids.anonymous.as_ref()),
+        ("self-signed", ids.self_signed.as_ref()),
+        ("node", ids.node.as_ref()),
+        ("owner", ids.owner.as_ref()),
+        ("expired", ids.expired_owner.as_ref()),
+        ("revoked", ids.revoked_owner.as_ref()),
+        ("foreign", ids.foreign_ca.as_ref()),
+    ];
+    let expected: &[(&str, &[&str])] = &[
+        (
+            "GetCurrentLeader",
+            &["none", "self-signed", "node", "owner"],
+        ),
+        (
+            "GetCACertificate",
+            &["none", "self-signed", "node", "owner"],
+        ),
+        ("Escrow", &["self-signed"]),
+        ("GetClusterInfo", &["node", "owner"]),
+        ("ListNodes", &["node", "owner"]),
+        ("DescribeNode", &["node", "owner"]),
+        ("UpdateNodeLabels", &["owner"]),
+        ("GetRegisterTicket", &["owner"]),
+    ];
+    let mut failures = Vec::new();
+    for (method, allowed_for) in expected {
+        for (name, creds) in &who {
+            let got = allowed(endpoint, &ca, *creds, method, &owner_key, &node_id).await?;
+            let want = allowed_for.contains(name);
+            println!(
+                "{method:<18} × {name:<12} → {}",
+                if got { "allow" } else { "deny" }
+            );
+            if got != want {
+                failures.push(format!("{method} × {name}: got {got}, want {want}"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "authorization mismatches:\n{}",
+        failures.join("\n")
+    );
+
+    // The register ticket is 32 bytes and stable.
+    let channel = rpc::connect(
+        endpoint,
+        &rpc::ServerTrust::PinnedCa(ca.clone()),
+        ids.owner.as_ref(),
+    )
+    .await?;
+    let mut management = api::management_client::ManagementClient::new(channel);
+    let t1 = management
+        .get_register_ticket(api::GetRegisterTicketRequest {})
+        .await?
+        .into_inner()
+        .ticket;
+    let t2 = management
+        .get_register_ticket(api::GetRegisterTicketRequest {})
+        .await?
+        .into_inner()
+        .ticket;
+    assert_eq!(t1.len(), 32);
+    assert_eq!(t1, t2);
+    Ok(())
+}
+
+fn node_id(node: &Node) -> Result<String> {
+    use prost::Message;
+    let sealed = std::fs::read(node.root.join("esp/sealed_configuration.pb"))?;
+    Ok(proto::config::SealedConfiguration::decode(sealed.as_slice())?.node_id)
+}
