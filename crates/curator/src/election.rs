@@ -19,6 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::CuratorError;
 
+/// How long a stopping leader tries to resign before giving up (the lease then expires).
+const HANDOVER_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// Election name inside the curator namespace.
 pub const ELECTION: &str = "leader";
 
@@ -139,7 +142,7 @@ pub async fn run(
         won = campaign_client.campaign(name.clone(), value, lease) => won?,
         e = &mut keepalive => return Err(e),
         _ = cancel.cancelled() => {
-            let _ = client.lease_revoke(lease).await;
+            let _ = tokio::time::timeout(HANDOVER_TIMEOUT, client.lease_revoke(lease)).await;
             return Ok(());
         }
     };
@@ -161,8 +164,13 @@ pub async fn run(
     let outcome = tokio::select! {
         e = &mut keepalive => Err(e),
         _ = cancel.cancelled() => {
-            let _ = client.resign(Some(ResignOptions::new().with_leader(key))).await;
-            let _ = client.lease_revoke(lease).await;
+            // Hand over at once rather than after the TTL; but etcd may be stopping
+            // too (the whole node shuts down), so do not wait long for it.
+            let handover = async {
+                let _ = client.resign(Some(ResignOptions::new().with_leader(key))).await;
+                let _ = client.lease_revoke(lease).await;
+            };
+            let _ = tokio::time::timeout(HANDOVER_TIMEOUT, handover).await;
             Ok(())
         }
     };

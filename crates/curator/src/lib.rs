@@ -2,22 +2,38 @@
 //!
 //! Every node-facing and operator-facing question about the cluster ("which nodes
 //! exist?", "who owns this cluster?") is answered by the curator from etcd; nothing else
-//! reads or writes the `curator` namespace. This crate currently holds the state layout
-//! and the bootstrap transaction; the leader-elected gRPC services build on it.
+//! reads or writes the `curator` namespace. A curator runs on every consensus member;
+//! they elect one leader through etcd, and only the leader serves the calls that read or
+//! change cluster state.
+//!
+//! ```text
+//!   polisctl / nodes ──mTLS──▶ listener (rpc::AuthLayer: identity + permission table)
+//!                                 │
+//!        CuratorLocal (any curator)   AAA, Management, Curator (leader only)
+//!                                 │                     │ every write: leader_txn
+//!                                 ▼                     ▼ (guarded by the election key)
+//!                        election ──campaign/lease──▶ etcd namespaced:curator/
+//! ```
 //!
 //! Layout inside `namespaced:curator/`:
 //! ```text
 //!   nodes/<node id>            state::Node (protobuf)
 //!   global/initial_owner       raw Ed25519 public key of the owner named at bootstrap
+//!   global/register_ticket     32 random bytes, created on first request
 //!   cluster/configuration      config::ClusterConfiguration (protobuf)
-//!   cluster-pki/…              the cluster CA (see the pki crate)
+//!   cluster-pki/…              the cluster CA and issued certificates (pki crate)
+//!   leader/<lease>             state::LeaderElectionValue of the elected curator
 //! ```
 //!
 //! Invariants:
 //! - The bootstrap records (first node, initial owner, cluster configuration) are
 //!   created together in one create-if-absent transaction: all or none exist.
-//! - Re-running the bootstrap transaction with the same records succeeds (idempotent);
-//!   with different records it fails and changes nothing.
+//!   Re-running it with the same records succeeds; with different ones it fails.
+//! - Every leader write is an etcd transaction guarded by the leader's election key
+//!   (`election::leader_txn`): a deposed leader cannot write.
+//! - Followers serve CuratorLocal and answer everything else with Unavailable, naming
+//!   the leader (forwarding arrives with multi-node clusters).
+//! - Register tickets are compared in constant time (`state::ticket_matches`).
 
 pub mod election;
 pub mod labels;

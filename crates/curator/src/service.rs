@@ -198,6 +198,8 @@ impl api::aaa_server::Aaa for Services {
             .issue(&template, &subject)
             .map_err(|e| Status::internal(format!("issuing the owner certificate: {e}")))?;
         let name = format!("owner-{}", hex::encode(&issued.serial));
+        // Not guarded by leadership (the PKI store takes no guard): a deposed leader could
+        // still record a certificate it issued, for a key that is the owner's anyway.
         let certificate = store
             .ensure_certificate(&name, || Ok(issued.clone()))
             .await

@@ -9,18 +9,19 @@
 //!   root
 //!   ├── cluster                  cluster manager: carries out the decision, logs state
 //!   └── role                     role server
-//!       └── controlplane         consensus + cluster records
-//!           ├── consensus        the etcd child process
-//!           └── curator          leader election + gRPC API on :7835
-//!               ├── election
-//!               └── listener
+//!       ├── controlplane         consensus + cluster records, then the curator
+//!       │   ├── consensus        the etcd child process
+//!       │   └── curator          leader election + gRPC API on :7835
+//!       │       ├── election
+//!       │       └── listener
 //!       └── heartbeat            tells the curator this node is alive
 //! ```
 //!
 //! Invariants:
 //! - Refusals (would-be second cluster, corrupt files, foreign address, missing etcd) are
 //!   decided before anything is written, and end the process with a message and exit 1.
-//! - SIGTERM/SIGINT stop the tree in order (etcd last gets SIGTERM) and exit 0.
+//! - SIGTERM/SIGINT cancel the whole tree; etcd gets SIGTERM (SIGKILL after 10 s), the
+//!   curator resigns its leadership, and the process exits 0 once every runnable stopped.
 //! - SIGUSR1 logs the supervisor tree.
 
 mod cluster;
@@ -117,7 +118,8 @@ fn main() -> ExitCode {
     };
     // Lines logged before the supervisor starts belong to the root runnable too.
     let span = tracing::info_span!("runnable", dn = %"root");
-    match runtime.block_on(tracing::Instrument::instrument(run(args), span)) {
+    let result = runtime.block_on(tracing::Instrument::instrument(run(args), span));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -300,5 +302,6 @@ async fn run(args: Args) -> Result<()> {
         }
     };
     supervisor.shutdown().await;
+    tracing::info!("all runnables stopped");
     outcome
 }

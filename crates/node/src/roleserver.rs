@@ -5,10 +5,12 @@
 //!                                        │
 //!                                        ├─ bootstrap: CAs, node record, owner, sealed config
 //!                                        ├─ join: checks etcd is this node's cluster
-//!                                        └─▶ ClusterState::Home
+//!                                        ├─▶ ClusterState::Home
+//!                                        └──spawns──▶ curator (election + gRPC :7835)
+//!   heartbeat ── waits for Home ── Curator.Heartbeat every 5 s (node certificate)
 //! ```
-//! Today every node is a consensus member (the bootstrap node); role fetch, status push
-//! and heartbeats arrive with the curator's node API.
+//! Today every node is a consensus member (the bootstrap node); role fetch and status
+//! push arrive with registration of further nodes.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
