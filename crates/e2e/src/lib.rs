@@ -268,6 +268,15 @@ impl Node {
         }
     }
 
+    /// A node in `dir` that has bootstrapped a new cluster and reached Home.
+    pub fn bootstrapped(dir: &Path) -> Result<Node> {
+        let mut node = Node::new(dir);
+        let params = node.bootstrap_params()?;
+        node.start(&["--params", params.to_str().context("utf-8 path")?])?;
+        node.wait_home()?;
+        Ok(node)
+    }
+
     /// Writes bootstrap parameters with a fresh owner key; returns the parameters path.
     pub fn bootstrap_params(&self) -> Result<PathBuf> {
         let params = self.dir.join("params.pb");

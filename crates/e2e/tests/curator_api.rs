@@ -2,20 +2,11 @@
 //! polisctl, and the authorization matrix.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use e2e::{Node, TIMEOUT, polisctl};
 use proto::api;
-
-fn bootstrapped(dir: &Path) -> Result<Node> {
-    let mut node = Node::new(dir);
-    let params = node.bootstrap_params()?;
-    node.start(&["--params", params.to_str().unwrap()])?;
-    node.wait_home()?;
-    Ok(node)
-}
 
 fn ctl(node: &Node, config: &str, args: &[&str]) -> Result<(bool, String, String)> {
     let config = node.dir.join(config);
@@ -51,7 +42,7 @@ fn ctl_ok(node: &Node, config: &str, args: &[&str]) -> Result<String> {
 #[test]
 fn readme_flow_takeownership_and_manage_nodes() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let node = bootstrapped(dir.path())?;
+    let node = Node::bootstrapped(dir.path())?;
 
     // Before ownership: a clear refusal, not a crash.
     let (ok, _, err) = ctl(&node, "config", &["node", "list"])?;
@@ -309,7 +300,7 @@ async fn allowed(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authorization_matrix_over_real_tls() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let node = tokio::task::block_in_place(|| bootstrapped(dir.path()))?;
+    let node = tokio::task::block_in_place(|| Node::bootstrapped(dir.path()))?;
     let owner_key = {
         let pem_text = std::fs::read_to_string(dir.path().join("config/owner-key.pem"))?;
         identity::NodeKey::from_pkcs8(pem::parse(&pem_text)?.contents())?

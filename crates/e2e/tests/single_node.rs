@@ -16,19 +16,10 @@ fn sealed(node: &Node) -> proto::config::SealedConfiguration {
     proto::config::SealedConfiguration::decode(bytes.as_slice()).unwrap()
 }
 
-/// Bootstraps a node in `dir` and waits for Home.
-fn bootstrapped(dir: &Path) -> Result<Node> {
-    let mut node = Node::new(dir);
-    let params = node.bootstrap_params()?;
-    node.start(&["--params", params.to_str().unwrap()])?;
-    node.wait_home()?;
-    Ok(node)
-}
-
 #[test]
 fn bootstrap_reaches_home_with_state_in_etcd() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let node = bootstrapped(dir.path())?;
+    let node = Node::bootstrapped(dir.path())?;
     let sealed = sealed(&node);
     identity::validate_node_id(&sealed.node_id)?;
 
@@ -96,7 +87,7 @@ fn bootstrap_reaches_home_with_state_in_etcd() -> Result<()> {
 #[test]
 fn kill_9_and_restart_is_the_same_cluster_with_data() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut node = bootstrapped(dir.path())?;
+    let mut node = Node::bootstrapped(dir.path())?;
     let before = sealed(&node);
     let ids = node.etcd_ids()?;
     node.etcdctl(&["put", "operator/marker", "survives"])?;
@@ -131,7 +122,7 @@ fn kill_9_and_restart_is_the_same_cluster_with_data() -> Result<()> {
 fn kill_9_during_startup_then_restart() -> Result<()> {
     // kill -9 right after Home repeatedly: each restart must come back Home.
     let dir = tempfile::tempdir()?;
-    let mut node = bootstrapped(dir.path())?;
+    let mut node = Node::bootstrapped(dir.path())?;
     let ids = node.etcd_ids()?;
     for _ in 0..3 {
         node.proc().signal(libc::SIGKILL);
@@ -146,7 +137,7 @@ fn kill_9_during_startup_then_restart() -> Result<()> {
 #[test]
 fn sigterm_stops_etcd_cleanly_and_exits_zero() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut node = bootstrapped(dir.path())?;
+    let mut node = Node::bootstrapped(dir.path())?;
     let etcd_pid = node.etcd_pid()?;
     node.proc().signal(libc::SIGTERM);
     let status = node.proc().wait_exit(TIMEOUT)?;
@@ -165,7 +156,7 @@ fn sigterm_stops_etcd_cleanly_and_exits_zero() -> Result<()> {
 #[test]
 fn etcd_crash_is_restarted_by_the_supervisor() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut node = bootstrapped(dir.path())?;
+    let mut node = Node::bootstrapped(dir.path())?;
     let first = node.etcd_pid()?;
     // SAFETY: kill(2) on the etcd child of our own polis-node.
     unsafe { libc::kill(first, libc::SIGKILL) };
@@ -195,7 +186,7 @@ fn refused(node: &mut Node, extra: &[&str]) -> Result<String> {
 #[test]
 fn refuses_state_without_sealed_configuration() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut node = bootstrapped(dir.path())?;
+    let mut node = Node::bootstrapped(dir.path())?;
     node.proc().signal(libc::SIGKILL);
     node.proc().wait_exit(TIMEOUT)?;
     // Simulate a crash before the sealed configuration was written.
@@ -245,7 +236,7 @@ fn refuses_missing_parameters_naming_the_file() -> Result<()> {
 #[test]
 fn refuses_corrupt_sealed_configuration_without_overwriting() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut node = bootstrapped(dir.path())?;
+    let mut node = Node::bootstrapped(dir.path())?;
     node.proc().signal(libc::SIGTERM);
     node.proc().wait_exit(TIMEOUT)?;
     let sealed_path = node.root.join("esp/sealed_configuration.pb");
@@ -304,7 +295,7 @@ fn refuses_missing_etcd_binary_saying_how_to_install() -> Result<()> {
 #[test]
 fn refuses_restart_on_a_different_address() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut node = bootstrapped(dir.path())?;
+    let mut node = Node::bootstrapped(dir.path())?;
     node.proc().signal(libc::SIGTERM);
     node.proc().wait_exit(TIMEOUT)?;
     let original = node.address;
@@ -317,7 +308,7 @@ fn refuses_restart_on_a_different_address() -> Result<()> {
 #[test]
 fn sigusr1_dumps_the_supervisor_tree() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut node = bootstrapped(dir.path())?;
+    let mut node = Node::bootstrapped(dir.path())?;
     node.proc().signal(libc::SIGUSR1);
     let line = node
         .proc()

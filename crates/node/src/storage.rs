@@ -13,9 +13,7 @@
 //! Directories are 0700, secret files 0600, and every file is written atomically
 //! (temporary file, fsync, rename, fsync of the directory).
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -108,43 +106,11 @@ fn dir_non_empty(dir: &Path) -> bool {
     fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
 }
 
-/// Creates `dir` (and parents) with mode 0700, and tightens it if it already exists.
-pub fn ensure_private_dir(dir: &Path) -> Result<()> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .with_context(|| format!("creating directory {}", dir.display()))?;
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
-        .with_context(|| format!("setting permissions of {}", dir.display()))
-}
+pub use privatefs::ensure_private_dir;
 
-/// Writes `contents` to `path` atomically with mode 0600: a reader sees the old file or
-/// the new one, never a mix, also across a crash.
+/// Writes `contents` to `path` atomically with mode 0600 (see `privatefs`).
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .with_context(|| format!("{} has no parent directory", path.display()))?;
-    let file_name = path
-        .file_name()
-        .with_context(|| format!("{} has no file name", path.display()))?;
-    let tmp = dir.join(format!(".{}.tmp", file_name.to_string_lossy()));
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    file.write_all(contents)
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    drop(file);
-    fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("syncing directory {}", dir.display()))
+    Ok(privatefs::write_atomic(path, contents)?)
 }
 
 /// Reads and decodes a protobuf file; errors name the file.
@@ -176,19 +142,7 @@ pub fn pem(tag: &str, der: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn atomic_write_is_private_and_replaces() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("secret");
-        write_atomic(&path, b"one").unwrap();
-        write_atomic(&path, b"two").unwrap();
-        assert_eq!(fs::read(&path).unwrap(), b"two");
-        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-        let leftovers: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
-        assert_eq!(leftovers.len(), 1, "temporary file left behind");
-    }
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn prepare_creates_private_dirs_and_empties_ephemeral() {

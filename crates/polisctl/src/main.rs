@@ -17,8 +17,8 @@ mod cluster;
 mod output;
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -242,11 +242,9 @@ pub(crate) fn owner_key_path(config: &Path) -> PathBuf {
 
 /// Loads the owner key, creating it (and the 0700 config directory) if absent.
 fn ensure_owner_key(config: &Path) -> Result<NodeKey> {
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(config)
-        .with_context(|| format!("creating config directory {}", config.display()))?;
+    if !config.exists() {
+        privatefs::ensure_private_dir(config)?;
+    }
     let mode = fs::metadata(config)
         .with_context(|| format!("reading {}", config.display()))?
         .permissions()
@@ -297,27 +295,9 @@ pub(crate) fn load_owner_key(path: &Path) -> Result<NodeKey> {
         .with_context(|| format!("owner key {} is not an Ed25519 key", path.display()))
 }
 
-/// Writes a 0600 file atomically (temporary file, fsync, rename).
+/// Writes a 0600 file atomically (see `privatefs`).
 pub(crate) fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .with_context(|| format!("{} is not a file path", path.display()))?;
-    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(contents).and_then(|()| f.sync_all())?;
-    fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    Ok(())
+    Ok(privatefs::write_atomic(path, contents)?)
 }
 
 #[cfg(test)]

@@ -63,11 +63,44 @@ pub fn self_signed(key: &identity::NodeKey) -> Result<Credentials, RpcError> {
     })
 }
 
+/// Checks handshake signatures: that the peer holds the key of the certificate it
+/// presented. Kept even where the certificate itself is judged later (or never).
+#[derive(Debug)]
+struct ProofOfPossession {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ProofOfPossession {
+    fn verify_tls12(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
+    }
+    fn verify_tls13(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
+    }
+    fn schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
 /// Accepts any client certificate at the handshake (while still checking that the client
 /// holds its key); who the client is gets decided per RPC by [`Authenticator`].
 #[derive(Debug)]
 struct DeferClientAuthentication {
-    provider: Arc<CryptoProvider>,
+    keys: ProofOfPossession,
 }
 
 impl ClientCertVerifier for DeferClientAuthentication {
@@ -94,12 +127,7 @@ impl ClientCertVerifier for DeferClientAuthentication {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.keys.verify_tls12(message, cert, dss)
     }
     fn verify_tls13_signature(
         &self,
@@ -107,17 +135,10 @@ impl ClientCertVerifier for DeferClientAuthentication {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.keys.verify_tls13(message, cert, dss)
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.keys.schemes()
     }
 }
 
@@ -127,7 +148,9 @@ pub fn server_config(credentials: &Credentials) -> Result<Arc<rustls::ServerConf
     let (chain, key) = credentials.chain();
     let mut config = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?
-        .with_client_cert_verifier(Arc::new(DeferClientAuthentication { provider }))
+        .with_client_cert_verifier(Arc::new(DeferClientAuthentication {
+            keys: ProofOfPossession { provider },
+        }))
         .with_single_cert(chain, key)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
@@ -145,7 +168,7 @@ pub enum ServerTrust {
 
 #[derive(Debug)]
 struct AcceptAnyServer {
-    provider: Arc<CryptoProvider>,
+    keys: ProofOfPossession,
 }
 
 impl ServerCertVerifier for AcceptAnyServer {
@@ -165,12 +188,7 @@ impl ServerCertVerifier for AcceptAnyServer {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.keys.verify_tls12(message, cert, dss)
     }
     fn verify_tls13_signature(
         &self,
@@ -178,17 +196,10 @@ impl ServerCertVerifier for AcceptAnyServer {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
+        self.keys.verify_tls13(message, cert, dss)
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.keys.schemes()
     }
 }
 
@@ -210,7 +221,9 @@ pub fn client_config(
         }
         ServerTrust::FirstUse => builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AcceptAnyServer { provider })),
+            .with_custom_certificate_verifier(Arc::new(AcceptAnyServer {
+                keys: ProofOfPossession { provider },
+            })),
     };
     let mut config = match client {
         Some(c) => {

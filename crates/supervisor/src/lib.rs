@@ -211,26 +211,22 @@ impl Context {
         tracing::debug!("signalled done");
     }
 
-    fn is_done(&self) -> bool {
+    fn state(&self) -> Option<RunnableState> {
         let nodes = self
             .tree
             .nodes
             .lock()
             .expect("supervisor tree lock poisoned");
-        matches!(
-            nodes.get(&*self.dn).map(|s| &s.state),
-            Some(RunnableState::Done)
-        )
+        nodes.get(&*self.dn).map(|s| s.state.clone())
+    }
+
+    fn is_done(&self) -> bool {
+        self.state() == Some(RunnableState::Done)
     }
 
     fn is_healthy_or_done(&self) -> bool {
-        let nodes = self
-            .tree
-            .nodes
-            .lock()
-            .expect("supervisor tree lock poisoned");
         matches!(
-            nodes.get(&*self.dn).map(|s| &s.state),
+            self.state(),
             Some(RunnableState::Healthy | RunnableState::Done)
         )
     }
