@@ -48,14 +48,16 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// A fresh 127.x.y.z address whose etcd peer port is free.
+/// A fresh 127.x.y.z address whose etcd peer and curator ports are free.
 pub fn unique_loopback() -> IpAddr {
     loop {
         let mut bytes = [0u8; 3];
         getrandom(&mut bytes);
         let addr = Ipv4Addr::new(127, bytes[0].max(1), bytes[1], bytes[2].clamp(2, 254));
         let ip = IpAddr::V4(addr);
-        if std::net::TcpListener::bind((ip, consensus::config::PEER_PORT)).is_ok() {
+        // The ports polis-node listens on: etcd peers and the curator.
+        let free = |port: u16| std::net::TcpListener::bind((ip, port)).is_ok();
+        if free(consensus::config::PEER_PORT) && free(7835) {
             return ip;
         }
     }
