@@ -480,3 +480,38 @@ fn completions_are_generated() -> Result<()> {
     assert!(!status.success() && err.contains("tcsh"), "{err}");
     Ok(())
 }
+
+fn node_health(node: &Node) -> Result<String> {
+    let nodes: serde_json::Value =
+        serde_json::from_str(&ctl_ok(node, "config", &["node", "list", "-o", "json"])?)?;
+    Ok(nodes[0]["health"].as_str().unwrap_or_default().to_string())
+}
+
+#[test]
+fn heartbeats_make_the_node_healthy_and_the_curator_survives_kill_9() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::new(dir.path());
+    // A lease far longer than polisctl's retries: waiting it out would fail the test.
+    node.extra_args = vec!["--curator-lease-ttl".into(), "60".into()];
+    let params = node.bootstrap_params()?;
+    node.start(&["--params", params.to_str().unwrap()])?;
+    node.wait_home()?;
+    ctl_ok(&node, "config", &["takeownership", "--accept-ca"])?;
+    e2e::wait_until("node HEALTHY", TIMEOUT, || {
+        node_health(&node).is_ok_and(|h| h == "HEALTHY")
+    })?;
+
+    node.proc().signal(libc::SIGKILL);
+    node.proc().wait_exit(TIMEOUT)?;
+    node.start(&[])?;
+    node.wait_home()?;
+    // The restarted curator removes its previous lifetime's election key instead of
+    // waiting for that lease to expire, and serves the owner again.
+    let restarted = std::time::Instant::now();
+    ctl_ok(&node, "config", &["node", "list"])?;
+    println!("owner served {:?} after Home", restarted.elapsed());
+    e2e::wait_until("node HEALTHY again", TIMEOUT, || {
+        node_health(&node).is_ok_and(|h| h == "HEALTHY")
+    })?;
+    Ok(())
+}
