@@ -119,8 +119,7 @@ fn kill_9_and_restart_is_the_same_cluster_with_data() -> Result<()> {
 }
 
 #[test]
-fn kill_9_during_startup_then_restart() -> Result<()> {
-    // kill -9 right after Home repeatedly: each restart must come back Home.
+fn repeated_kill_9_after_home_comes_back_each_time() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut node = Node::bootstrapped(dir.path())?;
     let ids = node.etcd_ids()?;
@@ -131,6 +130,66 @@ fn kill_9_during_startup_then_restart() -> Result<()> {
         node.wait_home()?;
     }
     assert_eq!(node.etcd_ids()?, ids);
+    Ok(())
+}
+
+#[test]
+fn kill_9_at_each_bootstrap_step_never_makes_a_second_cluster() -> Result<()> {
+    // Crash points, in bootstrap order (log lines), ending just before the sealed
+    // configuration and right after it.
+    let steps = [
+        "bootstrapping a new cluster",
+        "started etcd",
+        "etcd is ready",
+        "bootstrap complete",
+    ];
+    for step in steps {
+        let dir = tempfile::tempdir()?;
+        let mut node = Node::new(dir.path());
+        let params = node.bootstrap_params()?;
+        let params = params.to_str().unwrap().to_string();
+        node.start(&["--params", &params])?;
+        node.proc().wait_for_line(TIMEOUT, |l| l.contains(step))?;
+        node.proc().signal(libc::SIGKILL);
+        node.proc().wait_exit(TIMEOUT)?;
+
+        let sealed_before = node
+            .root
+            .join("esp/sealed_configuration.pb")
+            .exists()
+            .then(|| sealed(&node));
+        // Restart with the parameters still given: a careless operator's retry.
+        let proc = node.start(&["--params", &params])?;
+        let outcome = proc.wait_for_line(TIMEOUT, |l| {
+            e2e::is_home_line(l) || l.contains("refusing to start")
+        });
+        match (sealed_before, outcome) {
+            (Some(before), Ok(line)) if e2e::is_home_line(&line) => {
+                let (cluster, member) = node.etcd_ids()?;
+                assert_eq!(
+                    (cluster, member),
+                    (before.etcd_cluster_id, before.etcd_member_id),
+                    "step {step}"
+                );
+            }
+            (None, Ok(line)) if line.contains("refusing to start") => {
+                assert!(line.contains("second cluster"), "step {step}: {line}");
+                let status = node.proc().wait_exit(TIMEOUT)?;
+                assert!(!status.success(), "step {step}");
+            }
+            (None, Ok(line)) if e2e::is_home_line(&line) => {
+                // Only possible if nothing was written yet: a clean first bootstrap.
+                assert_eq!(
+                    step, steps[0],
+                    "step {step}: bootstrapped again over partial state"
+                );
+            }
+            (sealed, outcome) => panic!(
+                "step {step}: sealed={} outcome={outcome:?}",
+                sealed.is_some()
+            ),
+        }
+    }
     Ok(())
 }
 
