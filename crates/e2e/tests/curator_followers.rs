@@ -196,6 +196,34 @@ async fn follower_serves_local_api_and_takes_over() -> Result<()> {
     assert_eq!(local.this_node_id, curators[follower].node_id);
     assert_eq!(local.leader_endpoint, curators[leader].endpoint.to_string());
 
+    // polisctl pointed at the follower only still reaches the leader it names.
+    let config = dir.path().join("polisctl");
+    std::fs::create_dir(&config)?;
+    let pem = |tag: &str, der: &[u8]| pem::encode(&pem::Pem::new(tag, der));
+    for (file, text) in [
+        ("owner-key.pem", pem("PRIVATE KEY", owner_key.pkcs8_der())),
+        ("owner.pem", pem("CERTIFICATE", &owner.certificate)),
+        ("ca.pem", pem("CERTIFICATE", &ca.cert_der)),
+    ] {
+        privatefs::write_atomic(&config.join(file), text.as_bytes())?;
+    }
+    let follower_endpoint = curators[follower].endpoint.to_string();
+    let (status, out, err) = tokio::task::block_in_place(|| {
+        e2e::polisctl(&[
+            "--config",
+            config.to_str().unwrap(),
+            "--endpoints",
+            &follower_endpoint,
+            "node",
+            "list",
+            "-o",
+            "json",
+        ])
+    })?;
+    assert!(status.success(), "{err}");
+    let listed: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{out}");
+
     // Stop the leader: the follower takes over Management.
     let stopped = Instant::now();
     curators[leader]

@@ -176,23 +176,23 @@ pub async fn take_ownership(
     // Now with the CA pinned: prove the owner key and receive a certificate.
     let self_signed = rpc::self_signed(&key)?;
     let trust = rpc::ServerTrust::PinnedCa(ca.clone());
-    let channel = connect(&endpoints, &trust, Some(&self_signed)).await?;
-    let response = api::aaa_client::AaaClient::new(channel)
-        .escrow(api::EscrowRequest {
-            public_key: key.public_key().to_vec(),
-        })
-        .await
-        .map_err(|s| {
-            if s.code() == tonic::Code::PermissionDenied {
-                anyhow!(
-                    "taking ownership: permission denied: the key in {} is not this cluster's owner key",
-                    key_path.display()
-                )
-            } else {
-                call_error("taking ownership", s)
-            }
-        })?
-        .into_inner();
+    let public_key = key.public_key().to_vec();
+    let response = call_leader(&endpoints, &trust, Some(&self_signed), |channel| {
+        let public_key = public_key.clone();
+        async move {
+            api::aaa_client::AaaClient::new(channel)
+                .escrow(api::EscrowRequest { public_key })
+                .await
+        }
+    })
+    .await
+    .map_err(|f| match f {
+        CallFailure::Status(s) if s.code() == tonic::Code::PermissionDenied => anyhow!(
+            "taking ownership: permission denied: the key in {} is not this cluster's owner key",
+            key_path.display()
+        ),
+        other => other.into_error("taking ownership"),
+    })?;
     if response.ca_certificate != ca {
         bail!("the curator answered with a different CA than it presented; refusing");
     }
@@ -210,8 +210,16 @@ pub async fn take_ownership(
     Ok(())
 }
 
-/// A channel authenticated with the owner certificate and the pinned CA.
-async fn owner_channel(config: &Path, raw_endpoints: &[String]) -> Result<Channel> {
+/// The owner's connection settings: pinned CA, owner certificate and key, endpoints.
+struct OwnerSession {
+    endpoints: Vec<SocketAddr>,
+    trust: rpc::ServerTrust,
+    credentials: rpc::Credentials,
+}
+
+/// Loads the owner's credentials, refusing early with a useful message when they are
+/// missing or expired.
+fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<OwnerSession> {
     let endpoints = endpoints(raw_endpoints)?;
     let ca = read_pem(&ca_path(config), "CERTIFICATE", "pinned CA")?.ok_or_else(|| {
         anyhow!(
@@ -240,16 +248,103 @@ async fn owner_channel(config: &Path, raw_endpoints: &[String]) -> Result<Channe
         );
     }
     let key = load_owner_key(&owner_key_path(config))?;
-    let credentials = rpc::Credentials {
-        certificate,
-        key_pkcs8: key.pkcs8_der().to_vec(),
-    };
-    connect(
-        &endpoints,
-        &rpc::ServerTrust::PinnedCa(ca),
-        Some(&credentials),
-    )
-    .await
+    Ok(OwnerSession {
+        endpoints,
+        trust: rpc::ServerTrust::PinnedCa(ca),
+        credentials: rpc::Credentials {
+            certificate,
+            key_pkcs8: key.pkcs8_der().to_vec(),
+        },
+    })
+}
+
+impl OwnerSession {
+    /// A Management call, following the leader (see [`call_leader`]).
+    async fn management<T, F, Fut>(&self, what: &str, call: F) -> Result<T>
+    where
+        F: Fn(api::management_client::ManagementClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        call_leader(
+            &self.endpoints,
+            &self.trust,
+            Some(&self.credentials),
+            |channel| call(api::management_client::ManagementClient::new(channel)),
+        )
+        .await
+        .map_err(|f| f.into_error(what))
+    }
+}
+
+/// Why a call through [`call_leader`] failed.
+enum CallFailure {
+    /// No endpoint could be reached.
+    Unreachable(anyhow::Error),
+    /// A curator answered with an error (the last one, if every curator was unavailable).
+    Status(tonic::Status),
+}
+
+impl CallFailure {
+    fn into_error(self, what: &str) -> anyhow::Error {
+        match self {
+            CallFailure::Unreachable(e) => e,
+            CallFailure::Status(s) => call_error(what, s),
+        }
+    }
+}
+
+/// Runs a call against `endpoints` in order. A curator that is not the leader answers
+/// Unavailable; then the leader it names is tried as well. Other errors end the call.
+async fn call_leader<T, F, Fut>(
+    endpoints: &[SocketAddr],
+    trust: &rpc::ServerTrust,
+    credentials: Option<&rpc::Credentials>,
+    call: F,
+) -> Result<T, CallFailure>
+where
+    F: Fn(Channel) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let mut candidates: std::collections::VecDeque<SocketAddr> =
+        endpoints.iter().copied().collect();
+    let mut tried = Vec::new();
+    let mut last = CallFailure::Unreachable(anyhow!("no endpoints"));
+    while let Some(endpoint) = candidates.pop_front() {
+        if tried.contains(&endpoint) {
+            continue;
+        }
+        tried.push(endpoint);
+        let channel = match rpc::connect(endpoint, trust, credentials).await {
+            Ok(c) => c,
+            Err(e) => {
+                if !matches!(last, CallFailure::Status(_)) {
+                    last = CallFailure::Unreachable(e.into());
+                }
+                continue;
+            }
+        };
+        match call(channel.clone()).await {
+            Ok(response) => return Ok(response.into_inner()),
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                if let Some(leader) = leader_endpoint(channel).await {
+                    candidates.push_back(leader);
+                }
+                last = CallFailure::Status(status);
+            }
+            Err(status) => return Err(CallFailure::Status(status)),
+        }
+    }
+    Err(last)
+}
+
+/// The leader's endpoint according to the curator behind `channel`.
+async fn leader_endpoint(channel: Channel) -> Option<SocketAddr> {
+    let leader = api::curator_local_client::CuratorLocalClient::new(channel)
+        .get_current_leader(api::GetCurrentLeaderRequest {})
+        .await
+        .ok()?
+        .into_inner();
+    leader.leader_endpoint.parse().ok()
 }
 
 fn state_name(state: i32) -> String {
@@ -353,12 +448,12 @@ pub async fn node_list(
         role: role.unwrap_or_default().to_string(),
         labels: labels.iter().cloned().collect(),
     };
-    let channel = owner_channel(config, raw_endpoints).await?;
-    let nodes = api::management_client::ManagementClient::new(channel)
-        .list_nodes(request)
-        .await
-        .map_err(|s| call_error("listing nodes", s))?
-        .into_inner()
+    let nodes = owner_session(config, raw_endpoints)?
+        .management("listing nodes", |mut m| {
+            let request = request.clone();
+            async move { m.list_nodes(request).await }
+        })
+        .await?
         .nodes;
     print_nodes(&nodes, format);
     Ok(())
@@ -397,12 +492,12 @@ pub async fn node_describe(
     format: Format,
     id: &str,
 ) -> Result<()> {
-    let channel = owner_channel(config, raw_endpoints).await?;
-    let node = api::management_client::ManagementClient::new(channel)
-        .describe_node(api::DescribeNodeRequest { id: id.to_string() })
-        .await
-        .map_err(|s| call_error(&format!("describing node {id}"), s))?
-        .into_inner();
+    let node = owner_session(config, raw_endpoints)?
+        .management(&format!("describing node {id}"), |mut m| async move {
+            m.describe_node(api::DescribeNodeRequest { id: id.to_string() })
+                .await
+        })
+        .await?;
     print_node(&node, format);
     Ok(())
 }
@@ -440,16 +535,17 @@ pub async fn node_label(
     changes: &[String],
 ) -> Result<()> {
     let LabelChanges { upsert, delete } = parse_label_changes(changes)?;
-    let channel = owner_channel(config, raw_endpoints).await?;
-    let response = api::management_client::ManagementClient::new(channel)
-        .update_node_labels(api::UpdateNodeLabelsRequest {
-            id: id.to_string(),
-            upsert: upsert.into_iter().collect(),
-            delete,
+    let request = api::UpdateNodeLabelsRequest {
+        id: id.to_string(),
+        upsert: upsert.into_iter().collect(),
+        delete,
+    };
+    let response = owner_session(config, raw_endpoints)?
+        .management(&format!("labelling node {id}"), |mut m| {
+            let request = request.clone();
+            async move { m.update_node_labels(request).await }
         })
-        .await
-        .map_err(|s| call_error(&format!("labelling node {id}"), s))?
-        .into_inner();
+        .await?;
     if let Some(node) = response.node {
         print_node(&node, format);
     }
@@ -457,12 +553,11 @@ pub async fn node_label(
 }
 
 pub async fn cluster_info(config: &Path, raw_endpoints: &[String], format: Format) -> Result<()> {
-    let channel = owner_channel(config, raw_endpoints).await?;
-    let info = api::management_client::ManagementClient::new(channel)
-        .get_cluster_info(api::GetClusterInfoRequest {})
-        .await
-        .map_err(|s| call_error("reading cluster info", s))?
-        .into_inner();
+    let info = owner_session(config, raw_endpoints)?
+        .management("reading cluster info", |mut m| async move {
+            m.get_cluster_info(api::GetClusterInfoRequest {}).await
+        })
+        .await?;
     let fingerprint = rpc::fingerprint(&info.ca_certificate);
     let domain = info
         .cluster_configuration
