@@ -99,26 +99,33 @@ async fn keep_lease_alive(
     ttl: Duration,
 ) -> CuratorError {
     let period = (ttl / 3).max(Duration::from_millis(100));
+    let mut last_ack = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(period).await;
-        if let Err(e) = keeper.keep_alive().await {
-            return e.into();
-        }
-        match stream.message().await {
-            Ok(Some(r)) if r.ttl() > 0 => {}
-            Ok(_) => return CuratorError::LeaseLost,
-            Err(e) => return e.into(),
+        // Without an acknowledgement within the TTL the lease may be gone: stop acting
+        // on it even if etcd never says so (a stalled etcd answers nothing).
+        let round = async {
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        match tokio::time::timeout_at(last_ack + ttl, round).await {
+            Ok(Ok(Some(r))) if r.ttl() > 0 => last_ack = tokio::time::Instant::now(),
+            Ok(Ok(_)) => return CuratorError::LeaseLost,
+            Ok(Err(e)) => return e.into(),
+            Err(_) => return CuratorError::LeaseLost,
         }
     }
 }
 
 /// Campaigns until elected, then holds leadership until the lease is lost (an error, so
 /// the supervisor campaigns again) or `cancel` fires (resigns, returns Ok).
+/// `campaigning` is called once the lease is held and the campaign runs.
 pub async fn run(
     curator: &Namespaced,
     config: &ElectionConfig,
     role: &event::Value<Role>,
     cancel: &CancellationToken,
+    campaigning: impl FnOnce(),
 ) -> Result<(), CuratorError> {
     role.set(Role::Follower);
     let mut client = curator.client();
@@ -138,6 +145,7 @@ pub async fn run(
     .encode_to_vec();
 
     let mut campaign_client = client.clone();
+    campaigning();
     let won = tokio::select! {
         won = campaign_client.campaign(name.clone(), value, lease) => won?,
         e = &mut keepalive => return Err(e),

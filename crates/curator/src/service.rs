@@ -249,7 +249,8 @@ impl api::management_server::Management for Services {
                     .as_ref()
                     .is_some_and(|r| r.consensus_member.is_some())
             })
-            .map(|n| format!("{}:{}", n.address, rpc::CURATOR_PORT))
+            .filter_map(|n| n.address.parse().ok())
+            .map(|ip| SocketAddr::new(ip, rpc::CURATOR_PORT).to_string())
             .collect();
         curator_endpoints.sort();
         Ok(Response::new(api::GetClusterInfoResponse {
@@ -384,7 +385,10 @@ pub async fn run(
                 .lock()
                 .expect("heartbeat lock poisoned")
                 .clear();
-            election::run(&ns, &cfg, &role, &ctx.cancellation_token()).await?;
+            election::run(&ns, &cfg, &role, &ctx.cancellation_token(), || {
+                ctx.signal_healthy()
+            })
+            .await?;
             Ok(())
         }
     })?;
@@ -418,8 +422,12 @@ async fn serve(ctx: supervisor::Context, shared: Arc<Shared>) -> supervisor::Run
     tracing::info!(listen = %config.listen, "curator serving");
     ctx.signal_healthy();
     let cancel = ctx.cancellation_token();
-    tonic::transport::Server::builder()
+    // tonic runs connections and requests in tasks of its own: give them our span.
+    let span = tracing::Span::current();
+    let server = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .timeout(REQUEST_TIMEOUT)
+        .trace_fn(move |_| span.clone())
         .layer(auth)
         .add_service(api::curator_local_server::CuratorLocalServer::new(
             services.clone(),
@@ -429,10 +437,29 @@ async fn serve(ctx: supervisor::Context, shared: Arc<Shared>) -> supervisor::Run
             services.clone(),
         ))
         .add_service(api::curator_server::CuratorServer::new(services))
-        .serve_with_incoming_shutdown(rpc::incoming(listener, tls), cancel.cancelled_owned())
-        .await?;
+        .serve_with_incoming_shutdown(
+            rpc::incoming(listener, tls),
+            cancel.clone().cancelled_owned(),
+        );
+    // A graceful shutdown waits for open connections; a client that never finishes its
+    // request must not keep the node from stopping.
+    let drain_deadline = async {
+        cancel.cancelled().await;
+        tokio::time::sleep(DRAIN_TIMEOUT).await;
+    };
+    tokio::select! {
+        served = server => served?,
+        _ = drain_deadline => tracing::warn!(
+            "connections still open {DRAIN_TIMEOUT:?} after shutdown began; closing them"
+        ),
+    }
     Ok(())
 }
+
+/// Longest time one RPC may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long stopping waits for open connections to finish.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {

@@ -31,7 +31,7 @@ impl Campaigner {
         // Like the supervisor: campaign again after losing leadership.
         let task = tokio::spawn(async move {
             while !c.is_cancelled() {
-                if election::run(&ns, &config, &r, &c).await.is_err() {
+                if election::run(&ns, &config, &r, &c, || {}).await.is_err() {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }

@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
+use tracing::Instrument;
 
 use crate::authz::{Denied, Identity, authorize};
 use crate::tls::Authenticator;
@@ -74,40 +75,46 @@ pub fn incoming(
 ) -> ReceiverStream<Result<TlsConn, std::io::Error>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                a = listener.accept() => a,
-                _ = tx.closed() => return,
-            };
-            let (tcp, remote) = match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!("accepting a connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let (acceptor, tx) = (acceptor.clone(), tx.clone());
-            tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => {
-                        let certificates =
-                            stream.get_ref().1.peer_certificates().map(|c| {
-                                Arc::new(c.iter().map(|c| c.clone().into_owned()).collect())
-                            });
-                        let info = PeerInfo {
-                            remote,
-                            certificates,
-                        };
-                        let _ = tx.send(Ok(TlsConn { stream, info })).await;
+    tokio::spawn(
+        async move {
+            loop {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    _ = tx.closed() => return,
+                };
+                let (tcp, remote) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!("accepting a connection: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
                     }
-                    Ok(Err(e)) => tracing::debug!(%remote, "TLS handshake failed: {e}"),
-                    Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
-                }
-            });
+                };
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(
+                    async move {
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                            Ok(Ok(stream)) => {
+                                let certificates =
+                                    stream.get_ref().1.peer_certificates().map(|c| {
+                                        Arc::new(c.iter().map(|c| c.clone().into_owned()).collect())
+                                    });
+                                let info = PeerInfo {
+                                    remote,
+                                    certificates,
+                                };
+                                let _ = tx.send(Ok(TlsConn { stream, info })).await;
+                            }
+                            Ok(Err(e)) => tracing::debug!(%remote, "TLS handshake failed: {e}"),
+                            Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+                        }
+                    }
+                    .in_current_span(),
+                );
+            }
         }
-    });
+        .in_current_span(),
+    );
     ReceiverStream::new(rx)
 }
 

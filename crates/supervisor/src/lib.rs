@@ -94,6 +94,8 @@ pub struct RunnableStatus {
     pub state: RunnableState,
     /// How many times this runnable has been restarted after failing.
     pub restarts: u32,
+    /// The delay before the latest restart (zero before the first failure).
+    pub last_backoff: Duration,
 }
 
 /// Exponential backoff between restarts of a failed runnable.
@@ -148,6 +150,7 @@ impl Tree {
                     RunnableStatus {
                         state: RunnableState::New,
                         restarts: 0,
+                        last_backoff: Duration::ZERO,
                     },
                 );
                 Ok(())
@@ -349,6 +352,7 @@ async fn supervise(
                 s.state = RunnableState::Dead {
                     error: error.clone(),
                 };
+                s.last_backoff = delay;
             });
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}

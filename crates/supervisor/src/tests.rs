@@ -137,6 +137,52 @@ async fn failing_runnable_is_restarted_with_backoff() {
     sup.shutdown().await;
 }
 
+fn growing() -> Config {
+    Config {
+        backoff: Backoff {
+            initial: Duration::from_millis(5),
+            max: Duration::from_secs(60),
+            multiplier: 2.0,
+        },
+    }
+}
+
+#[tokio::test]
+async fn backoff_grows_while_failing_without_healthy() {
+    let sup = Supervisor::start(growing(), |ctx: Context| async move {
+        ctx.run("flaky", |_ctx: Context| async { Err("always".into()) })?;
+        ctx.cancelled().await;
+        Ok(())
+    });
+    eventually("four restarts", || {
+        sup.status("root.flaky").is_some_and(|s| s.restarts >= 4)
+    })
+    .await;
+    // 5, 10, 20, 40, 80 ms …: the delay doubles with every failure.
+    let status = sup.status("root.flaky").unwrap();
+    assert!(status.last_backoff >= Duration::from_millis(40), "{status:?}");
+    sup.shutdown().await;
+}
+
+#[tokio::test]
+async fn backoff_resets_after_healthy() {
+    let sup = Supervisor::start(growing(), |ctx: Context| async move {
+        ctx.run("recovering", |ctx: Context| async move {
+            ctx.signal_healthy();
+            Err("fails after coming up".into())
+        })?;
+        ctx.cancelled().await;
+        Ok(())
+    });
+    eventually("four restarts", || {
+        sup.status("root.recovering").is_some_and(|s| s.restarts >= 4)
+    })
+    .await;
+    let status = sup.status("root.recovering").unwrap();
+    assert_eq!(status.last_backoff, Duration::from_millis(5), "{status:?}");
+    sup.shutdown().await;
+}
+
 #[tokio::test]
 async fn panicking_runnable_is_restarted() {
     let starts = Arc::new(AtomicU32::new(0));
