@@ -77,6 +77,8 @@ pub enum ConsensusError {
         "etcd client socket path {path} is longer than the 107 bytes Linux allows; use a shorter node root"
     )]
     SocketPathTooLong { path: PathBuf },
+    #[error("etcd paths must be absolute (etcd runs in its socket directory): {path}")]
+    RelativePath { path: PathBuf },
     #[error("{what} file {path} is missing")]
     MissingFile { what: &'static str, path: PathBuf },
     #[error("starting {path}")]

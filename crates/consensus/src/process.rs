@@ -22,6 +22,20 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Checks what can be checked before spawning, so that failures name their cause.
 pub fn preflight(config: &EtcdConfig) -> Result<(), ConsensusError> {
+    // etcd runs in `run_dir`: a relative path would be resolved from there.
+    let tls = &config.peer_tls;
+    for path in [
+        &config.data_dir,
+        &config.run_dir,
+        &tls.cert,
+        &tls.key,
+        &tls.ca,
+        &tls.crl,
+    ] {
+        if !path.is_absolute() {
+            return Err(ConsensusError::RelativePath { path: path.clone() });
+        }
+    }
     let binary = &config.binary;
     match std::fs::metadata(binary) {
         Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {}

@@ -376,3 +376,54 @@ fn sigusr1_dumps_the_supervisor_tree() -> Result<()> {
     assert!(line.contains("HEALTHY"), "{line}");
     Ok(())
 }
+
+#[test]
+fn relative_root_bootstraps_and_restarts() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let node = Node::new(dir.path());
+    let params = node.bootstrap_params()?;
+    let start = |extra: &[&str]| -> Result<e2e::Proc> {
+        let mut cmd = std::process::Command::new(e2e::bin("polis-node"));
+        cmd.current_dir(dir.path())
+            .args([
+                "--root",
+                "root",
+                "--address",
+                &node.address.to_string(),
+                "--log-format=json",
+            ])
+            .args(extra);
+        e2e::Proc::spawn("polis-node", cmd, &dir.path().join("relative.log"))
+    };
+    let mut first = start(&["--params", params.to_str().unwrap()])?;
+    first.wait_for_line(TIMEOUT, e2e::is_home_line)?;
+    first.signal(libc::SIGTERM);
+    assert!(first.wait_exit(TIMEOUT)?.success());
+    let mut second = start(&[])?;
+    second.wait_for_line(TIMEOUT, e2e::is_home_line)?;
+    assert!(node.root.join("esp/sealed_configuration.pb").exists());
+    Ok(())
+}
+
+#[test]
+fn refuses_a_node_key_that_is_not_the_sealed_nodes() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::bootstrapped(dir.path())?;
+    node.proc().signal(libc::SIGTERM);
+    node.proc().wait_exit(TIMEOUT)?;
+    let key_path = node.root.join("data/node/key.der");
+    let other = identity::NodeKey::generate()?;
+    std::fs::write(&key_path, other.pkcs8_der())?;
+    let marker = node.root.join("ephemeral/left-alone");
+    std::fs::write(&marker, b"x")?;
+    let out = refused(&mut node, &[])?;
+    assert!(
+        out.contains(&other.node_id()) && out.contains("sealed configuration is for"),
+        "{out}"
+    );
+    assert!(marker.exists(), "a refusal must not touch the root");
+    std::fs::write(&key_path, b"garbage")?;
+    let out = refused(&mut node, &[])?;
+    assert!(out.contains("key.der is corrupt"), "{out}");
+    Ok(())
+}

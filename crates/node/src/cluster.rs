@@ -26,7 +26,8 @@ use crate::storage::{Root, pem, read_file, write_atomic};
 #[derive(Debug, Clone)]
 pub enum Plan {
     Bootstrap(ClusterBootstrap),
-    Join(SealedConfiguration),
+    /// Join data is loaded and checked in preflight: it is only reads.
+    Join(Arc<JoinData>),
 }
 
 /// Data for the role server: who this node is and how it belongs to its cluster.
@@ -141,7 +142,8 @@ pub fn prepare_bootstrap(
     })
 }
 
-/// Join: load the node's identity and check it against the sealed configuration.
+/// Join: load the node's identity and check it against the sealed configuration (reads
+/// only, so that a refusal changes nothing).
 pub fn prepare_join(root: &Root, sealed: SealedConfiguration) -> Result<JoinData> {
     let key_path = root.node_key();
     let key = NodeKey::from_pkcs8(&read_file(&key_path, "node key")?)
@@ -181,7 +183,7 @@ pub async fn run(
             Plan::Bootstrap(p) => {
                 prepare_bootstrap(&root, address, p).map(|b| Membership::Bootstrap(Arc::new(b)))
             }
-            Plan::Join(s) => prepare_join(&root, s).map(|j| Membership::Join(Arc::new(j))),
+            Plan::Join(j) => Ok(Membership::Join(j)),
         };
         match membership {
             Ok(m) => values.membership.set(m),

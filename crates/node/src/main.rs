@@ -210,7 +210,9 @@ fn preflight(args: &Args, root: &Root) -> Result<Plan> {
             roleserver::check_join_root(root)?;
             check_port_free(args.address, consensus::config::PEER_PORT, "etcd peer")?;
             check_port_free(args.address, rpc::CURATOR_PORT, "curator")?;
-            Ok(Plan::Join(sealed))
+            Ok(Plan::Join(std::sync::Arc::new(cluster::prepare_join(
+                root, sealed,
+            )?)))
         }
         Decision::Bootstrap => {
             let Some(node_parameters::Cluster::Bootstrap(b)) = parameters.and_then(|p| p.cluster)
@@ -238,7 +240,11 @@ async fn run(args: Args) -> Result<()> {
     if args.etcd_election_timeout_ms < 5 * args.etcd_heartbeat_ms {
         bail!("--etcd-election-timeout-ms must be at least 5 times --etcd-heartbeat-ms");
     }
-    let root = Root::new(&args.root);
+    // etcd runs with its own working directory: every path handed to it is absolute.
+    let root = Root::new(
+        std::path::absolute(&args.root)
+            .with_context(|| format!("resolving node root {}", args.root.display()))?,
+    );
     let plan = preflight(&args, &root)?;
     root.prepare()?;
 

@@ -349,7 +349,17 @@ async fn check_join(running: &Running, j: &JoinData) -> Result<(), Step> {
         }
     }
     match curator::load_node(&curator_ns, &sealed.node_id).await {
-        Ok(Some(_)) => Ok(()),
+        Ok(Some(node))
+            if node.public_key == j.key.public_key() && node.address == sealed.address =>
+        {
+            Ok(())
+        }
+        Ok(Some(node)) => Err(Step::Fatal(anyhow!(
+            "the cluster's record of node {} (address {}) does not match this node's key and address {}",
+            sealed.node_id,
+            node.address,
+            sealed.address
+        ))),
         Ok(None) => Err(Step::Fatal(anyhow!(
             "node {} has no record in the cluster",
             sealed.node_id

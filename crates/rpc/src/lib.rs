@@ -19,7 +19,7 @@
 //! - Certificates that claim the cluster but fail verification are never downgraded to
 //!   anonymous: they are denied everywhere.
 //! - Every cluster certificate is checked against the current CRL on every call.
-//! - rustls uses the ring provider only.
+//! - rustls uses the ring provider only, and TLS 1.3 only (Polis controls both ends).
 
 pub mod authz;
 pub mod client;

@@ -147,7 +147,7 @@ pub fn server_config(credentials: &Credentials) -> Result<Arc<rustls::ServerConf
     let provider = provider();
     let (chain, key) = credentials.chain();
     let mut config = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()?
+        .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(Arc::new(DeferClientAuthentication {
             keys: ProofOfPossession { provider },
         }))
@@ -210,7 +210,7 @@ pub fn client_config(
 ) -> Result<Arc<rustls::ClientConfig>, RpcError> {
     let provider = provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()?;
+        .with_protocol_versions(&[&rustls::version::TLS13])?;
     let builder = match trust {
         ServerTrust::PinnedCa(ca) => {
             let mut roots = rustls::RootCertStore::empty();

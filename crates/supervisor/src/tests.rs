@@ -160,7 +160,10 @@ async fn backoff_grows_while_failing_without_healthy() {
     .await;
     // 5, 10, 20, 40, 80 ms …: the delay doubles with every failure.
     let status = sup.status("root.flaky").unwrap();
-    assert!(status.last_backoff >= Duration::from_millis(40), "{status:?}");
+    assert!(
+        status.last_backoff >= Duration::from_millis(40),
+        "{status:?}"
+    );
     sup.shutdown().await;
 }
 
@@ -175,7 +178,8 @@ async fn backoff_resets_after_healthy() {
         Ok(())
     });
     eventually("four restarts", || {
-        sup.status("root.recovering").is_some_and(|s| s.restarts >= 4)
+        sup.status("root.recovering")
+            .is_some_and(|s| s.restarts >= 4)
     })
     .await;
     let status = sup.status("root.recovering").unwrap();
