@@ -36,7 +36,7 @@
 //! - Register tickets are compared in constant time (`state::ticket_matches`).
 
 pub mod election;
-pub mod labels;
+
 pub mod service;
 pub mod state;
 

@@ -184,7 +184,7 @@ pub enum NodeUpdateError {
     #[error("node {0} does not exist")]
     NotFound(String),
     #[error(transparent)]
-    Labels(#[from] crate::labels::LabelError),
+    Labels(#[from] proto::labels::LabelError),
     #[error(transparent)]
     Curator(#[from] CuratorError),
 }
@@ -210,7 +210,7 @@ pub async fn update_node_labels(
             .first()
             .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
         let mut node = decode_node(id, kv.value())?;
-        node.labels = crate::labels::apply(&node.labels, upsert, delete)?;
+        node.labels = proto::labels::apply(&node.labels, upsert, delete)?;
         let txn = Txn::new()
             .when([Compare::mod_revision(
                 key.clone(),

@@ -375,6 +375,23 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         failures.join("\n")
     );
 
+    // The curator validates labels itself (polisctl checking first is only a courtesy).
+    let channel = rpc::connect(
+        endpoint,
+        &rpc::ServerTrust::PinnedCa(ca.clone()),
+        ids.owner.as_ref(),
+    )
+    .await?;
+    let refused = api::management_client::ManagementClient::new(channel)
+        .update_node_labels(api::UpdateNodeLabelsRequest {
+            id: node_id.clone(),
+            upsert: [("bad key".to_string(), "v".to_string())].into(),
+            delete: vec![],
+        })
+        .await
+        .expect_err("an invalid label key must be refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+
     // The register ticket is 32 bytes and stable.
     let channel = rpc::connect(
         endpoint,

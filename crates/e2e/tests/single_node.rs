@@ -427,3 +427,43 @@ fn refuses_a_node_key_that_is_not_the_sealed_nodes() -> Result<()> {
     assert!(out.contains("key.der is corrupt"), "{out}");
     Ok(())
 }
+
+#[test]
+fn invalid_labels_are_refused_by_polisctl_and_by_the_node() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("config");
+    let out = dir.path().join("params.pb");
+    let (status, _, err) = e2e::polisctl(&[
+        "--config",
+        config.to_str().unwrap(),
+        "params",
+        "bootstrap",
+        "--out",
+        out.to_str().unwrap(),
+        "--label",
+        "bad key=x",
+    ])?;
+    assert!(
+        !status.success() && err.contains("invalid label key"),
+        "{err}"
+    );
+    assert!(!out.exists());
+
+    // Parameters written by something else are checked by the node.
+    let owner = identity::NodeKey::generate()?;
+    let params = proto::config::NodeParameters {
+        cluster: Some(proto::config::node_parameters::Cluster::Bootstrap(
+            proto::config::ClusterBootstrap {
+                owner_public_key: owner.public_key().to_vec(),
+                initial_cluster_configuration: None,
+                labels: [("-bad".to_string(), "x".to_string())].into(),
+            },
+        )),
+    };
+    std::fs::write(&out, params.encode_to_vec())?;
+    let mut node = Node::new(dir.path());
+    let log = refused(&mut node, &["--params", out.to_str().unwrap()])?;
+    assert!(log.contains("params.pb hold invalid labels"), "{log}");
+    assert!(!node.root.join("data/node/key.der").exists());
+    Ok(())
+}

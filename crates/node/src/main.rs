@@ -219,6 +219,13 @@ fn preflight(args: &Args, root: &Root) -> Result<Plan> {
             else {
                 unreachable!("decided bootstrap from bootstrap parameters");
             };
+            let labels = b.labels.clone().into_iter().collect();
+            proto::labels::apply(&Default::default(), &labels, &[]).with_context(|| {
+                format!(
+                    "node parameters {} hold invalid labels",
+                    params_path.display()
+                )
+            })?;
             identity::public_key_from_slice(&b.owner_public_key).with_context(|| {
                 format!(
                     "owner public key in node parameters {} is invalid",

@@ -535,6 +535,13 @@ pub async fn node_label(
     changes: &[String],
 ) -> Result<()> {
     let LabelChanges { upsert, delete } = parse_label_changes(changes)?;
+    for (k, v) in &upsert {
+        proto::labels::validate_key(k)?;
+        proto::labels::validate_value(k, v)?;
+    }
+    for k in &delete {
+        proto::labels::validate_key(k)?;
+    }
     let request = api::UpdateNodeLabelsRequest {
         id: id.to_string(),
         upsert: upsert.into_iter().collect(),

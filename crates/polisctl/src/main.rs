@@ -217,6 +217,9 @@ async fn run(cli: Cli) -> Result<()> {
             cluster_domain,
             labels,
         }) => {
+            let labels: std::collections::BTreeMap<String, String> =
+                labels.iter().cloned().collect();
+            proto::labels::apply(&Default::default(), &labels, &[])?;
             let config = config_dir(&cli)?;
             let key = ensure_owner_key(&config)?;
             let params = NodeParameters {
@@ -225,7 +228,7 @@ async fn run(cli: Cli) -> Result<()> {
                     initial_cluster_configuration: Some(ClusterConfiguration {
                         cluster_domain: cluster_domain.clone(),
                     }),
-                    labels: labels.iter().cloned().collect(),
+                    labels: labels.into_iter().collect(),
                 })),
             };
             write_private(out, &params.encode_to_vec())

@@ -5,8 +5,14 @@
 //!   parameters and the sealed configuration;
 //! - cluster state the curator keeps in etcd (`state`): node records.
 //!
+//! It also holds the validation rules of API fields that clients and servers must agree
+//! on (`labels`), so that `polisctl` refuses bad input before sending it and the curator
+//! refuses it again.
+//!
 //! Invariant: these are the only serialization formats Polis writes; changing a field
 //! number breaks existing clusters, so fields are only ever added.
+
+pub mod labels;
 
 pub mod config {
     tonic::include_proto!("polis.config");
