@@ -312,9 +312,16 @@ impl Node {
 
     /// Starts polis-node (logging to `dir/node-N.log`).
     pub fn start(&mut self, extra: &[&str]) -> Result<&mut Proc> {
+        self.start_with_env(extra, &[])
+    }
+
+    /// Starts polis-node with extra environment variables.
+    pub fn start_with_env(&mut self, extra: &[&str], env: &[(&str, &str)]) -> Result<&mut Proc> {
         self.starts += 1;
         let log = self.dir.join(format!("node-{}.log", self.starts));
-        let proc = Proc::spawn("polis-node", self.command(extra), &log)?;
+        let mut command = self.command(extra);
+        command.envs(env.iter().copied());
+        let proc = Proc::spawn("polis-node", command, &log)?;
         Ok(self.proc.insert(proc))
     }
 
@@ -382,12 +389,17 @@ impl Node {
         ))
     }
 
-    /// The pid of the etcd child, from polis-node's log.
+    /// The pid of the newest etcd child, from polis-node's log.
     pub fn etcd_pid(&mut self) -> Result<i32> {
-        let line = self
-            .proc()
+        self.proc()
             .wait_for_line(TIMEOUT, |l| l.contains("started etcd"))?;
-        let json: serde_json::Value = serde_json::from_str(&line)?;
+        let output = self.proc().output();
+        let line = output
+            .lines()
+            .rev()
+            .find(|l| l.contains("started etcd"))
+            .context("a started etcd line")?;
+        let json: serde_json::Value = serde_json::from_str(line)?;
         Ok(json["fields"]["pid"].as_i64().context("pid field")? as i32)
     }
 }

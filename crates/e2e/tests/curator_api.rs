@@ -239,6 +239,7 @@ async fn allowed(
     .await?;
     let mut management = api::management_client::ManagementClient::new(channel.clone());
     let mut aaa = api::aaa_client::AaaClient::new(channel.clone());
+    let channel_for_curator = channel.clone();
     let mut local = api::curator_local_client::CuratorLocalClient::new(channel);
     let status = match method {
         "GetCurrentLeader" => local
@@ -279,6 +280,10 @@ async fn allowed(
             .err(),
         "GetRegisterTicket" => management
             .get_register_ticket(api::GetRegisterTicketRequest {})
+            .await
+            .err(),
+        "Heartbeat" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
+            .heartbeat(api::HeartbeatRequest {})
             .await
             .err(),
         other => anyhow::bail!("no such method in the matrix: {other}"),
@@ -354,6 +359,7 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         ("DescribeNode", &["node", "owner"]),
         ("UpdateNodeLabels", &["owner"]),
         ("GetRegisterTicket", &["owner"]),
+        ("Heartbeat", &["node"]),
     ];
     let mut failures = Vec::new();
     for (method, allowed_for) in expected {
@@ -530,5 +536,33 @@ fn heartbeats_make_the_node_healthy_and_the_curator_survives_kill_9() -> Result<
     e2e::wait_until("node HEALTHY again", TIMEOUT, || {
         node_health(&node).is_ok_and(|h| h == "HEALTHY")
     })?;
+    Ok(())
+}
+
+#[test]
+fn curator_serves_again_after_etcd_crashes() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut node = Node::bootstrapped(dir.path())?;
+    ctl_ok(&node, "config", &["takeownership", "--accept-ca"])?;
+    let etcd = node.etcd_pid()?;
+    // SAFETY: kill(2) on the etcd child of our own polis-node.
+    unsafe { libc::kill(etcd, libc::SIGKILL) };
+    let proc = node.proc();
+    e2e::wait_until("etcd ready again", TIMEOUT, || {
+        proc.output().matches("etcd is ready").count() >= 2
+    })?;
+    let listed: serde_json::Value =
+        serde_json::from_str(&ctl_ok(&node, "config", &["node", "list", "-o", "json"])?)?;
+    assert_eq!(listed[0]["state"], "UP");
+    ctl_ok(
+        &node,
+        "config",
+        &[
+            "node",
+            "label",
+            listed[0]["id"].as_str().unwrap(),
+            "after=crash",
+        ],
+    )?;
     Ok(())
 }

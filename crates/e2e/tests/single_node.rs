@@ -135,59 +135,43 @@ fn repeated_kill_9_after_home_comes_back_each_time() -> Result<()> {
 
 #[test]
 fn kill_9_at_each_bootstrap_step_never_makes_a_second_cluster() -> Result<()> {
-    // Crash points, in bootstrap order (log lines), ending just before the sealed
-    // configuration and right after it.
-    let steps = [
-        "bootstrapping a new cluster",
-        "started etcd",
-        "etcd is ready",
-        "bootstrap complete",
+    // polis-node kills itself (SIGKILL) right after the named step; the next start,
+    // parameters still given, must come back as the same cluster or refuse.
+    let before_sealed = [
+        "node-key",
+        "peer-files",
+        "etcd-ready",
+        "cluster-pki",
+        "node-certificate",
+        "records",
     ];
-    for step in steps {
+    for step in before_sealed.iter().chain(["sealed"].iter()) {
         let dir = tempfile::tempdir()?;
         let mut node = Node::new(dir.path());
         let params = node.bootstrap_params()?;
         let params = params.to_str().unwrap().to_string();
-        node.start(&["--params", &params])?;
-        node.proc().wait_for_line(TIMEOUT, |l| l.contains(step))?;
-        node.proc().signal(libc::SIGKILL);
-        node.proc().wait_exit(TIMEOUT)?;
+        let proc = node.start_with_env(&["--params", &params], &[("POLIS_CRASH_AFTER", step)])?;
+        let status = proc.wait_exit(TIMEOUT)?;
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGKILL),
+            "step {step}: {}",
+            proc.output()
+        );
 
-        let sealed_before = node
-            .root
-            .join("esp/sealed_configuration.pb")
-            .exists()
-            .then(|| sealed(&node));
-        // Restart with the parameters still given: a careless operator's retry.
-        let proc = node.start(&["--params", &params])?;
-        let outcome = proc.wait_for_line(TIMEOUT, |l| {
-            e2e::is_home_line(l) || l.contains("refusing to start")
-        });
-        match (sealed_before, outcome) {
-            (Some(before), Ok(line)) if e2e::is_home_line(&line) => {
-                let (cluster, member) = node.etcd_ids()?;
-                assert_eq!(
-                    (cluster, member),
-                    (before.etcd_cluster_id, before.etcd_member_id),
-                    "step {step}"
-                );
-            }
-            (None, Ok(line)) if line.contains("refusing to start") => {
-                assert!(line.contains("second cluster"), "step {step}: {line}");
-                let status = node.proc().wait_exit(TIMEOUT)?;
-                assert!(!status.success(), "step {step}");
-            }
-            (None, Ok(line)) if e2e::is_home_line(&line) => {
-                // Only possible if nothing was written yet: a clean first bootstrap.
-                assert_eq!(
-                    step, steps[0],
-                    "step {step}: bootstrapped again over partial state"
-                );
-            }
-            (sealed, outcome) => panic!(
-                "step {step}: sealed={} outcome={outcome:?}",
-                sealed.is_some()
-            ),
+        if *step == "sealed" {
+            let before = sealed(&node);
+            node.start(&["--params", &params])?;
+            node.wait_home()?;
+            assert_eq!(
+                node.etcd_ids()?,
+                (before.etcd_cluster_id, before.etcd_member_id),
+                "step {step}: not the same cluster"
+            );
+        } else {
+            let out = refused(&mut node, &["--params", &params])?;
+            assert!(out.contains("second cluster"), "step {step}: {out}");
         }
     }
     Ok(())
@@ -226,7 +210,9 @@ fn etcd_crash_is_restarted_by_the_supervisor() -> Result<()> {
     let count_ready = |p: &e2e::Proc| p.output().matches("etcd is ready").count();
     wait_until("etcd ready again", TIMEOUT, || count_ready(proc) >= 2)?;
     node.etcdctl(&["put", "after", "restart"])?;
-    assert!(node.etcd_pid()? > 0);
+    let second = node.etcd_pid()?;
+    assert_ne!(second, first, "etcd was not restarted");
+    assert!(e2e::process_alive(second));
     Ok(())
 }
 

@@ -97,6 +97,20 @@ pub fn node_template(node_id: &str, address: IpAddr) -> Template {
     }
 }
 
+/// Test hook for crash safety: when `POLIS_CRASH_AFTER` names `step`, the process kills
+/// itself with SIGKILL right after that bootstrap step, exactly like `kill -9` (no cleanup
+/// runs). Steps: node-key, peer-files, etcd-ready, cluster-pki, node-certificate, records,
+/// sealed.
+pub fn crash_point(step: &str) {
+    if std::env::var_os("POLIS_CRASH_AFTER").is_some_and(|v| v == step) {
+        tracing::warn!(step, "POLIS_CRASH_AFTER: killing this process");
+        // SAFETY: kill(2) on our own pid.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
 /// Writes the etcd peer TLS files; the CRL is replaced atomically like every file.
 pub fn write_peer_files(
     root: &Root,
@@ -123,6 +137,7 @@ pub fn prepare_bootstrap(
     let node_id = key.node_id();
     tracing::info!(node_id, "bootstrapping a new cluster");
     write_atomic(&root.node_key(), key.pkcs8_der()).context("saving the node key")?;
+    crash_point("node-key");
     let cluster_ca =
         Ca::generate("Polis Cluster CA", CA_LIFETIME).context("creating the cluster CA")?;
     let peer_ca =
@@ -133,6 +148,7 @@ pub fn prepare_bootstrap(
     let crl = peer_ca.crl(&[], 1).context("creating the etcd peer CRL")?;
     write_peer_files(root, &key, &peer_ca.cert_der, &peer_certificate.der, &crl)
         .context("writing etcd peer TLS files")?;
+    crash_point("peer-files");
     Ok(BootstrapData {
         key,
         parameters,

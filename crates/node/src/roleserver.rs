@@ -22,7 +22,7 @@ use curator::BootstrapRecords;
 use proto::config::{ClusterConfiguration, SealedConfiguration};
 use proto::state::{ConsensusMemberRole, Node, NodeRoles, NodeState};
 
-use crate::cluster::{BootstrapData, JoinData, Membership, NodeValues, node_template};
+use crate::cluster::{BootstrapData, JoinData, Membership, NodeValues, crash_point, node_template};
 use crate::decision::ClusterState;
 use crate::storage::{Root, read_file, write_atomic, write_proto};
 
@@ -171,39 +171,55 @@ async fn heartbeat(
     }
     let credentials = node_credentials(&settings.root)?;
     let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
-    let endpoint = SocketAddr::new(settings.address, rpc::CURATOR_PORT);
+    let own = SocketAddr::new(settings.address, rpc::CURATOR_PORT);
     let trust = rpc::ServerTrust::PinnedCa(ca);
     ctx.signal_healthy();
-    let mut client = None;
+    // Heartbeats go to the leader: start with the local curator and follow the leader
+    // it names when it is not the leader itself.
+    let mut target = own;
+    let mut channel = None;
     let mut failures = 0u32;
     loop {
-        if client.is_none() {
-            client = rpc::connect(endpoint, &trust, Some(&credentials))
-                .await
-                .ok()
-                .map(proto::api::curator_client::CuratorClient::new);
+        if channel.is_none() {
+            channel = rpc::connect(target, &trust, Some(&credentials)).await.ok();
         }
-        let sent = match client.as_mut() {
-            Some(c) => c
+        let sent = match channel.clone() {
+            Some(ch) => proto::api::curator_client::CuratorClient::new(ch)
                 .heartbeat(proto::api::HeartbeatRequest {})
                 .await
-                .map_err(|s| s.message().to_string()),
-            None => Err(format!("cannot reach the curator at {endpoint}")),
+                .map(drop),
+            None => Err(tonic::Status::unavailable(format!(
+                "cannot reach the curator at {target}"
+            ))),
         };
         let wait = match sent {
-            Ok(_) => {
+            Ok(()) => {
                 failures = 0;
                 HEARTBEAT_PERIOD
             }
-            Err(e) => {
+            Err(status) => {
                 failures += 1;
                 // The curator may still be electing a leader: retry soon, and only
                 // complain when it persists.
                 if failures % 10 == 3 {
-                    tracing::warn!("heartbeat failed {failures} times in a row: {e}");
+                    tracing::warn!(%target, "heartbeat failed {failures} times in a row: {}", status.message());
                 }
-                if failures.is_multiple_of(5) {
-                    client = None;
+                let leader = match (&channel, status.code()) {
+                    (Some(ch), tonic::Code::Unavailable) => rpc::leader_endpoint(ch.clone()).await,
+                    _ => None,
+                };
+                match leader {
+                    Some(leader) if leader != target => {
+                        tracing::info!(%leader, "heartbeats go to the curator leader");
+                        target = leader;
+                        channel = None;
+                    }
+                    _ if channel.is_none() && target != own => {
+                        // The leader we followed is gone: ask the local curator again.
+                        target = own;
+                    }
+                    _ if failures.is_multiple_of(5) => channel = None,
+                    _ => {}
                 }
                 Duration::from_millis(500)
             }
@@ -235,6 +251,7 @@ async fn bootstrap_finish(
     running: &Running,
     b: &BootstrapData,
 ) -> Result<(), Step> {
+    crash_point("etcd-ready");
     let root = &settings.root;
     let node_id = b.key.node_id();
     let curator_ns = running.namespaced(curator::state::NAMESPACE);
@@ -249,6 +266,7 @@ async fn bootstrap_finish(
         .ensure_ca(|| Ok(b.peer_ca.clone()))
         .await
         .context("storing the etcd peer CA")?;
+    crash_point("cluster-pki");
     if cluster_ca != b.cluster_ca || peer_ca != b.peer_ca {
         return Err(Step::Fatal(anyhow!(
             "etcd already holds CAs other than the ones this bootstrap created"
@@ -273,6 +291,7 @@ async fn bootstrap_finish(
         .context("saving the node certificate")?;
     write_atomic(&root.cluster_ca(), &cluster_ca.cert_der)
         .context("saving the cluster CA certificate")?;
+    crash_point("node-certificate");
 
     let records = BootstrapRecords {
         node: Node {
@@ -305,6 +324,7 @@ async fn bootstrap_finish(
             ));
         }
     }
+    crash_point("records");
 
     let sealed = SealedConfiguration {
         node_id,
@@ -315,6 +335,7 @@ async fn bootstrap_finish(
     };
     write_proto(&root.sealed_configuration(), &sealed)
         .context("writing the sealed configuration")?;
+    crash_point("sealed");
     tracing::info!(
         cluster_id = format!("{:x}", running.cluster_id),
         "bootstrap complete; sealed configuration written"

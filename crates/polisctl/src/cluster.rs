@@ -326,7 +326,7 @@ where
         match call(channel.clone()).await {
             Ok(response) => return Ok(response.into_inner()),
             Err(status) if status.code() == tonic::Code::Unavailable => {
-                if let Some(leader) = leader_endpoint(channel).await {
+                if let Some(leader) = rpc::leader_endpoint(channel).await {
                     candidates.push_back(leader);
                 }
                 last = CallFailure::Status(status);
@@ -335,16 +335,6 @@ where
         }
     }
     Err(last)
-}
-
-/// The leader's endpoint according to the curator behind `channel`.
-async fn leader_endpoint(channel: Channel) -> Option<SocketAddr> {
-    let leader = api::curator_local_client::CuratorLocalClient::new(channel)
-        .get_current_leader(api::GetCurrentLeaderRequest {})
-        .await
-        .ok()?
-        .into_inner();
-    leader.leader_endpoint.parse().ok()
 }
 
 fn state_name(state: i32) -> String {

@@ -59,6 +59,16 @@ pub async fn connect(
         })
 }
 
+/// The curator leader's endpoint, as the curator behind `channel` knows it.
+pub async fn leader_endpoint(channel: Channel) -> Option<SocketAddr> {
+    let leader = proto::api::curator_local_client::CuratorLocalClient::new(channel)
+        .get_current_leader(proto::api::GetCurrentLeaderRequest {})
+        .await
+        .ok()?
+        .into_inner();
+    leader.leader_endpoint.parse().ok()
+}
+
 fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut source = e.source();

@@ -27,7 +27,7 @@ pub mod server;
 pub mod tls;
 
 pub use authz::{Identity, Permission};
-pub use client::{CURATOR_PORT, connect, parse_endpoint};
+pub use client::{CURATOR_PORT, connect, leader_endpoint, parse_endpoint};
 pub use server::{AuthLayer, CrlSource, PeerInfo, incoming};
 pub use tls::{Authenticator, Credentials, ServerTrust, self_signed};
 
