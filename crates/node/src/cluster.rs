@@ -178,11 +178,36 @@ pub fn prepare_join(root: &Root, sealed: SealedConfiguration) -> Result<JoinData
             bail!("etcd peer TLS file {} is missing", path.display());
         }
     }
+    warn_if_expiring(root);
     tracing::info!(
         node_id = sealed.node_id,
         "joining cluster as an existing member"
     );
     Ok(JoinData { key, sealed })
+}
+
+/// Certificates are not renewed yet: say so loudly well before they run out.
+fn warn_if_expiring(root: &Root) {
+    const WARN_BEFORE: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+    let peer = std::fs::read_to_string(root.etcd_peer_dir().join("cert.pem"))
+        .ok()
+        .and_then(|t| pem::parse(t).ok())
+        .map(|p| p.into_contents());
+    let node = std::fs::read(root.node_certificate()).ok();
+    for (what, der) in [("node certificate", node), ("etcd peer certificate", peer)] {
+        let Some(der) = der else { continue };
+        match pki::time_to_expiry(&der) {
+            Ok(None) => {
+                tracing::error!("the {what} has expired; clients and peers will reject this node")
+            }
+            Ok(Some(left)) if left < WARN_BEFORE => tracing::warn!(
+                days_left = left.as_secs() / 86400,
+                "the {what} expires soon and is not renewed automatically yet"
+            ),
+            Ok(Some(_)) => {}
+            Err(e) => tracing::warn!("cannot read the {what}: {e}"),
+        }
+    }
 }
 
 /// The `root.cluster` runnable body: carry out the plan, then log cluster state changes.

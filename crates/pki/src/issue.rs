@@ -233,6 +233,20 @@ pub fn certificate_public_key(cert_der: &[u8]) -> Result<Vec<u8>, PkiError> {
     Ok(cert.public_key().subject_public_key.data.to_vec())
 }
 
+/// How long a DER certificate stays valid from now; `None` once it has expired.
+pub fn time_to_expiry(cert_der: &[u8]) -> Result<Option<Duration>, PkiError> {
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(cert_der).map_err(|e| PkiError::Invalid {
+            what: "certificate",
+            reason: e.to_string(),
+        })?;
+    Ok(cert
+        .validity()
+        .time_to_expiration()
+        .and_then(|d| u64::try_from(d.whole_seconds()).ok())
+        .map(Duration::from_secs))
+}
+
 /// The serial numbers a DER CRL lists.
 pub fn crl_serials(crl_der: &[u8]) -> Result<Vec<Vec<u8>>, PkiError> {
     let (_, crl) = x509_parser::parse_x509_crl(crl_der).map_err(|e| PkiError::Invalid {
@@ -298,6 +312,19 @@ mod tests {
         assert!(eku.server_auth && eku.client_auth);
         assert!(!cert.is_ca());
         assert!(cert.validity().time_to_expiration().is_some());
+        let left = time_to_expiry(&issued.der).unwrap().unwrap();
+        assert!(
+            left > CERTIFICATE_LIFETIME - Duration::from_secs(3600),
+            "{left:?}"
+        );
+        let old = ca
+            .issue_at(
+                &template(Usage::Client),
+                &key,
+                OffsetDateTime::now_utc() - 2 * CERTIFICATE_LIFETIME,
+            )
+            .unwrap();
+        assert_eq!(time_to_expiry(&old.der).unwrap(), None);
     }
 
     #[test]

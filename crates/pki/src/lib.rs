@@ -28,7 +28,7 @@ mod store;
 
 pub use issue::{
     CA_LIFETIME, CERTIFICATE_LIFETIME, Ca, Issued, Template, Usage, certificate_public_key,
-    crl_serials, random_serial,
+    crl_serials, random_serial, time_to_expiry,
 };
 pub use store::CaStore;
 
