@@ -67,10 +67,6 @@ impl Namespaced {
         format!("{}{key}", self.prefix)
     }
 
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// The raw client, for transactions over keys built with [`Namespaced::key`].
     pub fn client(&self) -> Client {
         self.client.clone()
@@ -84,6 +80,16 @@ impl Namespaced {
     pub async fn put(&self, key: &str, value: Vec<u8>) -> Result<(), ConsensusError> {
         self.client.clone().put(self.key(key), value, None).await?;
         Ok(())
+    }
+}
+
+/// The value of the first key a `get` inside a transaction returned, if any.
+pub fn txn_get_value(response: Option<&etcd_client::TxnOpResponse>) -> Option<Vec<u8>> {
+    match response {
+        Some(etcd_client::TxnOpResponse::Get(get)) => {
+            get.kvs().first().map(|kv| kv.value().to_vec())
+        }
+        _ => None,
     }
 }
 

@@ -1,7 +1,8 @@
 //! Cluster state records in etcd and the transactions that create them.
 
 use consensus::Namespaced;
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use consensus::client::txn_get_value;
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use prost::Message;
 use proto::config::ClusterConfiguration;
 use proto::state::Node;
@@ -53,13 +54,6 @@ pub struct BootstrapRecords {
     pub configuration: ClusterConfiguration,
 }
 
-fn value(response: Option<&TxnOpResponse>) -> Option<Vec<u8>> {
-    match response {
-        Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.value().to_vec()),
-        _ => None,
-    }
-}
-
 /// Creates the first node, the initial owner and the cluster configuration in one
 /// create-if-absent transaction. Idempotent for identical records.
 pub async fn create_bootstrap_records(
@@ -100,7 +94,7 @@ pub async fn create_bootstrap_records(
     let existing: Vec<Option<Vec<u8>>> = response
         .op_responses()
         .iter()
-        .map(|r| value(Some(r)))
+        .map(|r| txn_get_value(Some(r)))
         .collect();
     let names = [
         "first node record",
@@ -248,7 +242,8 @@ pub async fn ensure_register_ticket(
     if response.succeeded() {
         return Ok(ticket);
     }
-    value(response.op_responses().first()).ok_or(CuratorError::Protocol("register ticket vanished"))
+    txn_get_value(response.op_responses().first())
+        .ok_or(CuratorError::Protocol("register ticket vanished"))
 }
 
 /// Compares a presented ticket with the stored one in constant time.

@@ -12,7 +12,7 @@
 //! - Private keys leave this crate only as PKCS#8 DER (for storage with mode 0600).
 //! - A loaded key is checked: it must be a valid Ed25519 PKCS#8 document.
 
-use ring::signature::{ED25519, Ed25519KeyPair, KeyPair as _, UnparsedPublicKey};
+use ring::signature::{Ed25519KeyPair, KeyPair as _};
 
 /// Length of an Ed25519 public key.
 pub const PUBLIC_KEY_LEN: usize = 32;
@@ -88,10 +88,6 @@ impl NodeKey {
     pub fn node_id(&self) -> String {
         node_id(&self.public_key())
     }
-
-    pub fn sign(&self, message: &[u8]) -> Vec<u8> {
-        self.pair.sign(message).as_ref().to_vec()
-    }
 }
 
 /// The node ID for a public key: `polis-` + hex of its first 16 bytes.
@@ -121,13 +117,6 @@ pub fn validate_node_id(id: &str) -> Result<(), IdentityError> {
     }
 }
 
-/// Verifies an Ed25519 signature.
-pub fn verify(public_key: &[u8; PUBLIC_KEY_LEN], message: &[u8], signature: &[u8]) -> bool {
-    UnparsedPublicKey::new(&ED25519, public_key)
-        .verify(message, signature)
-        .is_ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,15 +131,12 @@ mod tests {
     }
 
     #[test]
-    fn generated_keys_round_trip_and_sign() {
+    fn generated_keys_round_trip() {
         let key = NodeKey::generate().unwrap();
         let again = NodeKey::from_pkcs8(key.pkcs8_der()).unwrap();
         assert_eq!(key.public_key(), again.public_key());
         assert_eq!(key.node_id(), again.node_id());
         validate_node_id(&key.node_id()).unwrap();
-        let sig = key.sign(b"hello");
-        assert!(verify(&key.public_key(), b"hello", &sig));
-        assert!(!verify(&key.public_key(), b"hellO", &sig));
     }
 
     #[test]

@@ -9,9 +9,10 @@
 //!   serials/<hex>     what the serial was issued for (the CA, or a certificate name)
 //! ```
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 
 use consensus::Namespaced;
+use consensus::client::txn_get_value;
 
 use crate::PkiError;
 use crate::issue::{Ca, Issued, crl_serials};
@@ -23,13 +24,6 @@ const MAX_ATTEMPTS: usize = 5;
 #[derive(Debug, Clone)]
 pub struct CaStore {
     ns: Namespaced,
-}
-
-fn first_value(response: Option<&TxnOpResponse>) -> Option<Vec<u8>> {
-    match response {
-        Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.value().to_vec()),
-        _ => None,
-    }
 }
 
 fn certificate_serial(der: &[u8]) -> Result<Vec<u8>, PkiError> {
@@ -84,7 +78,7 @@ impl CaStore {
             return Ok((ca, true));
         }
         let ops = response.op_responses();
-        let stored = Self::ca_from(first_value(ops.first()), first_value(ops.get(1)))?
+        let stored = Self::ca_from(txn_get_value(ops.first()), txn_get_value(ops.get(1)))?
             .ok_or_else(|| PkiError::Inconsistent("CA vanished during ensure".into()))?;
         Ok((stored, false))
     }
@@ -107,7 +101,7 @@ impl CaStore {
         ]);
         let response = self.ns.client().txn(txn).await?;
         let ops = response.op_responses();
-        Self::ca_from(first_value(ops.first()), first_value(ops.get(1)))
+        Self::ca_from(txn_get_value(ops.first()), txn_get_value(ops.get(1)))
     }
 
     /// Returns the certificate stored under `name`; if there is none, stores the one
@@ -138,7 +132,7 @@ impl CaStore {
             if response.succeeded() {
                 return Ok(der);
             }
-            if let Some(existing) = first_value(response.op_responses().first()) {
+            if let Some(existing) = txn_get_value(response.op_responses().first()) {
                 return Ok(existing);
             }
             // Serial collision with another certificate: issue again with a new serial.

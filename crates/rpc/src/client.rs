@@ -55,7 +55,7 @@ pub async fn connect(
         .await
         .map_err(|e| RpcError::Connect {
             endpoint,
-            reason: error_chain(&e),
+            reason: supervisor::error_chain(&e),
         })
 }
 
@@ -67,20 +67,6 @@ pub async fn leader_endpoint(channel: Channel) -> Option<SocketAddr> {
         .ok()?
         .into_inner();
     leader.leader_endpoint.parse().ok()
-}
-
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]

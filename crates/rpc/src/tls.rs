@@ -96,6 +96,32 @@ impl ProofOfPossession {
     }
 }
 
+/// The handshake-signature methods both rustls verifier traits require, delegated to
+/// the verifier's `keys: ProofOfPossession`.
+macro_rules! handshake_signature_checks {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.keys.verify_tls12(message, cert, dss)
+        }
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.keys.verify_tls13(message, cert, dss)
+        }
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.keys.schemes()
+        }
+    };
+}
+
 /// Accepts any client certificate at the handshake (while still checking that the client
 /// holds its key); who the client is gets decided per RPC by [`Authenticator`].
 #[derive(Debug)]
@@ -121,25 +147,7 @@ impl ClientCertVerifier for DeferClientAuthentication {
     ) -> Result<ClientCertVerified, rustls::Error> {
         Ok(ClientCertVerified::assertion())
     }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.keys.verify_tls12(message, cert, dss)
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.keys.verify_tls13(message, cert, dss)
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.keys.schemes()
-    }
+    handshake_signature_checks!();
 }
 
 /// The curator's TLS server configuration (HTTP/2 only).
@@ -182,25 +190,7 @@ impl ServerCertVerifier for AcceptAnyServer {
     ) -> Result<ServerCertVerified, rustls::Error> {
         Ok(ServerCertVerified::assertion())
     }
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.keys.verify_tls12(message, cert, dss)
-    }
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.keys.verify_tls13(message, cert, dss)
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.keys.schemes()
-    }
+    handshake_signature_checks!();
 }
 
 /// A client TLS configuration (HTTP/2), optionally presenting `client` credentials.
