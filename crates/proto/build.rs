@@ -7,7 +7,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for p in protos {
         println!("cargo:rerun-if-changed={p}");
     }
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("polis_descriptor.bin"))
         .build_server(true)
         .build_client(true)
         .compile_protos(&protos, &["proto"])?;

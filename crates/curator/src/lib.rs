@@ -36,6 +36,7 @@
 //! - Register tickets are compared in constant time (`state::ticket_matches`).
 
 pub mod election;
+pub mod lifecycle;
 
 pub mod service;
 pub mod state;

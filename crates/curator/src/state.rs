@@ -5,13 +5,27 @@ use consensus::client::txn_get_value;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use prost::Message;
 use proto::config::ClusterConfiguration;
-use proto::state::Node;
+use proto::state::{Node, NodeState};
+
+use crate::lifecycle::{Event, Outcome, transition};
 
 /// The consensus user this crate's keys live under.
 pub const NAMESPACE: &str = "curator";
 
 pub const INITIAL_OWNER_KEY: &str = "global/initial_owner";
 pub const CLUSTER_CONFIGURATION_KEY: &str = "cluster/configuration";
+
+/// The node certificate a node gets from the cluster CA: names its ID (DNS) and its
+/// address (IP); it serves the curator and authenticates the node as a client.
+pub fn node_certificate_template(node_id: &str, address: std::net::IpAddr) -> pki::Template {
+    pki::Template {
+        common_name: node_id.to_string(),
+        dns_names: vec![node_id.to_string()],
+        ip_addresses: vec![address],
+        usage: pki::Usage::ServerAndClient,
+        lifetime: pki::CERTIFICATE_LIFETIME,
+    }
+}
 
 pub fn node_key(id: &str) -> String {
     format!("nodes/{id}")
@@ -179,12 +193,82 @@ pub enum NodeUpdateError {
     NotFound(String),
     #[error(transparent)]
     Labels(#[from] proto::labels::LabelError),
+    #[error("node {id}: {source}")]
+    Transition {
+        id: String,
+        #[source]
+        source: crate::lifecycle::TransitionError,
+    },
+    #[error("node {0} is registered with a different key")]
+    KeyMismatch(String),
     #[error(transparent)]
     Curator(#[from] CuratorError),
 }
 
-/// Applies a label change to a node: a compare-and-swap on the node record, guarded by
-/// leadership; retried when the record changed concurrently.
+/// How many times a compare-and-swap on a node record is attempted before giving up.
+const CAS_ATTEMPTS: u32 = 20;
+
+/// Reads a node record, lets `change` decide its new value from the current one
+/// (`None`: no record), and writes it in one transaction guarded by leadership and by
+/// the record's revision; repeats (with a short randomized backoff) when the record
+/// changed in between. `change` returning `Ok(None)` writes nothing. Returns the record
+/// as written or as found.
+pub async fn modify_node(
+    curator: &Namespaced,
+    leadership: &crate::election::Leadership,
+    id: &str,
+    mut change: impl FnMut(Option<&Node>) -> Result<Option<Node>, NodeUpdateError>,
+) -> Result<Option<Node>, NodeUpdateError> {
+    let key = curator.key(&node_key(id));
+    for attempt in 0..CAS_ATTEMPTS {
+        if attempt > 0 {
+            let jitter = u64::from(random_u16() % 8);
+            tokio::time::sleep(std::time::Duration::from_millis(
+                u64::from(attempt) + jitter,
+            ))
+            .await;
+        }
+        let response = curator
+            .client()
+            .get(key.clone(), None)
+            .await
+            .map_err(CuratorError::from)?;
+        let (current, compare) = match response.kvs().first() {
+            Some(kv) => (
+                Some(decode_node(id, kv.value())?),
+                Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision()),
+            ),
+            None => (
+                None,
+                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+            ),
+        };
+        let Some(next) = change(current.as_ref())? else {
+            return Ok(current);
+        };
+        let txn = Txn::new().when([compare]).and_then([TxnOp::put(
+            key.clone(),
+            next.encode_to_vec(),
+            None,
+        )]);
+        if crate::election::leader_txn(curator, leadership, txn)
+            .await?
+            .succeeded()
+        {
+            return Ok(Some(next));
+        }
+    }
+    Err(CuratorError::Protocol("node record kept changing").into())
+}
+
+fn random_u16() -> u16 {
+    let mut b = [0u8; 2];
+    // A failed random source only makes the backoff less random.
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    u16::from_le_bytes(b)
+}
+
+/// Applies a label change to a node (see [`modify_node`]).
 pub async fn update_node_labels(
     curator: &Namespaced,
     leadership: &crate::election::Leadership,
@@ -192,34 +276,195 @@ pub async fn update_node_labels(
     upsert: &std::collections::BTreeMap<String, String>,
     delete: &[String],
 ) -> Result<Node, NodeUpdateError> {
-    let key = curator.key(&node_key(id));
-    for _ in 0..10 {
-        let response = curator
-            .client()
-            .get(key.clone(), None)
-            .await
-            .map_err(CuratorError::from)?;
-        let kv = response
-            .kvs()
-            .first()
+    modify_node(curator, leadership, id, |current| {
+        let mut node = current
+            .cloned()
             .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
-        let mut node = decode_node(id, kv.value())?;
         node.labels = proto::labels::apply(&node.labels, upsert, delete)?;
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key.clone(),
-                CompareOp::Equal,
-                kv.mod_revision(),
-            )])
-            .and_then([TxnOp::put(key.clone(), node.encode_to_vec(), None)]);
-        if crate::election::leader_txn(curator, leadership, txn)
-            .await?
-            .succeeded()
+        Ok(Some(node))
+    })
+    .await?
+    .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))
+}
+
+fn node_state(node: &Node) -> NodeState {
+    NodeState::try_from(node.state).unwrap_or(NodeState::Invalid)
+}
+
+/// Applies a lifecycle `event` to the record of `id` (see [`crate::lifecycle`]):
+/// `create` builds the record when the event creates one. Returns the record after the
+/// event (unchanged when the event had already happened).
+pub async fn apply_event(
+    curator: &Namespaced,
+    leadership: &crate::election::Leadership,
+    id: &str,
+    public_key: Option<&[u8]>,
+    event: Event,
+    create: impl Fn() -> Node,
+) -> Result<Node, NodeUpdateError> {
+    let transition_error = |source| NodeUpdateError::Transition {
+        id: id.to_string(),
+        source,
+    };
+    modify_node(curator, leadership, id, |current| {
+        if let (Some(node), Some(key)) = (current, public_key)
+            && node.public_key != key
         {
-            return Ok(node);
+            return Err(NodeUpdateError::KeyMismatch(id.to_string()));
         }
+        match transition(current.map(node_state), event).map_err(transition_error)? {
+            Outcome::Unchanged => Ok(None),
+            Outcome::Enter(state) => {
+                let mut node = current.cloned().unwrap_or_else(&create);
+                node.state = state as i32;
+                Ok(Some(node))
+            }
+        }
+    })
+    .await?
+    .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))
+}
+
+/// The register ticket, if one was ever created.
+pub async fn register_ticket(curator: &Namespaced) -> Result<Option<Vec<u8>>, CuratorError> {
+    Ok(curator.get(REGISTER_TICKET_KEY).await?)
+}
+
+fn new_ticket() -> Result<Vec<u8>, CuratorError> {
+    let mut ticket = vec![0u8; TICKET_LEN];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut ticket)
+        .map_err(|_| CuratorError::Protocol("system random source failed"))?;
+    Ok(ticket)
+}
+
+/// Replaces the register ticket with a new random one.
+pub async fn rotate_register_ticket(
+    curator: &Namespaced,
+    leadership: &crate::election::Leadership,
+) -> Result<(), CuratorError> {
+    let txn = Txn::new().and_then([TxnOp::put(
+        curator.key(REGISTER_TICKET_KEY),
+        new_ticket()?,
+        None,
+    )]);
+    crate::election::leader_txn(curator, leadership, txn).await?;
+    Ok(())
+}
+
+/// The curator endpoints (host:port) of a cluster: every UP consensus member, sorted.
+pub fn curator_endpoints<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> Vec<String> {
+    let mut endpoints: Vec<String> = nodes
+        .into_iter()
+        .filter(|n| n.state == NodeState::Up as i32)
+        .filter(|n| {
+            n.roles
+                .as_ref()
+                .is_some_and(|r| r.consensus_member.is_some())
+        })
+        .filter_map(|n| n.address.parse().ok())
+        .map(|ip| std::net::SocketAddr::new(ip, rpc::CURATOR_PORT).to_string())
+        .collect();
+    endpoints.sort();
+    endpoints
+}
+
+/// Role names of a node record, as the API spells them.
+pub fn role_names(node: &Node) -> Vec<String> {
+    let mut roles = Vec::new();
+    if node
+        .roles
+        .as_ref()
+        .is_some_and(|r| r.consensus_member.is_some())
+    {
+        roles.push(proto::ROLE_CONSENSUS_MEMBER.to_string());
     }
-    Err(CuratorError::Protocol("node record kept changing").into())
+    roles
+}
+
+/// The node records, watched: every node record under `nodes/` as a map from ID, first as
+/// it is, then after every change. `view` turns the map into what the caller wants; a
+/// value equal to the last one sent is not sent again. The watch ends (with an error)
+/// when etcd's watch stream breaks; dropping the receiver ends it too.
+pub fn watch_nodes<T>(
+    curator: &Namespaced,
+    view: impl Fn(&std::collections::BTreeMap<String, Node>) -> T + Send + Sync + 'static,
+) -> tokio::sync::mpsc::Receiver<Result<T, CuratorError>>
+where
+    T: PartialEq + Clone + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let curator = curator.clone();
+    tokio::spawn(async move {
+        let run = async {
+            let prefix = curator.key("nodes/");
+            let mut client = curator.client();
+            let snapshot = client
+                .get(
+                    prefix.clone(),
+                    Some(etcd_client::GetOptions::new().with_prefix()),
+                )
+                .await?;
+            let revision = snapshot
+                .header()
+                .ok_or(CuratorError::Protocol("range response without header"))?
+                .revision();
+            let mut nodes = std::collections::BTreeMap::new();
+            for kv in snapshot.kvs() {
+                let id = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
+                nodes.insert(id.clone(), decode_node(&id, kv.value())?);
+            }
+            let mut last = view(&nodes);
+            if tx.send(Ok(last.clone())).await.is_err() {
+                return Ok(());
+            }
+            let mut stream = client
+                .watch(
+                    prefix.clone(),
+                    Some(
+                        etcd_client::WatchOptions::new()
+                            .with_prefix()
+                            .with_start_revision(revision + 1),
+                    ),
+                )
+                .await?;
+            loop {
+                let response = tokio::select! {
+                    r = stream.message() => r?,
+                    _ = tx.closed() => return Ok(()),
+                };
+                let Some(response) = response else {
+                    return Err(CuratorError::Protocol("the etcd watch ended"));
+                };
+                if response.canceled() {
+                    return Err(CuratorError::Protocol("etcd cancelled the watch"));
+                }
+                for event in response.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    let id = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
+                    match event.event_type() {
+                        etcd_client::EventType::Put => {
+                            nodes.insert(id.clone(), decode_node(&id, kv.value())?);
+                        }
+                        etcd_client::EventType::Delete => {
+                            nodes.remove(&id);
+                        }
+                    }
+                }
+                let next = view(&nodes);
+                if next != last {
+                    last = next;
+                    if tx.send(Ok(last.clone())).await.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        let outcome: Result<(), CuratorError> = run.await;
+        if let Err(e) = outcome {
+            let _ = tx.send(Err(e)).await;
+        }
+    });
+    rx
 }
 
 /// The cluster's register ticket, created (32 random bytes) on first use.
@@ -230,9 +475,7 @@ pub async fn ensure_register_ticket(
     if let Some(t) = curator.get(REGISTER_TICKET_KEY).await? {
         return Ok(t);
     }
-    let mut ticket = vec![0u8; TICKET_LEN];
-    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut ticket)
-        .map_err(|_| CuratorError::Protocol("system random source failed"))?;
+    let ticket = new_ticket()?;
     let key = curator.key(REGISTER_TICKET_KEY);
     let txn = Txn::new()
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])

@@ -10,22 +10,30 @@
 //! certificate, an empty peer CRL) on disk; the sealed configuration is only written by
 //! the control plane once the cluster records are in etcd. A crash in between leaves a
 //! root that refuses to start (see `decision`), never a second cluster.
+//! Register (see `register`) runs here to its end (approval may take hours) and then
+//! hands the role server the same data a join would.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use std::net::SocketAddr;
+
 use anyhow::{Context as _, Result, bail};
 use identity::NodeKey;
 use pki::{CA_LIFETIME, CERTIFICATE_LIFETIME, Ca, Issued, Template, Usage};
-use proto::config::{ClusterBootstrap, SealedConfiguration};
+use proto::config::{
+    ClusterBootstrap, ClusterDirectory, ClusterRegister, LocalRoles, SealedConfiguration,
+};
 
 use crate::decision::ClusterState;
-use crate::storage::{Root, pem, read_file, write_atomic};
+use crate::storage::{Root, pem, read_file, read_proto, write_atomic};
 
 /// What main decided and validated before the supervisor started.
 #[derive(Debug, Clone)]
 pub enum Plan {
     Bootstrap(ClusterBootstrap),
+    /// Register parameters and where they came from (for messages).
+    Register(Arc<ClusterRegister>, String),
     /// Join data is loaded and checked in preflight: it is only reads.
     Join(Arc<JoinData>),
 }
@@ -44,6 +52,14 @@ impl Membership {
             Membership::Join(j) => &j.key,
         }
     }
+
+    /// Whether this node runs etcd and a curator.
+    pub fn consensus_member(&self) -> bool {
+        match self {
+            Membership::Bootstrap(_) => true,
+            Membership::Join(j) => j.roles.consensus_member,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -59,6 +75,10 @@ pub struct BootstrapData {
 pub struct JoinData {
     pub key: NodeKey,
     pub sealed: SealedConfiguration,
+    /// Roles as last seen from the cluster.
+    pub roles: LocalRoles,
+    /// Curators as last seen from the cluster.
+    pub directory: Vec<SocketAddr>,
 }
 
 /// Shared values of one node.
@@ -66,6 +86,8 @@ pub struct JoinData {
 pub struct NodeValues {
     pub membership: event::Value<Membership>,
     pub cluster_state: event::Value<ClusterState>,
+    /// The cluster's curators as this node last learned them (cluster directory).
+    pub curators: event::Value<Vec<SocketAddr>>,
 }
 
 /// The certificate etcd peers know this node by. Loopback addresses also get
@@ -86,21 +108,11 @@ pub fn peer_template(node_id: &str, address: IpAddr) -> Template {
     }
 }
 
-/// The node's own certificate from the cluster CA (curator server, node client).
-pub fn node_template(node_id: &str, address: IpAddr) -> Template {
-    Template {
-        common_name: node_id.to_string(),
-        dns_names: vec![node_id.to_string()],
-        ip_addresses: vec![address],
-        usage: Usage::ServerAndClient,
-        lifetime: CERTIFICATE_LIFETIME,
-    }
-}
-
 /// Test hook for crash safety: when `POLIS_CRASH_AFTER` names `step`, the process kills
 /// itself with SIGKILL right after that bootstrap step, exactly like `kill -9` (no cleanup
-/// runs). Steps: node-key, peer-files, etcd-ready, cluster-pki, node-certificate, records,
-/// sealed.
+/// runs). Bootstrap steps: node-key, peer-files, etcd-ready, cluster-pki, node-certificate,
+/// records, sealed. Register steps: register-key, register-foreign, register-trusted,
+/// register-committed, register-credentials, register-sealed.
 pub fn crash_point(step: &str) {
     if std::env::var_os("POLIS_CRASH_AFTER").is_some_and(|v| v == step) {
         tracing::warn!(step, "POLIS_CRASH_AFTER: killing this process");
@@ -161,6 +173,8 @@ pub fn prepare_bootstrap(
 /// Join: load the node's identity and check it against the sealed configuration (reads
 /// only, so that a refusal changes nothing).
 pub fn prepare_join(root: &Root, sealed: SealedConfiguration) -> Result<JoinData> {
+    let roles = local_roles(root, &sealed)?;
+    let directory = read_directory(root)?;
     let key_path = root.node_key();
     let key = NodeKey::from_pkcs8(&read_file(&key_path, "node key")?)
         .with_context(|| format!("node key in {} is corrupt", key_path.display()))?;
@@ -172,18 +186,56 @@ pub fn prepare_join(root: &Root, sealed: SealedConfiguration) -> Result<JoinData
             sealed.node_id
         );
     }
-    for file in ["key.pem", "cert.pem", "ca.pem", "crl.pem"] {
-        let path = root.etcd_peer_dir().join(file);
-        if !path.is_file() {
-            bail!("etcd peer TLS file {} is missing", path.display());
+    if roles.consensus_member {
+        for file in ["key.pem", "cert.pem", "ca.pem", "crl.pem"] {
+            let path = root.etcd_peer_dir().join(file);
+            if !path.is_file() {
+                bail!("etcd peer TLS file {} is missing", path.display());
+            }
         }
+    } else if directory.is_empty() {
+        bail!(
+            "this node is not a consensus member and its cluster directory {} names no curator; \
+             it cannot reach its cluster",
+            root.directory().display()
+        );
     }
     warn_if_expiring(root);
     tracing::info!(
         node_id = sealed.node_id,
+        consensus_member = roles.consensus_member,
         "joining cluster as an existing member"
     );
-    Ok(JoinData { key, sealed })
+    Ok(JoinData {
+        key,
+        sealed,
+        roles,
+        directory,
+    })
+}
+
+/// The roles saved in the root. Roots from before roles were saved are bootstrap
+/// nodes: consensus members exactly when the sealed configuration names an etcd member.
+fn local_roles(root: &Root, sealed: &SealedConfiguration) -> Result<LocalRoles> {
+    let path = root.local_roles();
+    if path.exists() {
+        read_proto(&path, "node roles")
+    } else {
+        Ok(LocalRoles {
+            consensus_member: sealed.etcd_member_id != 0,
+        })
+    }
+}
+
+/// The curator endpoints saved in the root's cluster directory (empty when absent).
+pub fn read_directory(root: &Root) -> Result<Vec<SocketAddr>> {
+    let path = root.directory();
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let directory: ClusterDirectory = read_proto(&path, "cluster directory")?;
+    crate::register::parse_endpoints(&directory.curator_endpoints)
+        .with_context(|| format!("cluster directory {} is corrupt", path.display()))
 }
 
 /// Certificates are not renewed yet: say so loudly well before they run out.
@@ -210,6 +262,23 @@ fn warn_if_expiring(root: &Root) {
     }
 }
 
+/// Where this node looks for curators first: its own (a consensus member runs one),
+/// then the cluster directory.
+fn initial_curators(membership: &Membership, address: IpAddr) -> Vec<SocketAddr> {
+    let mut endpoints = Vec::new();
+    if membership.consensus_member() {
+        endpoints.push(SocketAddr::new(address, rpc::CURATOR_PORT));
+    }
+    if let Membership::Join(j) = membership {
+        for e in &j.directory {
+            if !endpoints.contains(e) {
+                endpoints.push(*e);
+            }
+        }
+    }
+    endpoints
+}
+
 /// The `root.cluster` runnable body: carry out the plan, then log cluster state changes.
 pub async fn run(
     ctx: supervisor::Context,
@@ -219,15 +288,52 @@ pub async fn run(
     values: NodeValues,
     fatal: tokio::sync::mpsc::UnboundedSender<anyhow::Error>,
 ) -> supervisor::RunnableResult {
+    // Logged from a runnable of its own: registration keeps this one busy for as long
+    // as the owner takes to approve, and its states must show meanwhile.
+    let logged = values.cluster_state.clone();
+    ctx.run("state", move |ctx| {
+        let mut state = logged.watch();
+        async move {
+            ctx.signal_healthy();
+            loop {
+                tokio::select! {
+                    s = state.get() => match s {
+                        Ok(s) => tracing::info!(cluster_state = %s, "cluster state changed"),
+                        Err(_) => return Ok(()),
+                    },
+                    _ = ctx.cancelled() => return Ok(()),
+                }
+            }
+        }
+    })?;
     if values.membership.current().is_none() {
         let membership = match plan {
             Plan::Bootstrap(p) => {
                 prepare_bootstrap(&root, address, p).map(|b| Membership::Bootstrap(Arc::new(b)))
             }
+            Plan::Register(params, what) => {
+                match crate::register::register(
+                    &ctx,
+                    &root,
+                    address,
+                    &params,
+                    &what,
+                    &values.cluster_state,
+                )
+                .await
+                {
+                    Ok(Some(j)) => Ok(Membership::Join(Arc::new(j))),
+                    Ok(None) => return Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
             Plan::Join(j) => Ok(Membership::Join(j)),
         };
         match membership {
-            Ok(m) => values.membership.set(m),
+            Ok(m) => {
+                values.curators.set(initial_curators(&m, address));
+                values.membership.set(m);
+            }
             Err(e) => {
                 // The decision is once per start: a failed attempt is not retried.
                 let _ = fatal.send(e.context("cluster manager"));
@@ -237,14 +343,6 @@ pub async fn run(
         }
     }
     ctx.signal_healthy();
-    let mut state = values.cluster_state.watch();
-    loop {
-        tokio::select! {
-            s = state.get() => match s {
-                Ok(s) => tracing::info!(cluster_state = %s, "cluster state changed"),
-                Err(_) => return Ok(()),
-            },
-            _ = ctx.cancelled() => return Ok(()),
-        }
-    }
+    ctx.cancelled().await;
+    Ok(())
 }

@@ -2,11 +2,17 @@
 //!
 //! ```text
 //!   sealed configuration present ───────────────────────────────▶ Join
+//!   node parameters: register, no etcd data ────────────────────▶ Register (a node key
+//!                                                                  or certificate left by
+//!                                                                  an interrupted
+//!                                                                  registration: resumed)
 //!   no sealed configuration, but etcd data or credentials ──────▶ refuse (second cluster)
 //!   node parameters: bootstrap ─────────────────────────────────▶ Bootstrap
-//!   node parameters: register ──────────────────────────────────▶ Register
 //!   nothing ────────────────────────────────────────────────────▶ refuse (nothing to do)
 //! ```
+//! A registration resumes with the key it started with, so a root never registers two
+//! keys; it never holds etcd data (only consensus members do, and they have sealed
+//! configurations).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -17,6 +23,8 @@ pub struct RootFacts {
     pub sealed_configuration: Option<PathBuf>,
     /// Files or directories holding cluster state (etcd data, credentials).
     pub cluster_state: Vec<PathBuf>,
+    /// Whether etcd data is among them.
+    pub etcd_data: bool,
     pub parameters: Option<ParametersKind>,
     /// Where parameters were looked for (for the error message).
     pub parameters_path: PathBuf,
@@ -77,6 +85,9 @@ pub fn decide(
     if facts.sealed_configuration.is_some() {
         return Ok(Decision::Join);
     }
+    if facts.parameters == Some(ParametersKind::Register) && !facts.etcd_data {
+        return Ok(Decision::Register);
+    }
     if !facts.cluster_state.is_empty() {
         return Err(DecisionError::StateWithoutSealedConfiguration {
             found: facts.cluster_state.clone(),
@@ -97,12 +108,16 @@ pub fn decide(
     }
 }
 
-/// The cluster state as seen by this node (DESIGN.md, Lifecycle). Foreign and Trusted
-/// (registration), Disowning and Split arrive with the features that enter them.
+/// The cluster state as seen by this node (DESIGN.md, Lifecycle). Disowning and Split
+/// arrive with the features that enter them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClusterState {
     /// Not yet known: the node is starting.
     Unknown,
+    /// Registered with a cluster, waiting for the owner's approval.
+    Foreign,
+    /// Approved; committing (receiving its certificate).
+    Trusted,
     /// Full member of its cluster.
     Home,
 }
@@ -125,6 +140,7 @@ mod tests {
             } else {
                 vec![]
             },
+            etcd_data: state,
             parameters: params,
             parameters_path: PathBuf::from("/r/esp/parameters.pb"),
         }
@@ -153,6 +169,14 @@ mod tests {
             Ok(Decision::Bootstrap),
         );
         check(facts(false, false, Some(Register)), Ok(Decision::Register));
+        check(facts(false, true, Some(Register)), Err("second cluster"));
+        // A key (and certificate) from an interrupted registration: resume it.
+        let mut resumed = facts(false, false, Some(Register));
+        resumed.cluster_state = vec![PathBuf::from("/r/data/node/key.der")];
+        check(resumed.clone(), Ok(Decision::Register));
+        // The same key under bootstrap parameters is refused.
+        resumed.parameters = Some(Bootstrap);
+        check(resumed, Err("second cluster"));
         check(facts(false, true, Some(Bootstrap)), Err("second cluster"));
         check(facts(false, true, None), Err("/r/data/etcd/data"));
         check(facts(false, false, None), Err("polisctl params bootstrap"));

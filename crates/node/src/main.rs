@@ -7,13 +7,16 @@
 //!
 //! ```text
 //!   root
-//!   ├── cluster                  cluster manager: carries out the decision, logs state
-//!   └── role                     role server
-//!       ├── controlplane         consensus + cluster records, then the curator
+//!   ├── cluster                  cluster manager: carries out the decision (bootstrap,
+//!   │                            register, join), logs cluster state changes
+//!   └── role                     role server (waits until the node belongs to a cluster)
+//!       ├── controlplane         consensus members only: etcd + cluster records, curator
 //!       │   ├── consensus        the etcd child process
 //!       │   └── curator          leader election + gRPC API on :7835
 //!       │       ├── election
+//!       │       ├── nodes        node records, watched
 //!       │       └── listener
+//!       ├── rolefetch            watches this node's record and the curator list
 //!       └── heartbeat            tells the curator this node is alive
 //! ```
 //!
@@ -26,6 +29,7 @@
 
 mod cluster;
 mod decision;
+mod register;
 mod roleserver;
 mod storage;
 
@@ -36,7 +40,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, ValueEnum};
-use proto::config::{NodeParameters, SealedConfiguration, node_parameters};
+use proto::config::{ClusterRegister, NodeParameters, SealedConfiguration, node_parameters};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cluster::{NodeValues, Plan};
@@ -161,7 +165,6 @@ fn check_etcd_binary(path: &Path) -> Result<()> {
 /// Everything that can refuse the start, before anything is written.
 fn preflight(args: &Args, root: &Root) -> Result<Plan> {
     check_address(args.address)?;
-    check_etcd_binary(&args.etcd_binary)?;
     if root.root.exists() && !root.root.is_dir() {
         bail!("node root {} is not a directory", root.root.display());
     }
@@ -178,9 +181,11 @@ fn preflight(args: &Args, root: &Root) -> Result<Plan> {
     } else {
         None
     };
+    let cluster_state = root.cluster_state_present();
     let facts = RootFacts {
         sealed_configuration: sealed_present.then(|| sealed_path.clone()),
-        cluster_state: root.cluster_state_present(),
+        etcd_data: cluster_state.contains(&root.etcd_data()),
+        cluster_state,
         parameters: parameters.as_ref().map(|p| match p.cluster {
             Some(node_parameters::Cluster::Bootstrap(_)) => ParametersKind::Bootstrap,
             Some(node_parameters::Cluster::Register(_)) => ParametersKind::Register,
@@ -207,12 +212,14 @@ fn preflight(args: &Args, root: &Root) -> Result<Plan> {
                     args.address
                 );
             }
-            roleserver::check_join_root(root)?;
-            check_port_free(args.address, consensus::config::PEER_PORT, "etcd peer")?;
-            check_port_free(args.address, rpc::CURATOR_PORT, "curator")?;
-            Ok(Plan::Join(std::sync::Arc::new(cluster::prepare_join(
-                root, sealed,
-            )?)))
+            let join = cluster::prepare_join(root, sealed)?;
+            if join.roles.consensus_member {
+                check_etcd_binary(&args.etcd_binary)?;
+                roleserver::check_join_root(root)?;
+                check_port_free(args.address, consensus::config::PEER_PORT, "etcd peer")?;
+                check_port_free(args.address, rpc::CURATOR_PORT, "curator")?;
+            }
+            Ok(Plan::Join(std::sync::Arc::new(join)))
         }
         Decision::Bootstrap => {
             let Some(node_parameters::Cluster::Bootstrap(b)) = parameters.and_then(|p| p.cluster)
@@ -226,6 +233,7 @@ fn preflight(args: &Args, root: &Root) -> Result<Plan> {
                     params_path.display()
                 )
             })?;
+            check_etcd_binary(&args.etcd_binary)?;
             identity::public_key_from_slice(&b.owner_public_key).with_context(|| {
                 format!(
                     "owner public key in node parameters {} is invalid",
@@ -236,11 +244,32 @@ fn preflight(args: &Args, root: &Root) -> Result<Plan> {
             check_port_free(args.address, rpc::CURATOR_PORT, "curator")?;
             Ok(Plan::Bootstrap(b))
         }
-        Decision::Register => bail!(
-            "node parameters {} ask to register into an existing cluster; registration is not supported yet",
-            params_path.display()
-        ),
+        Decision::Register => {
+            let Some(node_parameters::Cluster::Register(r)) = parameters.and_then(|p| p.cluster)
+            else {
+                unreachable!("decided register from register parameters");
+            };
+            let what = format!("node parameters {}", params_path.display());
+            check_register_parameters(&r).with_context(|| format!("{what} are invalid"))?;
+            Ok(Plan::Register(std::sync::Arc::new(r), what))
+        }
     }
+}
+
+/// Register parameters must name a ticket, a CA certificate, curators and valid labels.
+fn check_register_parameters(r: &ClusterRegister) -> Result<()> {
+    if r.register_ticket.is_empty() {
+        bail!("they hold no register ticket");
+    }
+    pki::certificate_public_key(&r.ca_certificate)
+        .context("their cluster CA certificate is unreadable")?;
+    if r.curator_endpoints.is_empty() {
+        bail!("they name no curator endpoint");
+    }
+    register::parse_endpoints(&r.curator_endpoints)?;
+    let labels = r.labels.clone().into_iter().collect();
+    proto::labels::apply(&Default::default(), &labels, &[]).context("they hold invalid labels")?;
+    Ok(())
 }
 
 async fn run(args: Args) -> Result<()> {
@@ -258,6 +287,7 @@ async fn run(args: Args) -> Result<()> {
     let values = NodeValues {
         membership: event::Value::new(),
         cluster_state: event::Value::new(),
+        curators: event::Value::new(),
     };
     values.cluster_state.set(ClusterState::Unknown);
     let settings = roleserver::Settings {

@@ -1,16 +1,23 @@
 //! The role server: runs the services the node's roles call for.
 //!
 //! ```text
-//!   cluster manager ──Membership──▶ controlplane ──spawns──▶ consensus (etcd)
-//!                                        │
-//!                                        ├─ bootstrap: CAs, node record, owner, sealed config
-//!                                        ├─ join: checks etcd is this node's cluster
-//!                                        ├─▶ ClusterState::Home
-//!                                        └──spawns──▶ curator (election + gRPC :7835)
-//!   heartbeat ── waits for Home ── Curator.Heartbeat every 5 s (node certificate)
+//!   cluster manager ──Membership──▶ role server
+//!                                     │ consensus member (bootstrap node, or roles say so):
+//!                                     ├─▶ controlplane ──spawns──▶ consensus (etcd)
+//!                                     │        ├─ bootstrap: CAs, node record, owner, sealed config
+//!                                     │        ├─ join: checks etcd is this node's cluster
+//!                                     │        ├─▶ ClusterState::Home
+//!                                     │        └──spawns──▶ curator (election + gRPC :7835)
+//!                                     ├─▶ rolefetch ── Curator.WatchNode (stream, node certificate):
+//!                                     │                 own state and roles, curator list →
+//!                                     │                 cluster directory (esp/directory.pb);
+//!                                     │                 a worker is Home once a curator answers
+//!                                     └─▶ heartbeat ── waits for Home ── Curator.Heartbeat every 5 s
 //! ```
-//! Today every node is a consensus member (the bootstrap node); role fetch and status
-//! push arrive with registration of further nodes.
+//! Every call to the cluster goes through one leader-aware `rpc::CuratorClient` over the
+//! curators this node knows (`NodeValues::curators`: its own first, then the directory).
+//! Starting and stopping the control plane when roles change arrives with live
+//! membership changes; today roles are fixed when the node joins.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -19,11 +26,12 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow, bail};
 use consensus::{EtcdConfig, InitialClusterState, PeerTlsFiles, RaftTiming, Running, Status};
 use curator::BootstrapRecords;
-use proto::config::{ClusterConfiguration, SealedConfiguration};
+use proto::config::{ClusterConfiguration, ClusterDirectory, LocalRoles, SealedConfiguration};
 use proto::state::{ConsensusMemberRole, Node, NodeRoles, NodeState};
 
-use crate::cluster::{BootstrapData, JoinData, Membership, NodeValues, crash_point, node_template};
+use crate::cluster::{BootstrapData, JoinData, Membership, NodeValues, crash_point};
 use crate::decision::ClusterState;
+use crate::register::{Backoff, ProblemLog, pause};
 use crate::storage::{Root, read_file, write_atomic, write_proto};
 
 /// Node settings the role server needs.
@@ -51,12 +59,24 @@ pub async fn run(
     values: NodeValues,
     fatal: FatalSender,
 ) -> supervisor::RunnableResult {
-    let (heartbeat_settings, heartbeat_values) = (settings.clone(), values.clone());
-    ctx.run("controlplane", move |ctx| {
-        controlplane(ctx, settings.clone(), values.clone(), fatal.clone())
+    // A registering node waits here until it belongs to the cluster.
+    let mut membership_watcher = values.membership.watch();
+    let membership = tokio::select! {
+        m = membership_watcher.get() => m?,
+        _ = ctx.cancelled() => return Ok(()),
+    };
+    if membership.consensus_member() {
+        let (settings, values, fatal) = (settings.clone(), values.clone(), fatal.clone());
+        ctx.run("controlplane", move |ctx| {
+            controlplane(ctx, settings.clone(), values.clone(), fatal.clone())
+        })?;
+    }
+    let (fetch_settings, fetch_values) = (settings.clone(), values.clone());
+    ctx.run("rolefetch", move |ctx| {
+        rolefetch(ctx, fetch_settings.clone(), fetch_values.clone())
     })?;
     ctx.run("heartbeat", move |ctx| {
-        heartbeat(ctx, heartbeat_settings.clone(), heartbeat_values.clone())
+        heartbeat(ctx, settings.clone(), values.clone())
     })?;
     ctx.signal_healthy();
     ctx.cancelled().await;
@@ -158,77 +178,161 @@ fn node_credentials(root: &Root) -> Result<rpc::Credentials> {
     })
 }
 
+/// A client of the cluster's curators with this node's certificate.
+fn curator_client(settings: &Settings, values: &NodeValues) -> Result<rpc::CuratorClient> {
+    let credentials = node_credentials(&settings.root)?;
+    let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
+    Ok(rpc::CuratorClient::new(
+        values.curators.current().unwrap_or_default(),
+        rpc::ServerTrust::PinnedCa(ca),
+        Some(credentials),
+    ))
+}
+
+/// Waits for the cluster state `want`; false when cancelled first.
+async fn wait_for_state(
+    ctx: &supervisor::Context,
+    values: &NodeValues,
+    want: ClusterState,
+) -> Result<bool> {
+    let mut state = values.cluster_state.watch();
+    tokio::select! {
+        s = state.get_matching(|s| *s == want) => { s?; Ok(true) }
+        _ = ctx.cancelled() => Ok(false),
+    }
+}
+
 /// Tells the curator every [`HEARTBEAT_PERIOD`] that this node is alive.
 async fn heartbeat(
     ctx: supervisor::Context,
     settings: Settings,
     values: NodeValues,
 ) -> supervisor::RunnableResult {
-    let mut state = values.cluster_state.watch();
-    tokio::select! {
-        s = state.get_matching(|s| *s == ClusterState::Home) => { s?; }
-        _ = ctx.cancelled() => return Ok(()),
+    if !wait_for_state(&ctx, &values, ClusterState::Home).await? {
+        return Ok(());
     }
-    let credentials = node_credentials(&settings.root)?;
-    let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
-    let own = SocketAddr::new(settings.address, rpc::CURATOR_PORT);
-    let trust = rpc::ServerTrust::PinnedCa(ca);
+    let client = curator_client(&settings, &values)?;
     ctx.signal_healthy();
-    // Heartbeats go to the leader: start with the local curator and follow the leader
-    // it names when it is not the leader itself.
-    let mut target = own;
-    let mut channel = None;
     let mut failures = 0u32;
     loop {
-        if channel.is_none() {
-            channel = rpc::connect(target, &trust, Some(&credentials)).await.ok();
-        }
-        let sent = match channel.clone() {
-            Some(ch) => proto::api::curator_client::CuratorClient::new(ch)
-                .heartbeat(proto::api::HeartbeatRequest {})
-                .await
-                .map(drop),
-            None => Err(tonic::Status::unavailable(format!(
-                "cannot reach the curator at {target}"
-            ))),
-        };
+        client.set_endpoints(values.curators.current().unwrap_or_default());
+        let sent = client
+            .call(|channel| async move {
+                proto::api::curator_client::CuratorClient::new(channel)
+                    .heartbeat(proto::api::HeartbeatRequest {})
+                    .await
+            })
+            .await;
         let wait = match sent {
-            Ok(()) => {
+            Ok(_) => {
+                if failures >= 3 {
+                    tracing::info!(curator = ?client.current(), "heartbeats reach the curator again");
+                }
                 failures = 0;
                 HEARTBEAT_PERIOD
             }
-            Err(status) => {
+            Err(e) => {
                 failures += 1;
                 // The curator may still be electing a leader: retry soon, and only
                 // complain when it persists.
                 if failures % 10 == 3 {
-                    tracing::warn!(%target, "heartbeat failed {failures} times in a row: {}", status.message());
-                }
-                let leader = match (&channel, status.code()) {
-                    (Some(ch), tonic::Code::Unavailable) => rpc::leader_endpoint(ch.clone()).await,
-                    _ => None,
-                };
-                match leader {
-                    Some(leader) if leader != target => {
-                        tracing::info!(%leader, "heartbeats go to the curator leader");
-                        target = leader;
-                        channel = None;
-                    }
-                    _ if channel.is_none() && target != own => {
-                        // The leader we followed is gone: ask the local curator again.
-                        target = own;
-                    }
-                    _ if failures.is_multiple_of(5) => channel = None,
-                    _ => {}
+                    tracing::warn!("heartbeat failed {failures} times in a row: {e}");
                 }
                 Duration::from_millis(500)
             }
         };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = ctx.cancelled() => return Ok(()),
+        if !pause(&ctx, wait).await {
+            return Ok(());
         }
     }
+}
+
+/// Watches this node's record and the curator list (Curator.WatchNode): keeps the
+/// cluster directory current, and makes a worker Home once a curator answers for it.
+async fn rolefetch(
+    ctx: supervisor::Context,
+    settings: Settings,
+    values: NodeValues,
+) -> supervisor::RunnableResult {
+    let membership = values.membership.watch().get().await?;
+    let consensus_member = membership.consensus_member();
+    // A consensus member is Home once its control plane runs; its curator answers then.
+    if consensus_member && !wait_for_state(&ctx, &values, ClusterState::Home).await? {
+        return Ok(());
+    }
+    let client = curator_client(&settings, &values)?;
+    ctx.signal_healthy();
+    let mut problems = ProblemLog::default();
+    let mut backoff = Backoff::default();
+    let own = SocketAddr::new(settings.address, rpc::CURATOR_PORT);
+    loop {
+        client.set_endpoints(values.curators.current().unwrap_or_default());
+        let call = client.call(|channel| async move {
+            proto::api::curator_client::CuratorClient::new(channel)
+                .watch_node(proto::api::WatchNodeRequest {})
+                .await
+        });
+        let mut stream = tokio::select! {
+            r = call => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    problems.problem(format!("watching this node's record: {e}"));
+                    if !pause(&ctx, backoff.next()).await {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            },
+            _ = ctx.cancelled() => return Ok(()),
+        };
+        problems.resolved("watching this node's record again");
+        backoff.reset();
+        loop {
+            let update = tokio::select! {
+                u = stream.message() => u,
+                _ = ctx.cancelled() => return Ok(()),
+            };
+            let Ok(Some(update)) = update else {
+                problems.problem("the curator closed the node watch".into());
+                break;
+            };
+            let mut endpoints: Vec<SocketAddr> = update
+                .curator_endpoints
+                .iter()
+                .filter_map(|e| rpc::parse_endpoint(e).ok())
+                .collect();
+            if !endpoints.is_empty() {
+                save_directory(&settings.root, &update.curator_endpoints)?;
+                if consensus_member && !endpoints.contains(&own) {
+                    endpoints.insert(0, own);
+                }
+                if values.curators.current().as_ref() != Some(&endpoints) {
+                    tracing::info!(curators = ?endpoints, "curator directory updated");
+                    values.curators.set(endpoints);
+                }
+            }
+            if !consensus_member && values.cluster_state.current() != Some(ClusterState::Home) {
+                values.cluster_state.set(ClusterState::Home);
+            }
+        }
+        if !pause(&ctx, backoff.next()).await {
+            return Ok(());
+        }
+    }
+}
+
+/// Rewrites the cluster directory when it changed.
+fn save_directory(root: &Root, endpoints: &[String]) -> Result<()> {
+    let directory = ClusterDirectory {
+        curator_endpoints: endpoints.to_vec(),
+    };
+    let path = root.directory();
+    let current: Option<ClusterDirectory> =
+        crate::storage::read_proto(&path, "cluster directory").ok();
+    if current.as_ref() != Some(&directory) {
+        write_proto(&path, &directory).context("saving the cluster directory")?;
+    }
+    Ok(())
 }
 
 /// A failed step is either worth retrying (etcd hiccup) or proof that this root cannot
@@ -281,7 +385,7 @@ async fn bootstrap_finish(
     let node_certificate = cluster_pki
         .ensure_certificate(&format!("node-{node_id}"), || {
             cluster_ca.issue(
-                &node_template(&node_id, settings.address),
+                &curator::state::node_certificate_template(&node_id, settings.address),
                 &b.key.public_key(),
             )
         })
@@ -326,6 +430,17 @@ async fn bootstrap_finish(
     }
     crash_point("records");
 
+    write_proto(
+        &root.local_roles(),
+        &LocalRoles {
+            consensus_member: true,
+        },
+    )
+    .context("saving the node's roles")?;
+    save_directory(
+        root,
+        &[SocketAddr::new(settings.address, rpc::CURATOR_PORT).to_string()],
+    )?;
     let sealed = SealedConfiguration {
         node_id,
         cluster_ca_certificate: cluster_ca.cert_der.clone(),

@@ -3,6 +3,8 @@
 //! ```text
 //!   <root>/esp/parameters.pb             node parameters (operator-provided)
 //!   <root>/esp/sealed_configuration.pb   written last; present = "join on start"
+//!   <root>/esp/directory.pb              known curator endpoints (ClusterDirectory)
+//!   <root>/data/node/roles.pb            roles as last seen from the cluster (LocalRoles)
 //!   <root>/data/node/key.der             node Ed25519 key (PKCS#8)       0600
 //!   <root>/data/node/cert.der            node certificate (cluster CA)
 //!   <root>/data/node/ca.der              cluster CA certificate
@@ -43,6 +45,12 @@ impl Root {
     }
     pub fn sealed_configuration(&self) -> PathBuf {
         self.esp().join("sealed_configuration.pb")
+    }
+    pub fn directory(&self) -> PathBuf {
+        self.esp().join("directory.pb")
+    }
+    pub fn local_roles(&self) -> PathBuf {
+        self.node_dir().join("roles.pb")
     }
     pub fn node_dir(&self) -> PathBuf {
         self.data().join("node")

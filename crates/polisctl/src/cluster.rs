@@ -50,13 +50,57 @@ fn write_pem(path: &Path, tag: &str, der: &[u8]) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-fn endpoints(raw: &[String]) -> Result<Vec<SocketAddr>> {
-    if raw.is_empty() {
-        bail!("no curator endpoint given; pass --endpoints IP[:PORT]");
-    }
+fn endpoints_path(config: &Path) -> PathBuf {
+    config.join("endpoints")
+}
+
+fn parse_endpoints(raw: &[String]) -> Result<Vec<SocketAddr>> {
     raw.iter()
         .map(|e| rpc::parse_endpoint(e.trim()).map_err(anyhow::Error::from))
         .collect()
+}
+
+/// The curators to talk to: `--endpoints` when given, else those remembered in the
+/// config directory (written by `takeownership`, refreshed from the cluster).
+fn endpoints(config: &Path, raw: &[String]) -> Result<Vec<SocketAddr>> {
+    if !raw.is_empty() {
+        return parse_endpoints(raw);
+    }
+    let path = endpoints_path(config);
+    let remembered = match std::fs::read_to_string(&path) {
+        Ok(text) => text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_string)
+            .collect::<Vec<_>>(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    if remembered.is_empty() {
+        bail!(
+            "no curator endpoint given and none remembered in {}; pass --endpoints IP[:PORT]",
+            path.display()
+        );
+    }
+    parse_endpoints(&remembered).with_context(|| format!("{} is corrupt", path.display()))
+}
+
+/// Remembers the cluster's curators in the config directory (when they changed).
+fn remember_endpoints(config: &Path, endpoints: &[String]) -> Result<()> {
+    if endpoints.is_empty() {
+        return Ok(());
+    }
+    let path = endpoints_path(config);
+    let text = format!(
+        "# curator endpoints, refreshed by polisctl from the cluster\n{}\n",
+        endpoints.join("\n")
+    );
+    if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+        write_private(&path, text.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// Connects to the first reachable endpoint.
@@ -144,7 +188,7 @@ pub async fn take_ownership(
     raw_endpoints: &[String],
     approval: CaApproval,
 ) -> Result<()> {
-    let endpoints = endpoints(raw_endpoints)?;
+    let endpoints = endpoints(config, raw_endpoints)?;
     let key_path = owner_key_path(config);
     if !key_path.exists() {
         bail!(
@@ -177,22 +221,24 @@ pub async fn take_ownership(
     let self_signed = rpc::self_signed(&key)?;
     let trust = rpc::ServerTrust::PinnedCa(ca.clone());
     let public_key = key.public_key().to_vec();
-    let response = call_leader(&endpoints, &trust, Some(&self_signed), |channel| {
-        let public_key = public_key.clone();
-        async move {
-            api::aaa_client::AaaClient::new(channel)
-                .escrow(api::EscrowRequest { public_key })
-                .await
-        }
-    })
-    .await
-    .map_err(|f| match f {
-        CallFailure::Status(s) if s.code() == tonic::Code::PermissionDenied => anyhow!(
-            "taking ownership: permission denied: the key in {} is not this cluster's owner key",
-            key_path.display()
-        ),
-        other => other.into_error("taking ownership"),
-    })?;
+    let client = rpc::CuratorClient::new(endpoints.clone(), trust.clone(), Some(self_signed));
+    let response = client
+        .call(|channel| {
+            let public_key = public_key.clone();
+            async move {
+                api::aaa_client::AaaClient::new(channel)
+                    .escrow(api::EscrowRequest { public_key })
+                    .await
+            }
+        })
+        .await
+        .map_err(|f| match f {
+            rpc::CallError::Status(s) if s.code() == tonic::Code::PermissionDenied => anyhow!(
+                "taking ownership: permission denied: the key in {} is not this cluster's owner key",
+                key_path.display()
+            ),
+            other => call_failure("taking ownership", other),
+        })?;
     if response.ca_certificate != ca {
         bail!("the curator answered with a different CA than it presented; refusing");
     }
@@ -202,6 +248,19 @@ pub async fn take_ownership(
         "CERTIFICATE",
         &response.owner_certificate,
     )?;
+    // Remember the cluster's curators, so that later commands need no --endpoints.
+    let session = OwnerSession {
+        client: rpc::CuratorClient::new(
+            endpoints,
+            trust,
+            Some(rpc::Credentials {
+                certificate: response.owner_certificate.clone(),
+                key_pkcs8: key.pkcs8_der().to_vec(),
+            }),
+        ),
+        config: config.to_path_buf(),
+    };
+    session.cluster_info().await?;
     println!("Took ownership of the cluster (CA SHA256:{fingerprint}).");
     println!(
         "Owner certificate: {}",
@@ -210,17 +269,16 @@ pub async fn take_ownership(
     Ok(())
 }
 
-/// The owner's connection settings: pinned CA, owner certificate and key, endpoints.
+/// The owner's connection to the cluster: pinned CA, owner certificate and key, endpoints.
 struct OwnerSession {
-    endpoints: Vec<SocketAddr>,
-    trust: rpc::ServerTrust,
-    credentials: rpc::Credentials,
+    client: rpc::CuratorClient,
+    config: PathBuf,
 }
 
 /// Loads the owner's credentials, refusing early with a useful message when they are
 /// missing or expired.
 fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<OwnerSession> {
-    let endpoints = endpoints(raw_endpoints)?;
+    let endpoints = endpoints(config, raw_endpoints)?;
     let ca = read_pem(&ca_path(config), "CERTIFICATE", "pinned CA")?.ok_or_else(|| {
         anyhow!(
             "no pinned cluster CA in {}; run `polisctl takeownership` first",
@@ -249,92 +307,52 @@ fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<OwnerSession
     }
     let key = load_owner_key(&owner_key_path(config))?;
     Ok(OwnerSession {
-        endpoints,
-        trust: rpc::ServerTrust::PinnedCa(ca),
-        credentials: rpc::Credentials {
-            certificate,
-            key_pkcs8: key.pkcs8_der().to_vec(),
-        },
+        client: rpc::CuratorClient::new(
+            endpoints,
+            rpc::ServerTrust::PinnedCa(ca),
+            Some(rpc::Credentials {
+                certificate,
+                key_pkcs8: key.pkcs8_der().to_vec(),
+            }),
+        ),
+        config: config.to_path_buf(),
     })
 }
 
 impl OwnerSession {
-    /// A Management call, following the leader (see [`call_leader`]).
+    /// A Management call, following the leader (see [`rpc::CuratorClient`]).
     async fn management<T, F, Fut>(&self, what: &str, call: F) -> Result<T>
     where
         F: Fn(api::management_client::ManagementClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        call_leader(
-            &self.endpoints,
-            &self.trust,
-            Some(&self.credentials),
-            |channel| call(api::management_client::ManagementClient::new(channel)),
-        )
-        .await
-        .map_err(|f| f.into_error(what))
+        self.client
+            .call(|channel| call(api::management_client::ManagementClient::new(channel)))
+            .await
+            .map_err(|f| call_failure(what, f))
+    }
+
+    /// Cluster information; refreshes the remembered curator endpoints on the way.
+    async fn cluster_info(&self) -> Result<api::GetClusterInfoResponse> {
+        let info = self
+            .management("reading cluster info", |mut m| async move {
+                m.get_cluster_info(api::GetClusterInfoRequest {}).await
+            })
+            .await?;
+        remember_endpoints(&self.config, &info.curator_endpoints)?;
+        Ok(info)
     }
 }
 
-/// Why a call through [`call_leader`] failed.
-enum CallFailure {
-    /// No endpoint could be reached.
-    Unreachable(anyhow::Error),
-    /// A curator answered with an error (the last one, if every curator was unavailable).
-    Status(tonic::Status),
-}
-
-impl CallFailure {
-    fn into_error(self, what: &str) -> anyhow::Error {
-        match self {
-            CallFailure::Unreachable(e) => e,
-            CallFailure::Status(s) => call_error(what, s),
-        }
+/// One-line description of a failed call through the curator client.
+fn call_failure(what: &str, failure: rpc::CallError) -> anyhow::Error {
+    match failure {
+        rpc::CallError::Unreachable(_) if failure.all_untrusted() => anyhow!(
+            "{what}: {failure}; the pinned CA is not this cluster's (another cluster at these endpoints?)"
+        ),
+        rpc::CallError::Unreachable(_) => anyhow!("{what}: {failure}"),
+        rpc::CallError::Status(s) => call_error(what, s),
     }
-}
-
-/// Runs a call against `endpoints` in order. A curator that is not the leader answers
-/// Unavailable; then the leader it names is tried as well. Other errors end the call.
-async fn call_leader<T, F, Fut>(
-    endpoints: &[SocketAddr],
-    trust: &rpc::ServerTrust,
-    credentials: Option<&rpc::Credentials>,
-    call: F,
-) -> Result<T, CallFailure>
-where
-    F: Fn(Channel) -> Fut,
-    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    let mut candidates: std::collections::VecDeque<SocketAddr> =
-        endpoints.iter().copied().collect();
-    let mut tried = Vec::new();
-    let mut last = CallFailure::Unreachable(anyhow!("no endpoints"));
-    while let Some(endpoint) = candidates.pop_front() {
-        if tried.contains(&endpoint) {
-            continue;
-        }
-        tried.push(endpoint);
-        let channel = match rpc::connect(endpoint, trust, credentials).await {
-            Ok(c) => c,
-            Err(e) => {
-                if !matches!(last, CallFailure::Status(_)) {
-                    last = CallFailure::Unreachable(e.into());
-                }
-                continue;
-            }
-        };
-        match call(channel.clone()).await {
-            Ok(response) => return Ok(response.into_inner()),
-            Err(status) if status.code() == tonic::Code::Unavailable => {
-                if let Some(leader) = rpc::leader_endpoint(channel).await {
-                    candidates.push_back(leader);
-                }
-                last = CallFailure::Status(status);
-            }
-            Err(status) => return Err(CallFailure::Status(status)),
-        }
-    }
-    Err(last)
 }
 
 fn state_name(state: i32) -> String {
@@ -550,11 +568,7 @@ pub async fn node_label(
 }
 
 pub async fn cluster_info(config: &Path, raw_endpoints: &[String], format: Format) -> Result<()> {
-    let info = owner_session(config, raw_endpoints)?
-        .management("reading cluster info", |mut m| async move {
-            m.get_cluster_info(api::GetClusterInfoRequest {}).await
-        })
-        .await?;
+    let info = owner_session(config, raw_endpoints)?.cluster_info().await?;
     let fingerprint = rpc::fingerprint(&info.ca_certificate);
     let domain = info
         .cluster_configuration
@@ -575,6 +589,108 @@ pub async fn cluster_info(config: &Path, raw_endpoints: &[String], format: Forma
             println!("Curators:          {}", info.curator_endpoints.join(", "));
             println!("Nodes:             {}", info.node_count);
         }
+    }
+    Ok(())
+}
+
+/// `params register`: parameters that let a new node register into this cluster.
+pub async fn register_parameters(
+    config: &Path,
+    raw_endpoints: &[String],
+    labels: Vec<(String, String)>,
+) -> Result<proto::config::ClusterRegister> {
+    let session = owner_session(config, raw_endpoints)?;
+    let ticket = session
+        .management("reading the register ticket", |mut m| async move {
+            m.get_register_ticket(api::GetRegisterTicketRequest {})
+                .await
+        })
+        .await?
+        .ticket;
+    let info = session.cluster_info().await?;
+    if info.curator_endpoints.is_empty() {
+        bail!("the cluster names no curator endpoints; a new node could not reach it");
+    }
+    Ok(proto::config::ClusterRegister {
+        register_ticket: ticket,
+        ca_certificate: info.ca_certificate,
+        curator_endpoints: info.curator_endpoints,
+        labels: labels.into_iter().collect(),
+    })
+}
+
+/// `cluster rotate-ticket`.
+pub async fn rotate_ticket(config: &Path, raw_endpoints: &[String]) -> Result<()> {
+    owner_session(config, raw_endpoints)?
+        .management("rotating the register ticket", |mut m| async move {
+            m.rotate_register_ticket(api::RotateRegisterTicketRequest {})
+                .await
+        })
+        .await?;
+    println!(
+        "Replaced the register ticket. Parameters made with the old one no longer let new nodes register; \
+         nodes that already registered can still be approved."
+    );
+    Ok(())
+}
+
+/// `node approve`: approves each node (NEW → STANDBY); every ID is tried, and the
+/// command fails if any approval failed.
+pub async fn node_approve(
+    config: &Path,
+    raw_endpoints: &[String],
+    ids: &[String],
+    all_new: bool,
+) -> Result<()> {
+    let session = owner_session(config, raw_endpoints)?;
+    let mut ids = ids.to_vec();
+    if all_new {
+        let new = session
+            .management("listing new nodes", |mut m| async move {
+                m.list_nodes(api::ListNodesRequest {
+                    state: NodeState::New as i32,
+                    ..Default::default()
+                })
+                .await
+            })
+            .await?
+            .nodes;
+        if new.is_empty() && ids.is_empty() {
+            println!("No nodes wait for approval.");
+            return Ok(());
+        }
+        ids.extend(new.into_iter().map(|n| n.id));
+    }
+    if ids.is_empty() {
+        bail!("name the nodes to approve, or pass --all-new");
+    }
+    ids.dedup();
+    let mut failed = 0;
+    for id in &ids {
+        if let Err(e) = identity::validate_node_id(id) {
+            eprintln!("polisctl: approving {id}: {e}");
+            failed += 1;
+            continue;
+        }
+        let outcome = session
+            .management(&format!("approving node {id}"), |mut m| async move {
+                m.approve_node(api::ApproveNodeRequest { id: id.clone() })
+                    .await
+            })
+            .await;
+        match outcome {
+            Ok(r) => {
+                let state = r.node.map(|n| state_name(n.state)).unwrap_or_default();
+                println!("approved {id} ({state})");
+            }
+            Err(e) => {
+                eprintln!("polisctl: {e:#}");
+                failed += 1;
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} approvals failed", ids.len());
     }
     Ok(())
 }

@@ -6,7 +6,10 @@
 //!   <config>/owner-key.pem    the owner's Ed25519 private key (PKCS#8 PEM)   0600
 //!   <config>/owner.pem        the owner certificate from `takeownership`      0600
 //!   <config>/ca.pem           the pinned cluster CA certificate               0600
+//!   <config>/endpoints        the cluster's curators, one per line            0600
 //! ```
+//! `endpoints` is written by `takeownership` and refreshed whenever polisctl reads the
+//! cluster's information (`cluster info`, `params register`); `--endpoints` overrides it.
 //! Every call to a curator is mutual TLS: the curator's certificate must chain to the
 //! pinned CA; polisctl presents its owner certificate (or, to take ownership, a
 //! self-signed certificate proving the owner key).
@@ -35,7 +38,8 @@ struct Cli {
     /// Configuration directory holding the owner key, certificate and pinned CA.
     #[arg(long, global = true, env = "POLISCTL_CONFIG")]
     config: Option<PathBuf>,
-    /// Curator endpoints (IP or IP:PORT, comma-separated); tried in order.
+    /// Curator endpoints (IP or IP:PORT, comma-separated); tried in order. Default: the
+    /// endpoints remembered in the config directory.
     #[arg(long, global = true, value_delimiter = ',', env = "POLISCTL_ENDPOINTS")]
     endpoints: Vec<String>,
     /// Output format.
@@ -86,12 +90,27 @@ enum ParamsCommand {
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
     },
+    /// Parameters for a new node to register into this cluster: the register ticket,
+    /// the pinned cluster CA and the current curator endpoints. They stop working for
+    /// nodes that have not registered yet when the ticket is rotated.
+    Register {
+        /// Where to write the parameters.
+        #[arg(long)]
+        out: PathBuf,
+        /// Labels the node registers with, KEY=VALUE (repeatable).
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 enum ClusterCommand {
     /// The cluster's CA, configuration and curators.
     Info,
+    /// Replace the register ticket. Node parameters made with the old ticket stop
+    /// working for nodes that have not registered yet; registered nodes can still be
+    /// approved.
+    RotateTicket,
 }
 
 #[derive(Debug, Subcommand)]
@@ -108,8 +127,17 @@ enum NodeCommand {
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
     },
-    /// Show one node.
+    /// Show one node (including its public key: check it before approving).
     Describe { id: String },
+    /// Admit registered nodes (NEW → STANDBY); they then commit and come UP.
+    Approve {
+        /// Node IDs.
+        #[arg(required_unless_present = "all_new")]
+        ids: Vec<String>,
+        /// Approve every node waiting for approval.
+        #[arg(long)]
+        all_new: bool,
+    },
     /// Set labels (KEY=VALUE) and remove them (KEY-) on a node.
     Label {
         id: String,
@@ -177,6 +205,10 @@ async fn run(cli: Cli) -> Result<()> {
             let config = config_dir(&cli)?;
             cluster::cluster_info(&config, &cli.endpoints, cli.output).await
         }
+        Command::Cluster(ClusterCommand::RotateTicket) => {
+            let config = config_dir(&cli)?;
+            cluster::rotate_ticket(&config, &cli.endpoints).await
+        }
         Command::Node(command) => {
             let config = config_dir(&cli)?;
             match command {
@@ -197,6 +229,9 @@ async fn run(cli: Cli) -> Result<()> {
                 }
                 NodeCommand::Describe { id } => {
                     cluster::node_describe(&config, &cli.endpoints, cli.output, id).await
+                }
+                NodeCommand::Approve { ids, all_new } => {
+                    cluster::node_approve(&config, &cli.endpoints, ids, *all_new).await
                 }
                 NodeCommand::Label { id, changes } => {
                     cluster::node_label(&config, &cli.endpoints, cli.output, id, changes).await
@@ -234,6 +269,20 @@ async fn run(cli: Cli) -> Result<()> {
             write_private(out, &params.encode_to_vec())
                 .with_context(|| format!("writing node parameters to {}", out.display()))?;
             eprintln!("wrote bootstrap parameters to {}", out.display());
+            Ok(())
+        }
+        Command::Params(ParamsCommand::Register { out, labels }) => {
+            let map: std::collections::BTreeMap<String, String> = labels.iter().cloned().collect();
+            proto::labels::apply(&Default::default(), &map, &[])?;
+            let config = config_dir(&cli)?;
+            let register =
+                cluster::register_parameters(&config, &cli.endpoints, labels.clone()).await?;
+            let params = NodeParameters {
+                cluster: Some(node_parameters::Cluster::Register(register)),
+            };
+            write_private(out, &params.encode_to_vec())
+                .with_context(|| format!("writing node parameters to {}", out.display()))?;
+            eprintln!("wrote register parameters to {}", out.display());
             Ok(())
         }
     }

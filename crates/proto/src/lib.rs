@@ -25,3 +25,11 @@ pub mod state {
 pub mod api {
     tonic::include_proto!("polis.api");
 }
+
+/// The encoded `FileDescriptorSet` of every Polis proto: lets tests check that tables
+/// keyed by RPC name (the permission table) name exactly the RPCs that exist.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/polis_descriptor.bin"));
+
+/// Role names as the API spells them.
+pub const ROLE_CONSENSUS_MEMBER: &str = "ConsensusMember";

@@ -79,7 +79,16 @@ pub const METHODS: &[(&str, Permission)] = &[
         "/polis.api.Management/GetRegisterTicket",
         Permission::Manage,
     ),
+    (
+        "/polis.api.Management/RotateRegisterTicket",
+        Permission::Manage,
+    ),
+    ("/polis.api.Management/ApproveNode", Permission::Manage),
     ("/polis.api.Curator/Heartbeat", Permission::UpdateNodeSelf),
+    ("/polis.api.Curator/WatchNode", Permission::UpdateNodeSelf),
+    // A registering node has no certificate but a self-signed one for its key.
+    ("/polis.api.Curator/RegisterNode", Permission::ProvenKey),
+    ("/polis.api.Curator/CommitNode", Permission::ProvenKey),
 ];
 
 /// Why a call was refused.
@@ -191,7 +200,57 @@ mod tests {
         check("/polis.api.Management/DescribeNode", &["node", "owner"]);
         check("/polis.api.Management/UpdateNodeLabels", &["owner"]);
         check("/polis.api.Management/GetRegisterTicket", &["owner"]);
+        check("/polis.api.Management/RotateRegisterTicket", &["owner"]);
+        check("/polis.api.Management/ApproveNode", &["owner"]);
         check("/polis.api.Curator/Heartbeat", &["node"]);
+        check("/polis.api.Curator/WatchNode", &["node"]);
+        check("/polis.api.Curator/RegisterNode", &["self-signed"]);
+        check("/polis.api.Curator/CommitNode", &["self-signed"]);
+    }
+
+    #[test]
+    fn self_signed_callers_reach_only_local_escrow_and_registration() {
+        let caller = Identity::SelfSigned {
+            public_key: vec![1; 32],
+        };
+        let mut allowed: Vec<&str> = METHODS
+            .iter()
+            .map(|(m, _)| *m)
+            .filter(|m| authorize(m, &caller).is_ok())
+            .collect();
+        allowed.sort();
+        assert_eq!(
+            allowed,
+            [
+                "/polis.api.AAA/Escrow",
+                "/polis.api.Curator/CommitNode",
+                "/polis.api.Curator/RegisterNode",
+                "/polis.api.CuratorLocal/GetCACertificate",
+                "/polis.api.CuratorLocal/GetCurrentLeader",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_table_names_exactly_the_rpcs_in_the_protos() {
+        use prost::Message;
+        let set = prost_types::FileDescriptorSet::decode(proto::FILE_DESCRIPTOR_SET)
+            .expect("the build's descriptor set decodes");
+        let mut declared: Vec<String> = set
+            .file
+            .iter()
+            .flat_map(|f| {
+                f.service.iter().flat_map(move |s| {
+                    s.method
+                        .iter()
+                        .map(move |m| format!("/{}.{}/{}", f.package(), s.name(), m.name()))
+                })
+            })
+            .collect();
+        declared.sort();
+        let mut table: Vec<String> = METHODS.iter().map(|(m, _)| m.to_string()).collect();
+        table.sort();
+        assert_eq!(table, declared);
     }
 
     #[test]

@@ -1,6 +1,10 @@
-//! Client plumbing: a tonic channel over our own rustls configuration.
+//! Client plumbing: a tonic channel over our own rustls configuration, and the
+//! leader-aware [`CuratorClient`] every node and polisctl call goes through.
 
+use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
@@ -39,23 +43,36 @@ pub async fn connect(
     let connector = tokio_rustls::TlsConnector::from(client_config(trust, client)?);
     let server_name = ServerName::IpAddress(endpoint.ip().into());
     let uri = format!("http://{endpoint}");
+    // tonic flattens connector errors into text; keep the one that matters here.
+    let untrusted: Arc<Mutex<Option<String>>> = Arc::default();
+    let seen = untrusted.clone();
     Endpoint::from_shared(uri.clone())
         .map_err(|_| RpcError::BadEndpoint { endpoint: uri })?
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(30))
         .connect_with_connector(tower::service_fn(move |_| {
-            let (connector, server_name) = (connector.clone(), server_name.clone());
+            let (connector, server_name, seen) =
+                (connector.clone(), server_name.clone(), seen.clone());
             async move {
                 let tcp = tokio::net::TcpStream::connect(endpoint).await?;
                 tcp.set_nodelay(true)?;
-                let tls = connector.connect(server_name, tcp).await?;
+                let tls = connector.connect(server_name, tcp).await.inspect_err(|e| {
+                    if let Some(rustls::Error::InvalidCertificate(why)) =
+                        e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>())
+                    {
+                        *seen.lock().expect("lock") = Some(format!("{why:?}"));
+                    }
+                })?;
                 Ok::<_, std::io::Error>(TokioIo::new(tls))
             }
         }))
         .await
-        .map_err(|e| RpcError::Connect {
-            endpoint,
-            reason: supervisor::error_chain(&e),
+        .map_err(|e| match untrusted.lock().expect("lock").take() {
+            Some(reason) => RpcError::UntrustedServer { endpoint, reason },
+            None => RpcError::Connect {
+                endpoint,
+                reason: supervisor::error_chain(&e),
+            },
         })
 }
 
@@ -67,6 +84,150 @@ pub async fn leader_endpoint(channel: Channel) -> Option<SocketAddr> {
         .ok()?
         .into_inner();
     leader.leader_endpoint.parse().ok()
+}
+
+/// Why a call through [`CuratorClient`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// No curator could be reached; one entry per endpoint tried.
+    #[error("no curator reachable: {}", list(.0))]
+    Unreachable(Vec<RpcError>),
+    /// A curator answered with an error (the last one, when every curator answered
+    /// Unavailable).
+    #[error("{}", .0.message())]
+    Status(tonic::Status),
+}
+
+fn list(errors: &[RpcError]) -> String {
+    if errors.is_empty() {
+        return "no endpoints".into();
+    }
+    errors
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl CallError {
+    /// Every curator was reached, and none presented a certificate of the trusted CA:
+    /// the caller pins the wrong CA (a configuration error, not an outage).
+    pub fn all_untrusted(&self) -> bool {
+        matches!(self, CallError::Unreachable(errors)
+            if !errors.is_empty()
+                && errors.iter().all(|e| matches!(e, RpcError::UntrustedServer { .. })))
+    }
+}
+
+/// A client of a cluster's curators that follows the leader: calls go to the curator
+/// that answered last; a curator that is not the leader answers Unavailable and names
+/// the leader, which is tried next; unreachable curators are skipped. Shared by
+/// polisctl and every node-side caller, so that they all behave alike.
+pub struct CuratorClient {
+    endpoints: Mutex<Vec<SocketAddr>>,
+    trust: ServerTrust,
+    credentials: Option<Credentials>,
+    current: Mutex<Option<(SocketAddr, Channel)>>,
+}
+
+impl CuratorClient {
+    pub fn new(
+        endpoints: Vec<SocketAddr>,
+        trust: ServerTrust,
+        credentials: Option<Credentials>,
+    ) -> CuratorClient {
+        CuratorClient {
+            endpoints: Mutex::new(endpoints),
+            trust,
+            credentials,
+            current: Mutex::new(None),
+        }
+    }
+
+    /// Replaces the endpoints tried after the current curator.
+    pub fn set_endpoints(&self, endpoints: Vec<SocketAddr>) {
+        *self.endpoints.lock().expect("endpoints lock") = endpoints;
+    }
+
+    pub fn endpoints(&self) -> Vec<SocketAddr> {
+        self.endpoints.lock().expect("endpoints lock").clone()
+    }
+
+    /// The curator that answered last, if any.
+    pub fn current(&self) -> Option<SocketAddr> {
+        self.current
+            .lock()
+            .expect("current lock")
+            .as_ref()
+            .map(|c| c.0)
+    }
+
+    /// Runs `call` against the leader (see the type's documentation).
+    pub async fn call<T, F, Fut>(&self, call: F) -> Result<T, CallError>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let current = self.current.lock().expect("current lock").clone();
+        let mut candidates: VecDeque<(SocketAddr, Option<Channel>)> = VecDeque::new();
+        if let Some((endpoint, channel)) = current {
+            candidates.push_back((endpoint, Some(channel)));
+        }
+        candidates.extend(self.endpoints().into_iter().map(|e| (e, None)));
+        // Each endpoint at most twice: once as listed, once more when another curator
+        // names it leader (it may have just won). Bounded even when two curators name
+        // each other during an election.
+        let mut attempts: std::collections::HashMap<SocketAddr, u32> = Default::default();
+        let mut unreachable = Vec::new();
+        let mut last_status = None;
+        while let Some((endpoint, channel)) = candidates.pop_front() {
+            let n = attempts.entry(endpoint).or_default();
+            if *n >= 2 {
+                continue;
+            }
+            *n += 1;
+            let channel = match channel {
+                Some(c) => c,
+                None => match connect(endpoint, &self.trust, self.credentials.as_ref()).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        unreachable.push(e);
+                        continue;
+                    }
+                },
+            };
+            match call(channel.clone()).await {
+                Ok(response) => {
+                    *self.current.lock().expect("current lock") = Some((endpoint, channel));
+                    return Ok(response.into_inner());
+                }
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    self.forget(endpoint);
+                    if let Some(leader) = leader_endpoint(channel).await
+                        && leader != endpoint
+                    {
+                        candidates.push_front((leader, None));
+                    }
+                    last_status = Some(status);
+                }
+                Err(status) => {
+                    *self.current.lock().expect("current lock") = Some((endpoint, channel));
+                    return Err(CallError::Status(status));
+                }
+            }
+        }
+        Err(match last_status {
+            Some(status) => CallError::Status(status),
+            None => CallError::Unreachable(unreachable),
+        })
+    }
+
+    fn forget(&self, endpoint: SocketAddr) {
+        let mut current = self.current.lock().expect("current lock");
+        if current.as_ref().is_some_and(|c| c.0 == endpoint) {
+            *current = None;
+        }
+    }
 }
 
 #[cfg(test)]

@@ -27,7 +27,9 @@ pub mod server;
 pub mod tls;
 
 pub use authz::{Identity, Permission};
-pub use client::{CURATOR_PORT, connect, leader_endpoint, parse_endpoint};
+pub use client::{
+    CURATOR_PORT, CallError, CuratorClient, connect, leader_endpoint, parse_endpoint,
+};
 pub use server::{AuthLayer, CrlSource, PeerInfo, incoming};
 pub use tls::{Authenticator, Credentials, ServerTrust, self_signed};
 
@@ -39,6 +41,11 @@ pub enum RpcError {
     Certificate(String),
     #[error("invalid endpoint {endpoint:?}: want an IP address, optionally with :PORT")]
     BadEndpoint { endpoint: String },
+    #[error("{endpoint} does not present a certificate of the trusted cluster CA ({reason})")]
+    UntrustedServer {
+        endpoint: std::net::SocketAddr,
+        reason: String,
+    },
     #[error("cannot reach {endpoint}: {reason}")]
     Connect {
         endpoint: std::net::SocketAddr,

@@ -1,0 +1,70 @@
+//! The curator's listener: TLS connections, the authorization layer and every service.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::api;
+
+use super::{Services, Shared};
+use crate::state;
+
+/// Longest time one RPC may take (streams: until their response headers).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long stopping waits for open connections to finish.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub(super) async fn serve(
+    ctx: supervisor::Context,
+    shared: Arc<Shared>,
+) -> supervisor::RunnableResult {
+    let config = &shared.config;
+    let tls = rpc::tls::server_config(&config.credentials)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("listening on {}: {e}", config.listen))?;
+    let crl_store = state::cluster_pki(&shared.curator);
+    let crl: rpc::CrlSource = Arc::new(move || {
+        let store = crl_store.clone();
+        Box::pin(async move { store.crl().await.map_err(|e| supervisor::error_chain(&e)) })
+    });
+    let auth = rpc::AuthLayer::new(
+        Arc::new(rpc::Authenticator::new(config.ca_certificate.clone())),
+        crl,
+    );
+    let services = Services(shared.clone());
+    tracing::info!(listen = %config.listen, "curator serving");
+    ctx.signal_healthy();
+    let cancel = ctx.cancellation_token();
+    // tonic runs connections and requests in tasks of its own: give them our span.
+    let span = tracing::Span::current();
+    let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .timeout(REQUEST_TIMEOUT)
+        .trace_fn(move |_| span.clone())
+        .layer(auth)
+        .add_service(api::curator_local_server::CuratorLocalServer::new(
+            services.clone(),
+        ))
+        .add_service(api::aaa_server::AaaServer::new(services.clone()))
+        .add_service(api::management_server::ManagementServer::new(
+            services.clone(),
+        ))
+        .add_service(api::curator_server::CuratorServer::new(services))
+        .serve_with_incoming_shutdown(
+            rpc::incoming(listener, tls),
+            cancel.clone().cancelled_owned(),
+        );
+    // A graceful shutdown waits for open connections; a client that never finishes its
+    // request (or holds a stream) must not keep the node from stopping.
+    let drain_deadline = async {
+        cancel.cancelled().await;
+        tokio::time::sleep(DRAIN_TIMEOUT).await;
+    };
+    tokio::select! {
+        served = server => served?,
+        _ = drain_deadline => tracing::warn!(
+            "connections still open {DRAIN_TIMEOUT:?} after shutdown began; closing them"
+        ),
+    }
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! Management: the owner's API (nodes and nodes reading cluster status may list).
+
+use std::collections::BTreeMap;
+
+use proto::api;
+use tonic::{Request, Response, Status};
+
+use super::{Services, check_node_id, identity, node_update_status, status_from};
+use crate::lifecycle::Event;
+use crate::state;
+
+fn node_matches(node: &api::NodeInfo, filter: &api::ListNodesRequest) -> bool {
+    (filter.state == 0 || node.state == filter.state)
+        && (filter.role.is_empty()
+            || node
+                .roles
+                .iter()
+                .any(|r| r.eq_ignore_ascii_case(&filter.role)))
+        && filter
+            .labels
+            .iter()
+            .all(|(k, v)| node.labels.get(k) == Some(v))
+}
+
+#[tonic::async_trait]
+impl api::management_server::Management for Services {
+    async fn get_cluster_info(
+        &self,
+        _: Request<api::GetClusterInfoRequest>,
+    ) -> Result<Response<api::GetClusterInfoResponse>, Status> {
+        self.0.leadership().await?;
+        let nodes = state::list_nodes(&self.0.curator)
+            .await
+            .map_err(status_from)?;
+        let configuration = state::cluster_configuration(&self.0.curator)
+            .await
+            .map_err(status_from)?;
+        Ok(Response::new(api::GetClusterInfoResponse {
+            ca_certificate: self.0.config.ca_certificate.clone(),
+            cluster_configuration: configuration,
+            curator_endpoints: state::curator_endpoints(&nodes),
+            node_count: nodes.len() as u32,
+        }))
+    }
+
+    async fn list_nodes(
+        &self,
+        request: Request<api::ListNodesRequest>,
+    ) -> Result<Response<api::ListNodesResponse>, Status> {
+        let leadership = self.0.leadership().await?;
+        let tenure = leadership.since.elapsed();
+        let filter = request.into_inner();
+        let mut nodes: Vec<api::NodeInfo> = state::list_nodes(&self.0.curator)
+            .await
+            .map_err(status_from)?
+            .into_iter()
+            .map(|n| self.0.node_info(n, tenure))
+            .filter(|n| node_matches(n, &filter))
+            .collect();
+        nodes.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(Response::new(api::ListNodesResponse { nodes }))
+    }
+
+    async fn describe_node(
+        &self,
+        request: Request<api::DescribeNodeRequest>,
+    ) -> Result<Response<api::NodeInfo>, Status> {
+        let id = &request.get_ref().id;
+        check_node_id(id)?;
+        let leadership = self.0.leadership().await?;
+        match state::load_node(&self.0.curator, id)
+            .await
+            .map_err(status_from)?
+        {
+            Some(node) => Ok(Response::new(
+                self.0.node_info(node, leadership.since.elapsed()),
+            )),
+            None => Err(Status::not_found(format!("node {id} does not exist"))),
+        }
+    }
+
+    async fn update_node_labels(
+        &self,
+        request: Request<api::UpdateNodeLabelsRequest>,
+    ) -> Result<Response<api::UpdateNodeLabelsResponse>, Status> {
+        check_node_id(&request.get_ref().id)?;
+        let leadership = self.0.leadership().await?;
+        let caller = identity(&request);
+        let r = request.into_inner();
+        let upsert: BTreeMap<String, String> = r.upsert.into_iter().collect();
+        let node =
+            state::update_node_labels(&self.0.curator, &leadership, &r.id, &upsert, &r.delete)
+                .await
+                .map_err(node_update_status)?;
+        tracing::info!(node = r.id, %caller, "updated node labels");
+        Ok(Response::new(api::UpdateNodeLabelsResponse {
+            node: Some(self.0.node_info(node, leadership.since.elapsed())),
+        }))
+    }
+
+    async fn get_register_ticket(
+        &self,
+        _: Request<api::GetRegisterTicketRequest>,
+    ) -> Result<Response<api::GetRegisterTicketResponse>, Status> {
+        let leadership = self.0.leadership().await?;
+        let ticket = state::ensure_register_ticket(&self.0.curator, &leadership)
+            .await
+            .map_err(status_from)?;
+        Ok(Response::new(api::GetRegisterTicketResponse { ticket }))
+    }
+
+    async fn rotate_register_ticket(
+        &self,
+        request: Request<api::RotateRegisterTicketRequest>,
+    ) -> Result<Response<api::RotateRegisterTicketResponse>, Status> {
+        let leadership = self.0.leadership().await?;
+        state::rotate_register_ticket(&self.0.curator, &leadership)
+            .await
+            .map_err(status_from)?;
+        tracing::info!(caller = %identity(&request), "rotated the register ticket");
+        Ok(Response::new(api::RotateRegisterTicketResponse {}))
+    }
+
+    async fn approve_node(
+        &self,
+        request: Request<api::ApproveNodeRequest>,
+    ) -> Result<Response<api::ApproveNodeResponse>, Status> {
+        let id = request.get_ref().id.clone();
+        check_node_id(&id)?;
+        let leadership = self.0.leadership().await?;
+        let node = state::apply_event(
+            &self.0.curator,
+            &leadership,
+            &id,
+            None,
+            Event::Approve,
+            Default::default,
+        )
+        .await
+        .map_err(|e| match e {
+            state::NodeUpdateError::Transition {
+                source: crate::lifecycle::TransitionError::NotRegistered,
+                ..
+            } => Status::not_found(format!("node {id} does not exist")),
+            other => node_update_status(other),
+        })?;
+        tracing::info!(node = id, caller = %identity(&request), "approved node");
+        Ok(Response::new(api::ApproveNodeResponse {
+            node: Some(self.0.node_info(node, leadership.since.elapsed())),
+        }))
+    }
+}

@@ -1,0 +1,285 @@
+//! The curator's gRPC services and the runnable that serves them: one module per
+//! service, state shared through [`Shared`].
+//!
+//! ```text
+//!   root.role.controlplane.curator
+//!   ├── election     campaign → Role (Follower | Leader(Leadership))
+//!   ├── nodes        one etcd watch on nodes/ → Shared::nodes (snapshot per change)
+//!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
+//! ```
+//! Handlers that change state take a [`Leadership`] from [`Shared::leadership`] and write
+//! through `state` functions that require it, so no write bypasses the election.
+//! Streams (RegisterNode, WatchNode) are fed by the shared node snapshot, not by an etcd
+//! watch per client.
+
+mod aaa;
+mod listener;
+mod local;
+mod management;
+mod nodes;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use consensus::Namespaced;
+use proto::api::{self, NodeHealth};
+use proto::state::Node;
+use tonic::{Request, Status};
+
+use crate::CuratorError;
+use crate::election::{self, ElectionConfig, Leadership, Role};
+use crate::state::{self, NodeUpdateError};
+
+/// Settings of one curator.
+#[derive(Clone)]
+pub struct CuratorConfig {
+    pub node_id: String,
+    pub listen: SocketAddr,
+    /// This node's certificate and key, served to clients.
+    pub credentials: rpc::Credentials,
+    pub ca_certificate: Vec<u8>,
+    pub lease_ttl: Duration,
+    pub owner_certificate_lifetime: Duration,
+    pub heartbeat_timeout: Duration,
+}
+
+/// Health of a node, from its last heartbeat as seen by the current leader (pure).
+pub fn health(
+    up: bool,
+    since_heartbeat: Option<Duration>,
+    tenure: Duration,
+    timeout: Duration,
+) -> NodeHealth {
+    match (up, since_heartbeat) {
+        (false, _) => NodeHealth::Unknown,
+        (true, Some(age)) if age <= timeout => NodeHealth::Healthy,
+        (true, None) if tenure <= timeout => NodeHealth::Unknown,
+        (true, _) => NodeHealth::HeartbeatTimeout,
+    }
+}
+
+/// Every node record, as of one etcd revision.
+pub type NodeSnapshot = Arc<BTreeMap<String, Node>>;
+
+/// Shared by all services of one curator.
+pub struct Shared {
+    config: CuratorConfig,
+    curator: Namespaced,
+    role: event::Value<Role>,
+    /// Last heartbeat per node, kept by the leader in memory (lost on failover, which
+    /// the tenure rule in [`health`] accounts for).
+    heartbeats: Mutex<HashMap<String, Instant>>,
+    /// Node records, fed by one etcd watch (the `nodes` runnable).
+    nodes: event::Value<NodeSnapshot>,
+}
+
+/// The gRPC status for a curator error: Unavailable only for what a retry elsewhere or
+/// later can fix; the message never carries request data.
+fn status_from(e: CuratorError) -> Status {
+    match e {
+        CuratorError::NotLeader | CuratorError::LeaseLost => Status::unavailable(e.to_string()),
+        CuratorError::Etcd(_) | CuratorError::Consensus(_) => Status::unavailable(format!(
+            "cluster state unavailable: {}",
+            supervisor::error_chain(&e)
+        )),
+        other => Status::internal(supervisor::error_chain(&other)),
+    }
+}
+
+/// The status for a failed node operation.
+fn node_update_status(e: NodeUpdateError) -> Status {
+    match e {
+        NodeUpdateError::NotFound(_) => Status::not_found(e.to_string()),
+        NodeUpdateError::Labels(l) => Status::invalid_argument(l.to_string()),
+        NodeUpdateError::Transition { .. } => Status::failed_precondition(e.to_string()),
+        NodeUpdateError::KeyMismatch(_) => Status::permission_denied(e.to_string()),
+        NodeUpdateError::Curator(c) => status_from(c),
+    }
+}
+
+/// Refuses what is not a node ID before it reaches etcd, without echoing large input.
+fn check_node_id(id: &str) -> Result<(), Status> {
+    identity::validate_node_id(id).map_err(|_| {
+        let shown: String = id.chars().take(48).collect();
+        let more = if id.len() > shown.len() { "…" } else { "" };
+        Status::invalid_argument(format!(
+            "{shown:?}{more} is not a node ID (polis- and 32 hex digits)"
+        ))
+    })
+}
+
+fn identity<T>(request: &Request<T>) -> rpc::Identity {
+    request
+        .extensions()
+        .get::<rpc::Identity>()
+        .cloned()
+        .unwrap_or(rpc::Identity::Anonymous)
+}
+
+/// The caller's self-signed key (RegisterNode, CommitNode, Escrow).
+fn self_signed_key<T>(request: &Request<T>) -> Result<[u8; 32], Status> {
+    let rpc::Identity::SelfSigned { public_key } = identity(request) else {
+        return Err(Status::unauthenticated(
+            "this call needs a self-signed client certificate for the caller's key",
+        ));
+    };
+    public_key
+        .as_slice()
+        .try_into()
+        .map_err(|_| Status::invalid_argument("the client key is not an Ed25519 key"))
+}
+
+impl Shared {
+    /// The current leadership, or Unavailable naming the leader.
+    async fn leadership(&self) -> Result<Leadership, Status> {
+        if let Some(Role::Leader(l)) = self.role.current() {
+            return Ok(l);
+        }
+        let leader = election::current_leader(&self.curator).await.ok().flatten();
+        Err(Status::unavailable(match leader {
+            Some(l) => format!(
+                "this curator is not the leader; the leader is {} at {}",
+                l.node_id, l.endpoint
+            ),
+            None => "no curator leader is elected yet; retry shortly".to_string(),
+        }))
+    }
+
+    fn node_info(&self, node: Node, tenure: Duration) -> api::NodeInfo {
+        let since = self
+            .heartbeats
+            .lock()
+            .expect("heartbeat lock poisoned")
+            .get(&node.id)
+            .map(|t| t.elapsed());
+        let up = node.state == proto::state::NodeState::Up as i32;
+        api::NodeInfo {
+            roles: state::role_names(&node),
+            health: health(up, since, tenure, self.config.heartbeat_timeout) as i32,
+            time_since_heartbeat_ms: since.map(|d| d.as_millis() as u64),
+            // The state enums share their numbering.
+            state: node.state,
+            id: node.id,
+            public_key: node.public_key,
+            address: node.address,
+            labels: node.labels,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Services(Arc<Shared>);
+
+/// The curator runnable: campaigns for leadership (`election`), keeps the node snapshot
+/// (`nodes`) and serves gRPC on `config.listen` (`listener`), on every consensus member.
+pub async fn run(
+    ctx: supervisor::Context,
+    config: CuratorConfig,
+    curator: Namespaced,
+) -> supervisor::RunnableResult {
+    let role = event::Value::new();
+    role.set(Role::Follower);
+    let shared = Arc::new(Shared {
+        config: config.clone(),
+        curator: curator.clone(),
+        role: role.clone(),
+        heartbeats: Mutex::new(HashMap::new()),
+        nodes: event::Value::new(),
+    });
+
+    let election_config = ElectionConfig {
+        node_id: config.node_id.clone(),
+        endpoint: config.listen.to_string(),
+        ttl: config.lease_ttl,
+    };
+    let election_shared = shared.clone();
+    ctx.run("election", move |ctx| {
+        let (cfg, shared) = (election_config.clone(), election_shared.clone());
+        async move {
+            // Heartbeats seen by a previous tenure say nothing about this one.
+            shared
+                .heartbeats
+                .lock()
+                .expect("heartbeat lock poisoned")
+                .clear();
+            election::run(
+                &shared.curator,
+                &cfg,
+                &shared.role,
+                &ctx.cancellation_token(),
+                || ctx.signal_healthy(),
+            )
+            .await?;
+            Ok(())
+        }
+    })?;
+
+    let nodes_shared = shared.clone();
+    ctx.run("nodes", move |ctx| {
+        let shared = nodes_shared.clone();
+        async move {
+            let mut snapshots =
+                state::watch_nodes(&shared.curator, |nodes| Arc::new(nodes.clone()));
+            loop {
+                tokio::select! {
+                    s = snapshots.recv() => match s {
+                        Some(Ok(snapshot)) => {
+                            shared.nodes.set(snapshot);
+                            ctx.signal_healthy();
+                        }
+                        Some(Err(e)) => return Err(e.into()),
+                        None => return Err("the node watch stopped".into()),
+                    },
+                    _ = ctx.cancelled() => return Ok(()),
+                }
+            }
+        }
+    })?;
+
+    let listener_shared = shared.clone();
+    ctx.run("listener", move |ctx| {
+        let shared = listener_shared.clone();
+        async move { listener::serve(ctx, shared).await }
+    })?;
+    ctx.signal_healthy();
+    ctx.cancelled().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_rules() {
+        let t = Duration::from_secs(15);
+        let s = Duration::from_secs;
+        let cases = [
+            (true, Some(s(1)), s(100), NodeHealth::Healthy),
+            (true, Some(s(15)), s(100), NodeHealth::Healthy),
+            (true, Some(s(16)), s(100), NodeHealth::HeartbeatTimeout),
+            (true, None, s(3), NodeHealth::Unknown),
+            (true, None, s(16), NodeHealth::HeartbeatTimeout),
+            (false, Some(s(1)), s(100), NodeHealth::Unknown),
+        ];
+        for (up, since, tenure, expected) in cases {
+            assert_eq!(
+                health(up, since, tenure, t),
+                expected,
+                "{up} {since:?} {tenure:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn node_ids_are_checked_without_echoing_large_input() {
+        assert!(check_node_id(&format!("polis-{}", "ab".repeat(16))).is_ok());
+        let huge = "x".repeat(1 << 20);
+        let status = check_node_id(&huge).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+        assert!(status.message().len() < 200, "{}", status.message().len());
+        assert!(check_node_id("polis-XYZ").is_err());
+    }
+}

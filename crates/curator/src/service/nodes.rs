@@ -1,0 +1,261 @@
+//! Curator: the node-facing calls. Registration (RegisterNode, CommitNode) is made with
+//! a self-signed certificate for the node's key; Heartbeat and WatchNode with the node
+//! certificate CommitNode issued.
+//!
+//! ```text
+//!   node                                   curator (leader)
+//!   RegisterNode(ticket) ─────────────────▶ ticket (constant time), labels, address
+//!        ◀── stream: NEW … STANDBY ─────── record NEW (lifecycle::Register), then the
+//!                                          node snapshot as the owner approves
+//!   CommitNode ───────────────────────────▶ lifecycle::Commit: node certificate ensured
+//!        ◀── certificate, CA, roles ─────── (same one on a retry), record UP
+//!   WatchNode (node certificate) ────────▶ stream: own state and roles, curator list
+//! ```
+
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::time::Instant;
+
+use proto::api;
+use proto::state::{Node, NodeState};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use super::status_from;
+use super::{NodeSnapshot, Services, Shared, identity, node_update_status, self_signed_key};
+use crate::lifecycle::{Event, TransitionError};
+use crate::state::{self, NodeUpdateError};
+
+type UpdateStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// A stream of views of the node snapshot: `view` picks what the client sees (`None`:
+/// nothing to say yet); a view equal to the last one sent is not sent again. Ends when
+/// the client goes away or the curator stops.
+fn snapshot_stream<T>(
+    shared: &Shared,
+    view: impl Fn(&NodeSnapshot) -> Option<T> + Send + Sync + 'static,
+) -> UpdateStream<T>
+where
+    T: PartialEq + Clone + Send + 'static,
+{
+    let mut snapshots = shared.nodes.watch();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut last: Option<T> = None;
+        loop {
+            let snapshot = tokio::select! {
+                s = snapshots.get() => match s {
+                    Ok(s) => s,
+                    Err(_) => return,
+                },
+                _ = tx.closed() => return,
+            };
+            let Some(next) = view(&snapshot) else {
+                continue;
+            };
+            if last.as_ref() != Some(&next) {
+                last = Some(next.clone());
+                if tx.send(Ok(next)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+fn node_state(node: &Node) -> NodeState {
+    NodeState::try_from(node.state).unwrap_or(NodeState::Invalid)
+}
+
+#[tonic::async_trait]
+impl api::curator_server::Curator for Services {
+    async fn heartbeat(
+        &self,
+        request: Request<api::HeartbeatRequest>,
+    ) -> Result<Response<api::HeartbeatResponse>, Status> {
+        let rpc::Identity::Node { id, .. } = identity(&request) else {
+            return Err(Status::permission_denied("heartbeats come from nodes"));
+        };
+        self.0.leadership().await?;
+        self.0
+            .heartbeats
+            .lock()
+            .expect("heartbeat lock poisoned")
+            .insert(id, Instant::now());
+        Ok(Response::new(api::HeartbeatResponse {}))
+    }
+
+    type RegisterNodeStream = UpdateStream<api::RegistrationUpdate>;
+
+    async fn register_node(
+        &self,
+        request: Request<api::RegisterNodeRequest>,
+    ) -> Result<Response<Self::RegisterNodeStream>, Status> {
+        let key = self_signed_key(&request)?;
+        let id = identity::node_id(&key);
+        let r = request.into_inner();
+        let address: IpAddr = r
+            .address
+            .parse()
+            .map_err(|_| Status::invalid_argument("the node address is not an IP address"))?;
+        let labels = proto::labels::apply(
+            &Default::default(),
+            &r.labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            &[],
+        )
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let leadership = self.0.leadership().await?;
+        let existing = state::load_node(&self.0.curator, &id)
+            .await
+            .map_err(status_from)?;
+        // The ticket authorizes creating a record. A node that already registered this
+        // key may repeat the call (a lost reply, a restart) even after the ticket was
+        // rotated: it only learns its own state.
+        if existing.is_none() {
+            let stored = state::register_ticket(&self.0.curator)
+                .await
+                .map_err(status_from)?;
+            if !stored.is_some_and(|t| state::ticket_matches(&t, &r.register_ticket)) {
+                tracing::warn!(node = id, "registration refused: wrong register ticket");
+                return Err(Status::permission_denied(
+                    "the register ticket is wrong or was rotated; create new parameters with `polisctl params register`",
+                ));
+            }
+        }
+        let node = state::apply_event(
+            &self.0.curator,
+            &leadership,
+            &id,
+            Some(&key),
+            Event::Register,
+            || Node {
+                id: id.clone(),
+                public_key: key.to_vec(),
+                state: NodeState::New as i32,
+                roles: None,
+                address: address.to_string(),
+                labels: labels.clone().into_iter().collect(),
+            },
+        )
+        .await
+        .map_err(|e| match e {
+            NodeUpdateError::Transition {
+                source: TransitionError::Decommissioned(_),
+                ..
+            } => Status::permission_denied(e.to_string()),
+            other => node_update_status(other),
+        })?;
+        if existing.is_none() {
+            tracing::info!(node = id, %address, "registered a new node; it waits for approval");
+        }
+        let first = api::RegistrationUpdate {
+            node_id: id.clone(),
+            state: node.state,
+        };
+        // The answer starts from what was just written; the snapshot may lag it by one
+        // watch event, and states only move forward, so older states are not repeated.
+        let stream = snapshot_stream(&self.0, move |nodes| {
+            let state = nodes.get(&id).map(|n| n.state)?;
+            (state >= first.state).then(|| api::RegistrationUpdate {
+                node_id: id.clone(),
+                state,
+            })
+        });
+        Ok(Response::new(stream))
+    }
+
+    async fn commit_node(
+        &self,
+        request: Request<api::CommitNodeRequest>,
+    ) -> Result<Response<api::CommitNodeResponse>, Status> {
+        let key = self_signed_key(&request)?;
+        let id = identity::node_id(&key);
+        let leadership = self.0.leadership().await?;
+        let node = state::load_node(&self.0.curator, &id)
+            .await
+            .map_err(status_from)?;
+        // Refuse before issuing anything; the guarded write below decides for real.
+        let transition_status = |source: TransitionError| {
+            let code = match source {
+                TransitionError::Decommissioned(_) => tonic::Code::PermissionDenied,
+                _ => tonic::Code::FailedPrecondition,
+            };
+            Status::new(code, format!("node {id}: {source}"))
+        };
+        crate::lifecycle::transition(node.as_ref().map(node_state), Event::Commit)
+            .map_err(transition_status)?;
+        let node = node.expect("the transition refuses a missing record");
+        if node.public_key != key {
+            return Err(Status::permission_denied(format!(
+                "node {id} is registered with a different key"
+            )));
+        }
+        let address: IpAddr = node
+            .address
+            .parse()
+            .map_err(|_| Status::internal(format!("node {id} has a corrupt address")))?;
+        let store = state::cluster_pki(&self.0.curator);
+        let ca = store
+            .load_ca()
+            .await
+            .map_err(|e| Status::unavailable(format!("loading the cluster CA: {e}")))?
+            .ok_or_else(|| Status::internal("the cluster has no CA"))?;
+        // Ensure semantics: a retried commit gets the certificate the first one recorded.
+        let certificate = store
+            .ensure_certificate(&format!("node-{id}"), || {
+                ca.issue(&state::node_certificate_template(&id, address), &key)
+            })
+            .await
+            .map_err(|e| Status::unavailable(format!("issuing the node certificate: {e}")))?;
+        if pki::certificate_public_key(&certificate).ok().as_deref() != Some(key.as_slice()) {
+            return Err(Status::internal(format!(
+                "the recorded certificate of node {id} is for another key"
+            )));
+        }
+        let node = state::apply_event(
+            &self.0.curator,
+            &leadership,
+            &id,
+            Some(&key),
+            Event::Commit,
+            Node::default,
+        )
+        .await
+        .map_err(node_update_status)?;
+        let nodes = state::list_nodes(&self.0.curator)
+            .await
+            .map_err(status_from)?;
+        tracing::info!(node = id, "node committed: UP with its certificate");
+        Ok(Response::new(api::CommitNodeResponse {
+            node_certificate: certificate,
+            ca_certificate: ca.cert_der,
+            roles: state::role_names(&node),
+            curator_endpoints: state::curator_endpoints(&nodes),
+        }))
+    }
+
+    type WatchNodeStream = UpdateStream<api::WatchNodeUpdate>;
+
+    async fn watch_node(
+        &self,
+        request: Request<api::WatchNodeRequest>,
+    ) -> Result<Response<Self::WatchNodeStream>, Status> {
+        let rpc::Identity::Node { id, .. } = identity(&request) else {
+            return Err(Status::permission_denied("only nodes watch their record"));
+        };
+        self.0.leadership().await?;
+        let stream = snapshot_stream(&self.0, move |nodes| {
+            let node = nodes.get(&id)?;
+            Some(api::WatchNodeUpdate {
+                state: node.state,
+                roles: state::role_names(node),
+                curator_endpoints: state::curator_endpoints(nodes.values()),
+            })
+        });
+        Ok(Response::new(stream))
+    }
+}

@@ -1,0 +1,343 @@
+//! The register path of the cluster manager: a fresh node becomes a member of an
+//! existing cluster.
+//!
+//! ```text
+//!   node key (new, or the one an interrupted registration left) ── written first
+//!     │ self-signed certificate; curator's certificate must chain to the CA pinned in
+//!     │ the parameters (never trust on first use here)
+//!     ▼
+//!   RegisterNode(ticket) ──stream──▶ NEW ........................ ClusterState::Foreign
+//!                                    STANDBY (owner approved) ... ClusterState::Trusted
+//!   CommitNode ──▶ node certificate, CA, roles, curator endpoints
+//!     ▼
+//!   node certificate, CA, roles, cluster directory written; sealed configuration LAST
+//!     ▼
+//!   Membership::Join (a worker: no etcd, no curator) ──▶ role server ──▶ Home
+//! ```
+//! Every call is idempotent on the curator's side, so a crash or a lost reply at any
+//! point resumes here on the next start with the same key: RegisterNode answers the
+//! record's current state, CommitNode the certificate it issued the first time.
+//! Approval arrives on the RegisterNode stream (a watch), not by polling.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use identity::NodeKey;
+use proto::api::{self, NodeState};
+use proto::config::{ClusterDirectory, ClusterRegister, LocalRoles, SealedConfiguration};
+
+use crate::cluster::{JoinData, crash_point};
+use crate::decision::ClusterState;
+use crate::storage::{Root, read_file, write_atomic, write_proto};
+
+/// Retry pacing towards unreachable curators.
+const RETRY_MIN: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// Logs a problem when it differs from the last one logged: a node retrying for hours
+/// says so once per change, not once per attempt.
+#[derive(Default)]
+pub struct ProblemLog {
+    last: Option<String>,
+}
+
+impl ProblemLog {
+    pub fn problem(&mut self, what: String) {
+        if self.last.as_deref() != Some(what.as_str()) {
+            tracing::warn!("{what}; retrying");
+            self.last = Some(what);
+        }
+    }
+    pub fn resolved(&mut self, what: &str) {
+        if self.last.take().is_some() {
+            tracing::info!("{what}");
+        }
+    }
+}
+
+/// Exponential backoff between [`RETRY_MIN`] and [`RETRY_MAX`].
+pub struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff(RETRY_MIN)
+    }
+}
+
+impl Backoff {
+    pub fn next(&mut self) -> Duration {
+        let wait = self.0;
+        self.0 = (self.0 * 2).min(RETRY_MAX);
+        wait
+    }
+    pub fn reset(&mut self) {
+        self.0 = RETRY_MIN;
+    }
+}
+
+/// Sleeps unless cancelled first; false when cancelled.
+pub async fn pause(ctx: &supervisor::Context, wait: Duration) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => true,
+        _ = ctx.cancelled() => false,
+    }
+}
+
+/// Whether a failed call can never succeed by retrying: the curator refused this node
+/// (wrong ticket, decommissioned key, bad input) or the parameters pin the wrong CA.
+fn permanent(e: &rpc::CallError) -> bool {
+    use tonic::Code;
+    e.all_untrusted()
+        || matches!(e, rpc::CallError::Status(s)
+            if matches!(s.code(), Code::PermissionDenied | Code::InvalidArgument | Code::Unauthenticated))
+}
+
+fn refusal(e: rpc::CallError, params_what: &str) -> anyhow::Error {
+    if e.all_untrusted() {
+        anyhow!(
+            "no curator named in {params_what} presents a certificate of the cluster CA pinned there \
+             (wrong CA in the parameters, or the endpoints belong to another cluster): {e}"
+        )
+    } else {
+        anyhow!("the cluster refused this node's registration: {e}")
+    }
+}
+
+/// The node key of an interrupted registration, or a new one (written before any call,
+/// so that a crash resumes with the same key).
+fn load_or_create_key(root: &Root) -> Result<NodeKey> {
+    let path = root.node_key();
+    if path.exists() {
+        let key = NodeKey::from_pkcs8(&read_file(&path, "node key")?)
+            .with_context(|| format!("node key in {} is corrupt", path.display()))?;
+        tracing::info!(
+            node_id = key.node_id(),
+            "resuming an interrupted registration"
+        );
+        return Ok(key);
+    }
+    let key = NodeKey::generate().context("generating the node key")?;
+    write_atomic(&path, key.pkcs8_der()).context("saving the node key")?;
+    tracing::info!(
+        node_id = key.node_id(),
+        "registering into an existing cluster"
+    );
+    Ok(key)
+}
+
+/// Parses curator endpoints as the parameters and the directory hold them.
+pub fn parse_endpoints(raw: &[String]) -> Result<Vec<SocketAddr>> {
+    raw.iter()
+        .map(|e| rpc::parse_endpoint(e).map_err(anyhow::Error::from))
+        .collect()
+}
+
+/// Runs the register path to its end. `None` when cancelled first.
+pub async fn register(
+    ctx: &supervisor::Context,
+    root: &Root,
+    address: IpAddr,
+    params: &ClusterRegister,
+    params_what: &str,
+    cluster_state: &event::Value<ClusterState>,
+) -> Result<Option<JoinData>> {
+    let key = load_or_create_key(root)?;
+    let node_id = key.node_id();
+    crash_point("register-key");
+    let client = rpc::CuratorClient::new(
+        parse_endpoints(&params.curator_endpoints)?,
+        rpc::ServerTrust::PinnedCa(params.ca_certificate.clone()),
+        Some(rpc::self_signed(&key).context("creating the self-signed registration certificate")?),
+    );
+    let request = api::RegisterNodeRequest {
+        register_ticket: params.register_ticket.clone(),
+        address: address.to_string(),
+        labels: params.labels.clone(),
+    };
+    let mut problems = ProblemLog::default();
+    let mut backoff = Backoff::default();
+
+    // Register, then wait on the stream until the owner approves.
+    'register: loop {
+        let call = client.call(|channel| {
+            let request = request.clone();
+            async move {
+                api::curator_client::CuratorClient::new(channel)
+                    .register_node(request)
+                    .await
+            }
+        });
+        let mut stream = tokio::select! {
+            r = call => match r {
+                Ok(s) => s,
+                Err(e) if permanent(&e) => return Err(refusal(e, params_what)),
+                Err(e) => {
+                    problems.problem(format!("registering with the cluster: {e}"));
+                    if !pause(ctx, backoff.next()).await {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+            },
+            _ = ctx.cancelled() => return Ok(None),
+        };
+        problems.resolved("reached a curator");
+        backoff.reset();
+        loop {
+            let update = tokio::select! {
+                u = stream.message() => u,
+                _ = ctx.cancelled() => return Ok(None),
+            };
+            match update {
+                Ok(Some(u)) if u.state == NodeState::New as i32 => {
+                    if cluster_state.current() != Some(ClusterState::Foreign) {
+                        cluster_state.set(ClusterState::Foreign);
+                        tracing::info!(
+                            node_id,
+                            "registered; waiting for the owner to approve this node (polisctl node approve {node_id})"
+                        );
+                        crash_point("register-foreign");
+                    }
+                }
+                Ok(Some(u))
+                    if u.state == NodeState::Standby as i32 || u.state == NodeState::Up as i32 =>
+                {
+                    break 'register;
+                }
+                Ok(Some(u)) => bail!(
+                    "the cluster reports this node in state {:?}; it cannot join",
+                    NodeState::try_from(u.state).unwrap_or(NodeState::Invalid)
+                ),
+                // The curator went away (failover, restart): register again, which only
+                // reads the record now.
+                Ok(None) | Err(_) => {
+                    problems.problem("the curator closed the registration stream".into());
+                    if !pause(ctx, backoff.next()).await {
+                        return Ok(None);
+                    }
+                    continue 'register;
+                }
+            }
+        }
+    }
+    cluster_state.set(ClusterState::Trusted);
+    tracing::info!(node_id, "approved by the owner; committing");
+    crash_point("register-trusted");
+
+    let committed = loop {
+        let call = client.call(|channel| async move {
+            api::curator_client::CuratorClient::new(channel)
+                .commit_node(api::CommitNodeRequest {})
+                .await
+        });
+        let outcome = tokio::select! {
+            r = call => r,
+            _ = ctx.cancelled() => return Ok(None),
+        };
+        match outcome {
+            Ok(c) => break c,
+            Err(e) if permanent(&e) => return Err(refusal(e, params_what)),
+            Err(e) => {
+                problems.problem(format!("committing: {e}"));
+                if !pause(ctx, backoff.next()).await {
+                    return Ok(None);
+                }
+            }
+        }
+    };
+    crash_point("register-committed");
+    if committed.ca_certificate != params.ca_certificate {
+        bail!("the curator answered with a CA other than the one pinned in {params_what}");
+    }
+    let certified = pki::certificate_public_key(&committed.node_certificate)
+        .context("the curator sent an unreadable node certificate")?;
+    if certified != key.public_key() {
+        bail!("the curator sent a node certificate for another key");
+    }
+    let roles = LocalRoles {
+        consensus_member: committed
+            .roles
+            .iter()
+            .any(|r| r == proto::ROLE_CONSENSUS_MEMBER),
+    };
+    if roles.consensus_member {
+        // Joining consensus at commit time needs etcd membership (learner add, peer
+        // certificate), which arrives with live role changes.
+        bail!(
+            "the cluster gave this node the ConsensusMember role at commit time; a node only becomes a consensus member after it joined"
+        );
+    }
+    let directory = ClusterDirectory {
+        curator_endpoints: if committed.curator_endpoints.is_empty() {
+            params.curator_endpoints.clone()
+        } else {
+            committed.curator_endpoints.clone()
+        },
+    };
+    write_atomic(&root.node_certificate(), &committed.node_certificate)
+        .context("saving the node certificate")?;
+    write_atomic(&root.cluster_ca(), &committed.ca_certificate)
+        .context("saving the cluster CA certificate")?;
+    write_proto(&root.local_roles(), &roles).context("saving the node's roles")?;
+    write_proto(&root.directory(), &directory).context("saving the cluster directory")?;
+    crash_point("register-credentials");
+    let sealed = SealedConfiguration {
+        node_id: node_id.clone(),
+        cluster_ca_certificate: committed.ca_certificate,
+        address: address.to_string(),
+        etcd_cluster_id: 0,
+        etcd_member_id: 0,
+    };
+    write_proto(&root.sealed_configuration(), &sealed)
+        .context("writing the sealed configuration")?;
+    crash_point("register-sealed");
+    tracing::info!(node_id, "joined the cluster; sealed configuration written");
+    Ok(Some(JoinData {
+        key,
+        sealed,
+        roles,
+        directory: parse_endpoints(&directory.curator_endpoints)?,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_to_a_ceiling_and_resets() {
+        let mut b = Backoff::default();
+        let waits: Vec<Duration> = (0..10).map(|_| b.next()).collect();
+        assert_eq!(waits[0], RETRY_MIN);
+        assert!(waits.windows(2).all(|w| w[1] >= w[0]));
+        assert_eq!(*waits.last().unwrap(), RETRY_MAX);
+        b.reset();
+        assert_eq!(b.next(), RETRY_MIN);
+    }
+
+    #[test]
+    fn only_refusals_and_a_wrong_ca_are_permanent() {
+        use tonic::{Code, Status};
+        let status = |c| rpc::CallError::Status(Status::new(c, "x"));
+        assert!(permanent(&status(Code::PermissionDenied)));
+        assert!(permanent(&status(Code::InvalidArgument)));
+        assert!(!permanent(&status(Code::Unavailable)));
+        assert!(!permanent(&status(Code::FailedPrecondition)));
+        let endpoint: SocketAddr = "127.0.0.9:7835".parse().unwrap();
+        let untrusted = || rpc::RpcError::UntrustedServer {
+            endpoint,
+            reason: "UnknownIssuer".into(),
+        };
+        let down = || rpc::RpcError::Connect {
+            endpoint,
+            reason: "refused".into(),
+        };
+        assert!(permanent(&rpc::CallError::Unreachable(vec![untrusted()])));
+        assert!(!permanent(&rpc::CallError::Unreachable(vec![
+            untrusted(),
+            down()
+        ])));
+        assert!(!permanent(&rpc::CallError::Unreachable(vec![])));
+    }
+}
