@@ -547,3 +547,163 @@ impl Drop for NetNs {
             .status();
     }
 }
+
+/// The median of benchmark samples.
+pub fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let n = samples.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        samples[n / 2]
+    } else {
+        (samples[n / 2 - 1] + samples[n / 2]) / 2.0
+    }
+}
+
+/// A cluster under test: a bootstrapped first node, an owner config directory that took
+/// ownership (and remembers the endpoints), and further nodes that register into it.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub first: Node,
+}
+
+impl Cluster {
+    /// Bootstraps a first node in `dir/n0` and takes ownership with `dir/config`.
+    pub fn bootstrap(dir: &Path) -> Result<Cluster> {
+        let first_dir = dir.join("n0");
+        std::fs::create_dir_all(&first_dir)?;
+        let mut first = Node::new(&first_dir);
+        let params = first.bootstrap_params()?;
+        first.start(&["--params", params.to_str().context("utf-8 path")?])?;
+        first.wait_home()?;
+        let cluster = Cluster {
+            dir: dir.to_path_buf(),
+            // bootstrap_params created the owner key here.
+            config: first_dir.join("config"),
+            first,
+        };
+        let endpoint = cluster.first.address.to_string();
+        cluster.ctl_retry(&["--endpoints", &endpoint, "takeownership", "--accept-ca"])?;
+        Ok(cluster)
+    }
+
+    /// Runs polisctl with this cluster's config: (success, stdout, stderr).
+    pub fn ctl(&self, args: &[&str]) -> Result<(bool, String, String)> {
+        let mut all = vec!["--config", self.config.to_str().context("utf-8 path")?];
+        all.extend_from_slice(args);
+        let (status, out, err) = polisctl(&all)?;
+        Ok((status.success(), out, err))
+    }
+
+    /// polisctl until it succeeds, while the failure is one a retry can fix (a curator
+    /// still electing itself or restarting).
+    pub fn ctl_retry(&self, args: &[&str]) -> Result<String> {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let (ok, out, err) = self.ctl(args)?;
+            if ok {
+                return Ok(out);
+            }
+            let transient = err.contains("unavailable") || err.contains("reach");
+            if !transient || Instant::now() > deadline {
+                bail!("polisctl {args:?} failed: {err}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Writes register parameters to `dir/NAME.params` and returns the path.
+    pub fn register_params(&self, name: &str) -> Result<PathBuf> {
+        let path = self.dir.join(format!("{name}.params"));
+        self.ctl_retry(&[
+            "params",
+            "register",
+            "--out",
+            path.to_str().context("utf-8 path")?,
+        ])?;
+        Ok(path)
+    }
+
+    /// A node in `dir/NAME` (not started).
+    pub fn new_node(&self, name: &str) -> Result<Node> {
+        let dir = self.dir.join(name);
+        std::fs::create_dir_all(&dir)?;
+        Ok(Node::new(&dir))
+    }
+
+    /// `node list -o json`.
+    pub fn nodes(&self) -> Result<Vec<serde_json::Value>> {
+        let out = self.ctl_retry(&["node", "list", "-o", "json"])?;
+        let value: serde_json::Value = serde_json::from_str(&out)?;
+        Ok(value.as_array().cloned().unwrap_or_default())
+    }
+
+    /// The listed node `id`, if any.
+    pub fn node(&self, id: &str) -> Result<Option<serde_json::Value>> {
+        Ok(self.nodes()?.into_iter().find(|n| n["id"] == id))
+    }
+
+    /// Waits until node `id` is listed with `state` (and `health`, when given).
+    pub fn wait_node(&self, id: &str, state: &str, health: Option<&str>) -> Result<()> {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let node = self.node(id)?;
+            if let Some(n) = &node
+                && n["state"] == state
+                && health.is_none_or(|h| n["health"] == h)
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("node {id} never became {state} {health:?}; last seen: {node:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Node {
+    /// The node ID of the key in this node's root.
+    pub fn key_node_id(&self) -> Result<String> {
+        let der =
+            std::fs::read(self.root.join("data/node/key.der")).context("reading the node key")?;
+        Ok(identity::NodeKey::from_pkcs8(&der)?.node_id())
+    }
+
+    /// Waits until the node logs cluster state `state`.
+    pub fn wait_state(&mut self, state: &str) -> Result<()> {
+        self.proc()
+            .wait_for_line(TIMEOUT, |l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .is_ok_and(|v| v["fields"]["cluster_state"] == state)
+            })
+            .map(drop)
+            .with_context(|| format!("waiting for cluster state {state}"))
+    }
+}
+
+impl Cluster {
+    /// A leader-following client with the owner's credentials from the config directory.
+    pub fn owner_client(&self) -> Result<rpc::CuratorClient> {
+        let read_pem = |name: &str| -> Result<Vec<u8>> {
+            let text = std::fs::read_to_string(self.config.join(name))
+                .with_context(|| format!("reading {name}"))?;
+            Ok(pem::parse(text)?.into_contents())
+        };
+        let key = identity::NodeKey::from_pkcs8(&read_pem("owner-key.pem")?)?;
+        Ok(rpc::CuratorClient::new(
+            vec![std::net::SocketAddr::new(
+                self.first.address,
+                rpc::CURATOR_PORT,
+            )],
+            rpc::ServerTrust::PinnedCa(read_pem("ca.pem")?),
+            Some(rpc::Credentials {
+                certificate: read_pem("owner.pem")?,
+                key_pkcs8: key.pkcs8_der().to_vec(),
+            }),
+        ))
+    }
+}

@@ -222,7 +222,8 @@ async fn identities(node: &Node, owner_key: &identity::NodeKey) -> Result<Identi
     })
 }
 
-/// Calls `method` as the holder of `credentials`; true if authorization let it through.
+/// Calls `method` as the holder of `credentials`; true if authorization let it through
+/// (the handler may still refuse, e.g. a commit before approval).
 async fn allowed(
     endpoint: SocketAddr,
     ca: &[u8],
@@ -230,6 +231,7 @@ async fn allowed(
     method: &str,
     owner_key: &identity::NodeKey,
     node_id: &str,
+    ticket: &[u8],
 ) -> Result<bool> {
     let channel = rpc::connect(
         endpoint,
@@ -282,11 +284,42 @@ async fn allowed(
             .get_register_ticket(api::GetRegisterTicketRequest {})
             .await
             .err(),
+        "RotateRegisterTicket" => management
+            .rotate_register_ticket(api::RotateRegisterTicketRequest {})
+            .await
+            .err(),
+        "ApproveNode" => management
+            .approve_node(api::ApproveNodeRequest {
+                id: node_id.to_string(),
+            })
+            .await
+            .err(),
         "Heartbeat" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
             .heartbeat(api::HeartbeatRequest {})
             .await
             .err(),
+        "WatchNode" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
+            .watch_node(api::WatchNodeRequest {})
+            .await
+            .err(),
+        "RegisterNode" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
+            .register_node(api::RegisterNodeRequest {
+                register_ticket: ticket.to_vec(),
+                address: "127.0.0.1".into(),
+                labels: Default::default(),
+            })
+            .await
+            .err(),
+        "CommitNode" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
+            .commit_node(api::CommitNodeRequest {})
+            .await
+            .err(),
         other => anyhow::bail!("no such method in the matrix: {other}"),
+    };
+    // Refusals by the permission layer name the permission or the certificate; the
+    // handler's own refusals (a commit before approval) mean the call got through.
+    let by_authz = |s: &tonic::Status| {
+        s.message().contains(" requires ") || s.message().contains("client certificate rejected")
     };
     match status {
         None => Ok(true),
@@ -294,9 +327,12 @@ async fn allowed(
             if matches!(
                 s.code(),
                 tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
-            ) =>
+            ) && by_authz(&s) =>
         {
             Ok(false)
+        }
+        Some(s) if method == "CommitNode" && s.code() == tonic::Code::FailedPrecondition => {
+            Ok(true)
         }
         Some(s) => anyhow::bail!("{method}: unexpected error {s:?}"),
     }
@@ -324,6 +360,7 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         "ListNodes",
         &owner_key,
         &node_id,
+        &[],
     )
     .await
     .unwrap_or(false)
@@ -359,12 +396,31 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         ("DescribeNode", &["node", "owner"]),
         ("UpdateNodeLabels", &["owner"]),
         ("GetRegisterTicket", &["owner"]),
+        ("ApproveNode", &["owner"]),
         ("Heartbeat", &["node"]),
+        ("WatchNode", &["node"]),
+        ("RegisterNode", &["self-signed"]),
+        ("CommitNode", &["self-signed"]),
+        // Last: it replaces the ticket RegisterNode uses above.
+        ("RotateRegisterTicket", &["owner"]),
     ];
+    let ticket = {
+        let channel = rpc::connect(
+            endpoint,
+            &rpc::ServerTrust::PinnedCa(ca.clone()),
+            ids.owner.as_ref(),
+        )
+        .await?;
+        api::management_client::ManagementClient::new(channel)
+            .get_register_ticket(api::GetRegisterTicketRequest {})
+            .await?
+            .into_inner()
+            .ticket
+    };
     let mut failures = Vec::new();
     for (method, allowed_for) in expected {
         for (name, creds) in &who {
-            let got = allowed(endpoint, &ca, *creds, method, &owner_key, &node_id).await?;
+            let got = allowed(endpoint, &ca, *creds, method, &owner_key, &node_id, &ticket).await?;
             let want = allowed_for.contains(name);
             println!(
                 "{method:<18} × {name:<12} → {}",
@@ -418,6 +474,7 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         .ticket;
     assert_eq!(t1.len(), 32);
     assert_eq!(t1, t2);
+    assert_ne!(t1, ticket, "RotateRegisterTicket replaced the ticket");
     Ok(())
 }
 

@@ -173,6 +173,7 @@ pub async fn register(
                 Ok(s) => s,
                 Err(e) if permanent(&e) => return Err(refusal(e, params_what)),
                 Err(e) => {
+                    tracing::debug!("registration attempt failed: {e}");
                     problems.problem(format!("registering with the cluster: {e}"));
                     if !pause(ctx, backoff.next()).await {
                         return Ok(None);

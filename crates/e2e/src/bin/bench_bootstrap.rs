@@ -7,17 +7,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use e2e::{BareEtcd, Node, TIMEOUT, is_home_line, unique_loopback};
-
-fn median(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(|a, b| a.total_cmp(b));
-    let n = samples.len();
-    if n % 2 == 1 {
-        samples[n / 2]
-    } else {
-        (samples[n / 2 - 1] + samples[n / 2]) / 2.0
-    }
-}
+use e2e::{BareEtcd, Node, TIMEOUT, is_home_line, median, unique_loopback};
 
 fn polis_once() -> Result<f64> {
     let dir = tempfile::tempdir()?;
