@@ -83,6 +83,7 @@ pub fn peer_template(node_id: &str, address: IpAddr) -> Template {
         ip_addresses: ips,
         usage: Usage::ServerAndClient,
         lifetime: CERTIFICATE_LIFETIME,
+        kind: pki::CertificateKind::EtcdPeer,
     }
 }
 
@@ -94,6 +95,7 @@ pub fn node_template(node_id: &str, address: IpAddr) -> Template {
         ip_addresses: vec![address],
         usage: Usage::ServerAndClient,
         lifetime: CERTIFICATE_LIFETIME,
+        kind: pki::CertificateKind::Node,
     }
 }
 
