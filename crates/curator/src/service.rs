@@ -425,8 +425,7 @@ async fn serve(ctx: supervisor::Context, shared: Arc<Shared>) -> supervisor::Run
     let cancel = ctx.cancellation_token();
     // tonic runs connections and requests in tasks of its own: give them our span.
     let span = tracing::Span::current();
-    let server = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+    let server = rpc::server::builder()
         .timeout(REQUEST_TIMEOUT)
         .trace_fn(move |_| span.clone())
         .layer(auth)

@@ -28,7 +28,7 @@ pub mod tls;
 
 pub use authz::{Identity, Permission};
 pub use client::{CURATOR_PORT, connect, leader_endpoint, parse_endpoint};
-pub use server::{AuthLayer, CrlSource, PeerInfo, incoming};
+pub use server::{AuthLayer, CrlSource, Limits, PeerInfo, incoming};
 pub use tls::{Authenticator, Credentials, ServerTrust, self_signed};
 
 #[derive(Debug, thiserror::Error)]
