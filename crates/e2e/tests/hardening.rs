@@ -347,3 +347,50 @@ async fn owner_calls_succeed_under_2000_hostile_connections_which_get_closed() -
     assert_eq!(fields[3], fields[4], "{line}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_election_holds_the_lease_ttl_etcd_granted() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    // With a 100 ms heartbeat and a 1 s election timeout etcd's shortest lease is 2 s
+    // (1.5 election timeouts, rounded up to a second); a 1 s request is raised to it.
+    let etcd = e2e::BareEtcd::spawn(
+        dir.path(),
+        e2e::unique_loopback(),
+        consensus::RaftTiming {
+            heartbeat: Duration::from_millis(100),
+            election_timeout: Duration::from_millis(1000),
+        },
+    )?;
+    let ns = consensus::Namespaced::new(etcd.ready_client(TIMEOUT).await?, "curator");
+    let role = event::Value::new();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let config = curator::election::ElectionConfig {
+        node_id: "polis-test".into(),
+        endpoint: "127.0.0.1:7835".into(),
+        ttl: Duration::from_secs(1),
+    };
+    let election = {
+        let (ns, role, cancel) = (ns.clone(), role.clone(), cancel.clone());
+        tokio::spawn(
+            async move { curator::election::run(&ns, &config, &role, &cancel, || {}).await },
+        )
+    };
+    let deadline = Instant::now() + TIMEOUT;
+    let leadership = loop {
+        if let Some(curator::election::Role::Leader(l)) = role.current() {
+            break l;
+        }
+        anyhow::ensure!(Instant::now() < deadline, "never elected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(leadership.ttl, Duration::from_secs(2));
+    // Kept alive on the granted TTL's schedule: still the leader well past the 1 s asked.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(matches!(
+        role.current(),
+        Some(curator::election::Role::Leader(_))
+    ));
+    cancel.cancel();
+    election.await??;
+    Ok(())
+}
