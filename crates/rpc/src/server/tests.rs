@@ -234,3 +234,73 @@ async fn connections_without_calls_are_closed_and_calls_keep_them_open() {
     assert!(idle_since.elapsed() >= Duration::from_millis(200));
     drop(channel);
 }
+
+fn open_files_limit() -> libc::rlimit {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit with a valid pointer.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+        0
+    );
+    limit
+}
+
+fn set_open_files_soft_limit(soft: u64) {
+    let limit = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: open_files_limit().rlim_max,
+    };
+    // SAFETY: setrlimit with a valid pointer (nextest runs each test in its own process).
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+}
+
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage with a valid pointer.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) }, 0);
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_the_accept_loop_pauses_and_recovers() {
+    let (listener, address) = bind().await;
+    // The kernel completes the clients' TCP handshakes into the backlog; once no
+    // descriptor is left, every accept(2) fails with EMFILE.
+    let clients: Vec<_> = futures_connect(address, 8).await;
+    let saved = open_files_limit();
+    // read_dir holds one descriptor while counting.
+    let in_use = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64 - 1;
+    set_open_files_soft_limit(in_use);
+    let mut incoming = incoming_with(
+        listener,
+        server_config(&server_credentials()).unwrap(),
+        small(64, 64),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = cpu_time();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let burnt = cpu_time() - before;
+    // A loop retrying accept at once would burn about a core for the whole second.
+    assert!(burnt < Duration::from_millis(300), "{burnt:?}");
+
+    set_open_files_soft_limit(saved.rlim_cur);
+    drop(clients);
+    let _client = tls_client(address).await.unwrap();
+    let conn = tokio::time::timeout(WAIT, tokio_stream::StreamExt::next(&mut incoming)).await;
+    assert!(
+        matches!(conn, Ok(Some(Ok(_)))),
+        "accepting again after EMFILE"
+    );
+}
+
+async fn futures_connect(address: SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
+        clients.push(TcpStream::connect(address).await.unwrap());
+    }
+    clients
+}
