@@ -1,15 +1,45 @@
 //! Clients to the local etcd: the unix-socket connection and per-user namespaces.
+//!
+//! A stalled etcd (stopped, wedged disk) answers nothing; without a bound every caller
+//! would hang silently. The channel therefore bounds each request to
+//! [`REQUEST_TIMEOUT`], except the [`LONG_CALLS`] that wait by design.
 
+use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
 use etcd_client::Client;
+use tower::ServiceExt as _;
 
 use crate::ConsensusError;
 
+/// Longest an ordinary etcd request may take. etcd itself gives up on a linearizable
+/// request after 5 s plus two election timeouts (7 s with Polis' defaults), so a live
+/// etcd answers — possibly with its own timeout error — before this fires.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// etcd RPCs that legitimately outlast any request bound: a campaign or lock waits for
+/// the current holder, and streams stay open (their response headers may also come
+/// late). Their callers bound them by what they wait for.
+pub const LONG_CALLS: &[&str] = &[
+    "/v3electionpb.Election/Campaign",
+    "/v3electionpb.Election/Observe",
+    "/v3lockpb.Lock/Lock",
+    "/etcdserverpb.Watch/Watch",
+    "/etcdserverpb.Lease/LeaseKeepAlive",
+];
+
 /// Connects to etcd over its unix socket. `etcd_client::Client::connect` cannot do this
-/// (it prefixes `http://` and resolves through DNS), so we hand it a tonic channel.
+/// (it prefixes `http://` and resolves through DNS), so we hand it a channel of our own.
 pub async fn connect_unix(socket: &Path) -> Result<Client, ConsensusError> {
+    connect_unix_with(socket, REQUEST_TIMEOUT).await
+}
+
+/// [`connect_unix`] with a given bound on ordinary requests.
+pub async fn connect_unix_with(
+    socket: &Path,
+    request_timeout: Duration,
+) -> Result<Client, ConsensusError> {
     let uri = format!("unix://{}", socket.display());
     let channel = tonic::transport::Endpoint::from_shared(uri)
         .map_err(|_| ConsensusError::SocketPathTooLong {
@@ -22,7 +52,41 @@ pub async fn connect_unix(socket: &Path) -> Result<Client, ConsensusError> {
             path: socket.to_path_buf(),
             reason: supervisor::error_chain(&e),
         })?;
-    Ok(Client::from_channel(etcd_client::Channel::Tonic(channel), None).await?)
+    let channel = tower::service_fn(move |request: http::Request<tonic::body::Body>| {
+        let channel = channel.clone();
+        async move {
+            let long = LONG_CALLS.contains(&request.uri().path());
+            let call = channel.oneshot(request);
+            if long {
+                return call.await.map_err(tower::BoxError::from);
+            }
+            match tokio::time::timeout(request_timeout, call).await {
+                Ok(response) => response.map_err(tower::BoxError::from),
+                Err(_) => Err(Box::new(ConsensusError::Timeout {
+                    what: "a request",
+                    after: request_timeout,
+                }) as tower::BoxError),
+            }
+        }
+    });
+    let channel = etcd_client::Channel::Custom(tower::util::BoxCloneSyncService::new(channel));
+    Ok(Client::from_channel(channel, None).await?)
+}
+
+/// Runs one etcd call with a bound, for calls outside request handlers (which have
+/// their own) and for the [`LONG_CALLS`] whose wait has a known limit.
+pub async fn bounded<T, E>(
+    what: &'static str,
+    after: Duration,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, ConsensusError>
+where
+    ConsensusError: From<E>,
+{
+    match tokio::time::timeout(after, call).await {
+        Ok(result) => Ok(result?),
+        Err(_) => Err(ConsensusError::Timeout { what, after }),
+    }
 }
 
 /// A view of etcd restricted to one consensus user's key prefix, `namespaced:<user>/`.
@@ -100,5 +164,53 @@ mod tests {
     #[test]
     fn prefixes() {
         assert_eq!(namespace_prefix("curator"), "namespaced:curator/");
+    }
+
+    /// A stalled etcd: accepts connections on a unix socket and never answers.
+    fn silent_etcd(dir: &Path) -> (std::path::PathBuf, tokio::task::JoinHandle<()>) {
+        let socket = dir.join("etcd.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let task = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        (socket, task)
+    }
+
+    #[tokio::test]
+    async fn ordinary_requests_are_bounded_and_long_calls_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, server) = silent_etcd(dir.path());
+        let bound = Duration::from_millis(300);
+        let mut client = connect_unix_with(&socket, bound).await.unwrap();
+
+        let started = std::time::Instant::now();
+        let err = client.get("k", None).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(took >= bound && took < Duration::from_secs(3), "{took:?}");
+        assert!(
+            supervisor::error_chain(&err).contains("did not answer"),
+            "{err}"
+        );
+
+        // A campaign waits for the current leader: the request bound must not cut it.
+        let campaign = client.campaign("election", "me", 1);
+        let outcome = tokio::time::timeout(4 * bound, campaign).await;
+        assert!(outcome.is_err(), "campaign ended early: {outcome:?}");
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn bounded_names_what_timed_out() {
+        let never = std::future::pending::<Result<(), ConsensusError>>();
+        let err = bounded("lease grant", Duration::from_millis(10), never)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "etcd did not answer lease grant within 10ms"
+        );
     }
 }

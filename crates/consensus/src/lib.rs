@@ -22,6 +22,10 @@
 //! - "Ready" means a linearizable read through the socket succeeded, each attempt with
 //!   its own timeout.
 //! - Consensus users see etcd through [`Namespaced`] clients: `namespaced:<user>/`.
+//! - Every etcd request from the client this crate hands out is bounded
+//!   ([`client::REQUEST_TIMEOUT`]), except the calls that wait by design (campaign, lock,
+//!   watch, lease keepalive, observe): their callers bound them (see
+//!   [`client::LONG_CALLS`]).
 
 pub mod client;
 pub mod config;
@@ -31,7 +35,7 @@ use std::path::PathBuf;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-pub use client::{Namespaced, connect_unix};
+pub use client::{Namespaced, bounded, connect_unix};
 pub use config::{EtcdConfig, InitialClusterState, PeerTlsFiles, RaftTiming};
 pub use process::run;
 
@@ -103,4 +107,6 @@ pub enum ConsensusError {
     Etcd(#[from] etcd_client::Error),
     #[error("unexpected etcd response: {0}")]
     Protocol(&'static str),
+    #[error("etcd did not answer {what} within {after:?}")]
+    Timeout { what: &'static str, after: Duration },
 }

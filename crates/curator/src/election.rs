@@ -8,6 +8,11 @@
 //! Every leader write is guarded by `create_revision(key) == rev` ([`guard`]): once the
 //! lease expires, etcd deletes the key and a deposed leader's writes fail even before it
 //! notices.
+//!
+//! The TTL that counts is the one etcd *granted* (it raises requests below its minimum,
+//! 1.5 election timeouts rounded up to a second): keepalives and loss detection use it.
+//! Every etcd call here is bounded ([`ETCD_CALL_TIMEOUT`]) except the campaign, which
+//! waits for the current leader by design and is cut by losing the lease instead.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +27,10 @@ use crate::CuratorError;
 /// How long a stopping leader tries to resign before giving up (the lease then expires).
 const HANDOVER_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// Bound on each of the election's own etcd calls (lease grant, cleanup, keepalive
+/// start): a stalled etcd makes the election fail and restart rather than hang.
+pub const ETCD_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Election name inside the curator namespace.
 pub const ELECTION: &str = "leader";
 
@@ -31,6 +40,8 @@ pub struct Leadership {
     pub key: Vec<u8>,
     pub revision: i64,
     pub lease: i64,
+    /// The lease TTL etcd granted.
+    pub ttl: Duration,
     pub since: Instant,
 }
 
@@ -62,6 +73,15 @@ fn ttl_seconds(ttl: Duration) -> i64 {
     (ttl.as_secs_f64().ceil() as i64).max(1)
 }
 
+/// The TTL of a lease grant response; etcd reports a refused grant as a TTL ≤ 0.
+fn granted_ttl(seconds: i64) -> Result<Duration, CuratorError> {
+    u64::try_from(seconds)
+        .ok()
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs)
+        .ok_or(CuratorError::Protocol("lease grant without a positive TTL"))
+}
+
 /// Removes election keys a previous lifetime of this node left behind (e.g. after kill
 /// -9), so that a restarted curator need not wait for its own old lease to expire.
 async fn cleanup_previous_lifetime(
@@ -69,9 +89,12 @@ async fn cleanup_previous_lifetime(
     prefix: &str,
     node_id: &str,
 ) -> Result<(), CuratorError> {
-    let response = client
-        .get(prefix, Some(GetOptions::new().with_prefix()))
-        .await?;
+    let response = consensus::bounded(
+        "the election cleanup read",
+        ETCD_CALL_TIMEOUT,
+        client.get(prefix, Some(GetOptions::new().with_prefix())),
+    )
+    .await?;
     for kv in response.kvs() {
         let ours = LeaderElectionValue::decode(kv.value()).is_ok_and(|v| v.node_id == node_id);
         if !ours {
@@ -84,9 +107,15 @@ async fn cleanup_previous_lifetime(
                 kv.mod_revision(),
             )])
             .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
-        client.txn(txn).await?;
+        consensus::bounded(
+            "the election cleanup delete",
+            ETCD_CALL_TIMEOUT,
+            client.txn(txn),
+        )
+        .await?;
         if kv.lease() != 0 {
-            let _ = client.lease_revoke(kv.lease()).await;
+            let revoke = client.lease_revoke(kv.lease());
+            let _ = consensus::bounded("a lease revoke", ETCD_CALL_TIMEOUT, revoke).await;
         }
         tracing::info!("removed election key of a previous lifetime of this node");
     }
@@ -131,12 +160,24 @@ pub async fn run(
     let mut client = curator.client();
     let name = curator.key(ELECTION);
     cleanup_previous_lifetime(&mut client, &format!("{name}/"), &config.node_id).await?;
-    let lease = client
-        .lease_grant(ttl_seconds(config.ttl), None)
-        .await?
-        .id();
-    let (keeper, stream) = client.lease_keep_alive(lease).await?;
-    let keepalive = keep_lease_alive(keeper, stream, config.ttl);
+    let granted = consensus::bounded(
+        "the election lease grant",
+        ETCD_CALL_TIMEOUT,
+        client.lease_grant(ttl_seconds(config.ttl), None),
+    )
+    .await?;
+    let lease = granted.id();
+    let ttl = granted_ttl(granted.ttl())?;
+    if ttl != config.ttl {
+        tracing::info!(requested = ?config.ttl, granted = ?ttl, "etcd granted another lease TTL; using it");
+    }
+    let (keeper, stream) = consensus::bounded(
+        "the lease keepalive start",
+        ETCD_CALL_TIMEOUT,
+        client.lease_keep_alive(lease),
+    )
+    .await?;
+    let keepalive = keep_lease_alive(keeper, stream, ttl);
     tokio::pin!(keepalive);
     let value = LeaderElectionValue {
         node_id: config.node_id.clone(),
@@ -164,6 +205,7 @@ pub async fn run(
         key: key.key().to_vec(),
         revision: key.rev(),
         lease,
+        ttl,
         since: Instant::now(),
     };
     tracing::info!(node_id = config.node_id, "this curator is now the leader");

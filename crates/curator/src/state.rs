@@ -24,6 +24,7 @@ pub fn node_certificate_template(node_id: &str, address: std::net::IpAddr) -> pk
         ip_addresses: vec![address],
         usage: pki::Usage::ServerAndClient,
         lifetime: pki::CERTIFICATE_LIFETIME,
+        kind: pki::CertificateKind::Node,
     }
 }
 

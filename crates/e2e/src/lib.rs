@@ -430,6 +430,7 @@ impl BareEtcd {
                 ip_addresses: vec![address, IpAddr::V4(Ipv4Addr::LOCALHOST)],
                 usage: pki::Usage::ServerAndClient,
                 lifetime: pki::CERTIFICATE_LIFETIME,
+                kind: pki::CertificateKind::EtcdPeer,
             },
             &key.public_key(),
         )?;

@@ -184,6 +184,7 @@ fn owner_template(lifetime: Duration) -> pki::Template {
         ip_addresses: vec![],
         usage: pki::Usage::Client,
         lifetime,
+        kind: pki::CertificateKind::Owner,
     }
 }
 

@@ -43,6 +43,7 @@ fn start_curator(
             ip_addresses: vec![address],
             usage: pki::Usage::ServerAndClient,
             lifetime: pki::CERTIFICATE_LIFETIME,
+            kind: pki::CertificateKind::Node,
         },
         &key.public_key(),
     )?;
@@ -142,6 +143,7 @@ async fn follower_serves_local_api_and_takes_over() -> Result<()> {
             ip_addresses: vec![],
             usage: pki::Usage::Client,
             lifetime: Duration::from_secs(3600),
+            kind: pki::CertificateKind::Owner,
         },
         &owner_key.public_key(),
     )?;

@@ -27,6 +27,7 @@ fn template() -> Template {
         ip_addresses: vec![],
         usage: Usage::Server,
         lifetime: CERTIFICATE_LIFETIME,
+        kind: pki::CertificateKind::Node,
     }
 }
 

@@ -9,7 +9,11 @@
 //! ```
 //!
 //! Invariants:
-//! - Private keys leave this crate only as PKCS#8 DER (for storage with mode 0600).
+//! - Private keys leave this crate only as PKCS#8 DER (for storage with mode 0600), and
+//!   always as PKCS#8 **v1** (RFC 8410: version 0, the 32-byte seed, no public key).
+//!   ring generates v2 documents (with the public key), which OpenSSL 3.0 and Python's
+//!   `cryptography` refuse; v1 is what every tool reads. v2 keys written by earlier
+//!   versions still load.
 //! - A loaded key is checked: it must be a valid Ed25519 PKCS#8 document.
 
 use ring::signature::{Ed25519KeyPair, KeyPair as _};
@@ -32,8 +36,28 @@ pub enum IdentityError {
     Generate,
 }
 
+/// The DER of an RFC 8410 PKCS#8 v1 Ed25519 private key up to the seed: SEQUENCE,
+/// version 0, algorithm id-Ed25519, OCTET STRING { OCTET STRING (32 bytes) }.
+const PKCS8_V1_PREFIX: [u8; 16] = [
+    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+
+/// The seed of a PKCS#8 Ed25519 document that ring accepted (v1 or v2). ring only takes
+/// documents without attributes and with a short-form outer length, so the seed sits at a
+/// fixed offset once the fixed bytes around it match.
+fn pkcs8_seed(der: &[u8]) -> Option<&[u8]> {
+    let fixed_ok = der.len() >= 48
+        && der[0] == 0x30
+        && usize::from(der[1]) == der.len() - 2
+        && der[2..4] == [0x02, 0x01]
+        && (der[4] == 0 || der[4] == 1)
+        && der[5..16] == PKCS8_V1_PREFIX[5..16];
+    fixed_ok.then(|| &der[16..48])
+}
+
 /// An Ed25519 key pair.
 pub struct NodeKey {
+    /// Always PKCS#8 v1 (see the crate invariants).
     pkcs8: Vec<u8>,
     pair: Ed25519KeyPair,
 }
@@ -62,17 +86,22 @@ impl NodeKey {
 
     /// Loads a key from PKCS#8 DER (v1 or v2).
     pub fn from_pkcs8(der: &[u8]) -> Result<NodeKey, IdentityError> {
-        let pair = Ed25519KeyPair::from_pkcs8_maybe_unchecked(der).map_err(|e| {
-            IdentityError::InvalidPrivateKey {
-                reason: e.to_string(),
-            }
-        })?;
+        let invalid = |reason: String| IdentityError::InvalidPrivateKey { reason };
+        // ring checks a v2 document's public key against its seed, so the v1 form built
+        // from the seed is the same key.
+        Ed25519KeyPair::from_pkcs8_maybe_unchecked(der).map_err(|e| invalid(e.to_string()))?;
+        let seed = pkcs8_seed(der).ok_or_else(|| invalid("unexpected PKCS#8 layout".into()))?;
+        let v1 = [PKCS8_V1_PREFIX.as_slice(), seed].concat();
+        let pair_v1 = Ed25519KeyPair::from_pkcs8_maybe_unchecked(&v1)
+            .map_err(|e| invalid(format!("as PKCS#8 v1: {e}")))?;
         Ok(NodeKey {
-            pkcs8: der.to_vec(),
-            pair,
+            pkcs8: v1,
+            pair: pair_v1,
         })
     }
 
+    /// The key as PKCS#8 v1 DER (RFC 8410), whatever form it was loaded from: this is
+    /// what every writer of a key file uses.
     pub fn pkcs8_der(&self) -> &[u8] {
         &self.pkcs8
     }
@@ -137,6 +166,39 @@ mod tests {
         assert_eq!(key.public_key(), again.public_key());
         assert_eq!(key.node_id(), again.node_id());
         validate_node_id(&key.node_id()).unwrap();
+    }
+
+    #[test]
+    fn keys_are_written_as_pkcs8_v1_and_v2_keys_still_load() {
+        let rng = ring::rand::SystemRandom::new();
+        let v2 = Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+        assert_eq!(v2.as_ref()[4], 1, "ring generates v2 documents");
+        let key = NodeKey::from_pkcs8(v2.as_ref()).unwrap();
+        let v1 = key.pkcs8_der();
+        assert_eq!(v1.len(), 48);
+        assert_eq!(v1[..16], PKCS8_V1_PREFIX);
+        assert_eq!(v1[16..], v2.as_ref()[16..48], "same seed");
+        let reloaded = NodeKey::from_pkcs8(v1).unwrap();
+        assert_eq!(reloaded.public_key(), key.public_key());
+        assert_eq!(reloaded.pkcs8_der(), v1);
+        assert_eq!(
+            NodeKey::generate().unwrap().pkcs8_der()[..16],
+            PKCS8_V1_PREFIX
+        );
+    }
+
+    #[test]
+    fn v2_key_with_a_foreign_public_key_is_refused() {
+        let rng = ring::rand::SystemRandom::new();
+        let a = Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+        let b = Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+        let mut forged = a.as_ref().to_vec();
+        let len = forged.len();
+        forged[len - 32..].copy_from_slice(&b.as_ref()[len - 32..]);
+        assert!(matches!(
+            NodeKey::from_pkcs8(&forged),
+            Err(IdentityError::InvalidPrivateKey { .. })
+        ));
     }
 
     #[test]

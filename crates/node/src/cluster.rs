@@ -105,6 +105,7 @@ pub fn peer_template(node_id: &str, address: IpAddr) -> Template {
         ip_addresses: ips,
         usage: Usage::ServerAndClient,
         lifetime: CERTIFICATE_LIFETIME,
+        kind: pki::CertificateKind::EtcdPeer,
     }
 }
 

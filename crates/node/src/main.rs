@@ -23,6 +23,13 @@
 //! Invariants:
 //! - Refusals (would-be second cluster, corrupt files, foreign address, missing etcd) are
 //!   decided before anything is written, and end the process with a message and exit 1.
+//!   The one exception is the root lock (`ROOT/lock`, created with the root directory if
+//!   absent): it is taken before the root is read, so that two nodes never decide on one
+//!   root at once; a second node on a locked root refuses, naming the running one's PID.
+//! - The etcd peer and curator ports must be free at start; a port still held (e.g. by
+//!   the etcd of a node killed a moment ago) is polled for a few seconds before refusing.
+//! - The open-files soft limit is raised to the hard limit at start: the curator holds a
+//!   descriptor per client connection (see `rpc::server::Limits`).
 //! - SIGTERM/SIGINT cancel the whole tree; etcd gets SIGTERM (SIGKILL after 10 s), the
 //!   curator resigns its leadership, and the process exits 0 once every runnable stopped.
 //! - SIGUSR1 logs the supervisor tree.
@@ -45,7 +52,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cluster::{NodeValues, Plan};
 use crate::decision::{ClusterState, Decision, ParametersKind, RootFacts, decide};
-use crate::storage::{Root, read_proto};
+use crate::storage::{Root, RootLock, read_proto};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -83,8 +90,9 @@ struct Args {
     /// failover.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=60))]
     curator_lease_ttl: u64,
-    /// Lifetime of owner certificates issued by this node's curator, in seconds.
-    #[arg(long, default_value_t = 30 * 24 * 3600, value_parser = clap::value_parser!(u64).range(60..=5 * 365 * 24 * 3600))]
+    /// Lifetime of owner certificates issued by this node's curator, in seconds (at least
+    /// 60). Certificates are valid for all of it from the moment they are issued.
+    #[arg(long, default_value_t = 30 * 24 * 3600, value_parser = clap::value_parser!(u64).range(pki::MIN_CERTIFICATE_LIFETIME.as_secs()..=5 * 365 * 24 * 3600))]
     owner_certificate_lifetime: u64,
 }
 
@@ -144,14 +152,58 @@ fn check_address(address: IpAddr) -> Result<()> {
     }
 }
 
-fn check_port_free(address: IpAddr, port: u16, what: &str) -> Result<()> {
-    std::net::TcpListener::bind((address, port))
-        .map(drop)
-        .with_context(|| {
-            format!(
-                "{what} port {address}:{port} is not available (is another node running there?)"
-            )
-        })
+/// How long a start waits for a port that is still in use.
+const PORT_WAIT: Duration = Duration::from_secs(3);
+
+/// Fails unless `port` can be bound on `address` within `wait`. A port in use is polled:
+/// right after `kill -9` the dying etcd holds the peer port for a few milliseconds.
+fn check_port_free(address: IpAddr, port: u16, what: &str, wait: Duration) -> Result<()> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        match std::net::TcpListener::bind((address, port)) {
+            Ok(_) => return Ok(()),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "{what} port {address}:{port} is not available (is another node running there?)"
+                    )
+                });
+            }
+        }
+    }
+}
+
+/// Raises the open-files soft limit to the hard limit: every curator connection is a
+/// descriptor, and the default soft limit (often 1024) is far below what a curator
+/// serving a thousand nodes needs. Returns the limit now in force.
+fn raise_open_files_limit() -> std::io::Result<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            limit = raised;
+        }
+    }
+    Ok(limit.rlim_cur)
 }
 
 fn check_etcd_binary(path: &Path) -> Result<()> {
@@ -162,12 +214,18 @@ fn check_etcd_binary(path: &Path) -> Result<()> {
     }
 }
 
-/// Everything that can refuse the start, before anything is written.
-fn preflight(args: &Args, root: &Root) -> Result<Plan> {
+/// Everything that can refuse the start, before anything is written (but the root lock,
+/// which the returned plan must be carried out under).
+fn preflight(args: &Args, root: &Root) -> Result<(RootLock, Plan)> {
     check_address(args.address)?;
     if root.root.exists() && !root.root.is_dir() {
         bail!("node root {} is not a directory", root.root.display());
     }
+    let lock = root.lock()?;
+    Ok((lock, decide_plan(args, root)?))
+}
+
+fn decide_plan(args: &Args, root: &Root) -> Result<Plan> {
     let sealed_path = root.sealed_configuration();
     let params_path = args
         .params
@@ -216,8 +274,13 @@ fn preflight(args: &Args, root: &Root) -> Result<Plan> {
             if join.roles.consensus_member {
                 check_etcd_binary(&args.etcd_binary)?;
                 roleserver::check_join_root(root)?;
-                check_port_free(args.address, consensus::config::PEER_PORT, "etcd peer")?;
-                check_port_free(args.address, rpc::CURATOR_PORT, "curator")?;
+                check_port_free(
+                    args.address,
+                    consensus::config::PEER_PORT,
+                    "etcd peer",
+                    PORT_WAIT,
+                )?;
+                check_port_free(args.address, rpc::CURATOR_PORT, "curator", PORT_WAIT)?;
             }
             Ok(Plan::Join(std::sync::Arc::new(join)))
         }
@@ -240,8 +303,13 @@ fn preflight(args: &Args, root: &Root) -> Result<Plan> {
                     params_path.display()
                 )
             })?;
-            check_port_free(args.address, consensus::config::PEER_PORT, "etcd peer")?;
-            check_port_free(args.address, rpc::CURATOR_PORT, "curator")?;
+            check_port_free(
+                args.address,
+                consensus::config::PEER_PORT,
+                "etcd peer",
+                PORT_WAIT,
+            )?;
+            check_port_free(args.address, rpc::CURATOR_PORT, "curator", PORT_WAIT)?;
             Ok(Plan::Bootstrap(b))
         }
         Decision::Register => {
@@ -281,7 +349,11 @@ async fn run(args: Args) -> Result<()> {
         std::path::absolute(&args.root)
             .with_context(|| format!("resolving node root {}", args.root.display()))?,
     );
-    let plan = preflight(&args, &root)?;
+    match raise_open_files_limit() {
+        Ok(limit) => tracing::info!(limit, "open files limit"),
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
+    let (_lock, plan) = preflight(&args, &root)?;
     root.prepare()?;
 
     let values = NodeValues {
@@ -347,4 +419,68 @@ async fn run(args: Args) -> Result<()> {
     supervisor.shutdown().await;
     tracing::info!("all runnables stopped");
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_port_freed_within_the_wait_is_accepted() {
+        let address: IpAddr = [127, 0, 0, 1].into();
+        let held = std::net::TcpListener::bind((address, 0)).unwrap();
+        let port = held.local_addr().unwrap().port();
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            drop(held);
+        });
+        let started = std::time::Instant::now();
+        check_port_free(address, port, "test", PORT_WAIT).unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        releaser.join().unwrap();
+    }
+
+    #[test]
+    fn a_port_held_beyond_the_wait_is_refused() {
+        let address: IpAddr = [127, 0, 0, 1].into();
+        let held = std::net::TcpListener::bind((address, 0)).unwrap();
+        let port = held.local_addr().unwrap().port();
+        let err = check_port_free(address, port, "curator", Duration::from_millis(100))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("curator port 127.0.0.1:{port}")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn owner_certificate_lifetime_below_the_minimum_is_refused() {
+        let parse = |secs: &str| {
+            Args::try_parse_from([
+                "polis-node",
+                "--root",
+                "r",
+                "--address",
+                "127.0.0.2",
+                "--owner-certificate-lifetime",
+                secs,
+            ])
+        };
+        let err = parse("59").unwrap_err().to_string();
+        assert!(err.contains("60"), "{err}");
+        assert_eq!(parse("60").unwrap().owner_certificate_lifetime, 60);
+    }
+
+    #[test]
+    fn the_open_files_limit_is_raised_to_the_hard_limit() {
+        let limit = raise_open_files_limit().unwrap();
+        let mut now = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit with a valid pointer.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut now) }, 0);
+        assert_eq!((now.rlim_cur, now.rlim_max), (limit, limit));
+    }
 }

@@ -1,6 +1,7 @@
 //! Local storage: the node root's layout, permissions and atomic file writes.
 //!
 //! ```text
+//!   <root>/lock                          flock'ed while a polis-node runs; its PID
 //!   <root>/esp/parameters.pb             node parameters (operator-provided)
 //!   <root>/esp/sealed_configuration.pb   written last; present = "join on start"
 //!   <root>/esp/directory.pb              known curator endpoints (ClusterDirectory)
@@ -13,12 +14,16 @@
 //!   <root>/ephemeral/consensus/          etcd's cwd; client socket etcd.sock:0
 //! ```
 //! Directories are 0700, secret files 0600, and every file is written atomically
-//! (temporary file, fsync, rename, fsync of the directory).
+//! (temporary file, fsync, rename, fsync of the directory) — except `lock`, which must
+//! keep its inode because the lock is on it; it only ever holds a PID.
 
 use std::fs;
+use std::io::{Read as _, Seek as _, Write as _};
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use prost::Message;
 
 /// The paths of one node root.
@@ -30,6 +35,9 @@ pub struct Root {
 impl Root {
     pub fn new(root: impl Into<PathBuf>) -> Root {
         Root { root: root.into() }
+    }
+    pub fn lock_file(&self) -> PathBuf {
+        self.root.join("lock")
     }
     pub fn esp(&self) -> PathBuf {
         self.root.join("esp")
@@ -74,6 +82,50 @@ impl Root {
         self.ephemeral().join("consensus")
     }
 
+    /// Locks the root for this process's lifetime (the lock goes with the returned
+    /// value, or with the process: the kernel drops it on exit, also after `kill -9`).
+    /// Creates the root directory if needed. When another process holds the lock,
+    /// refuses without writing anything, naming that process's PID.
+    pub fn lock(&self) -> Result<RootLock> {
+        ensure_private_dir(&self.root)?;
+        let path = self.lock_file();
+        // Not truncated on open: the holder's PID must stay readable for a refused start.
+        let mut file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("opening lock file {}", path.display()))?;
+        // SAFETY: flock(2) on a descriptor we own.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if locked != 0 {
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(error).with_context(|| format!("locking {}", path.display()));
+            }
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = match holder.trim() {
+                "" => "a process that has not written its PID yet".to_string(),
+                pid => format!("PID {pid}"),
+            };
+            bail!(
+                "node root {} is in use by another polis-node ({holder}; lock file {}); \
+                 stop that one first",
+                self.root.display(),
+                path.display()
+            );
+        }
+        let pid = std::process::id();
+        file.set_len(0)
+            .and_then(|()| file.rewind())
+            .and_then(|()| writeln!(file, "{pid}"))
+            .with_context(|| format!("writing PID to {}", path.display()))?;
+        Ok(RootLock { _file: file })
+    }
+
     /// Creates the root's directories (0700) and empties `ephemeral/`.
     pub fn prepare(&self) -> Result<()> {
         for dir in [
@@ -108,6 +160,12 @@ impl Root {
         }
         found
     }
+}
+
+/// Holds a node root's lock (see [`Root::lock`]) until dropped.
+#[derive(Debug)]
+pub struct RootLock {
+    _file: fs::File,
 }
 
 fn dir_non_empty(dir: &Path) -> bool {
@@ -167,6 +225,22 @@ mod tests {
         assert!(root.cluster_state_present().is_empty());
         fs::write(root.node_key(), b"k").unwrap();
         assert_eq!(root.cluster_state_present(), vec![root.node_key()]);
+    }
+
+    #[test]
+    fn a_locked_root_is_refused_naming_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path().join("node"));
+        let held = root.lock().unwrap();
+        let pid = std::process::id().to_string();
+        assert_eq!(fs::read_to_string(root.lock_file()).unwrap().trim(), pid);
+        // flock locks belong to the open file, so a second open in this process conflicts
+        // just as another process would.
+        let err = format!("{:#}", root.lock().unwrap_err());
+        assert!(err.contains(&format!("PID {pid}")), "{err}");
+        assert_eq!(fs::read_to_string(root.lock_file()).unwrap().trim(), pid);
+        drop(held);
+        root.lock().unwrap();
     }
 
     #[test]

@@ -17,8 +17,60 @@ pub const CA_LIFETIME: Duration = Duration::from_secs(20 * 365 * 24 * 3600);
 /// Lifetime of node, peer and user certificates.
 pub const CERTIFICATE_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// Tolerance for clocks that are slightly behind the issuer's.
-const BACKDATE: Duration = Duration::from_secs(5 * 60);
+/// Shortest lifetime a certificate may be issued with: below this, clock skew and the
+/// time a client needs to fetch and use a certificate eat most of its life.
+pub const MIN_CERTIFICATE_LIFETIME: Duration = Duration::from_secs(60);
+
+/// Tolerance for clocks that are slightly behind the issuer's: `not_before` lies this
+/// much before the issue time, *outside* the lifetime, so a certificate is valid for its
+/// whole lifetime from the moment it is issued.
+pub const BACKDATE: Duration = Duration::from_secs(5 * 60);
+
+/// What a certificate's holder is, written by the CA into the subject as the
+/// organizational unit `polis:<kind>` (exactly one). Clients are classified from this
+/// mark alone (see `rpc::tls`): a cluster certificate without a known mark is denied,
+/// so a new kind of certificate never inherits another kind's permissions by accident.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CertificateKind {
+    /// A node: the common name is the node ID of the certified key.
+    Node,
+    /// A cluster owner (an operator): may manage the cluster.
+    Owner,
+    /// An etcd member talking to its peers (etcd peer CA only).
+    EtcdPeer,
+}
+
+impl CertificateKind {
+    const ALL: [CertificateKind; 3] = [
+        CertificateKind::Node,
+        CertificateKind::Owner,
+        CertificateKind::EtcdPeer,
+    ];
+
+    /// The organizational unit that marks this kind.
+    pub const fn mark(self) -> &'static str {
+        match self {
+            CertificateKind::Node => "polis:node",
+            CertificateKind::Owner => "polis:owner",
+            CertificateKind::EtcdPeer => "polis:etcd-peer",
+        }
+    }
+
+    pub fn from_mark(mark: &str) -> Option<CertificateKind> {
+        Self::ALL.into_iter().find(|k| k.mark() == mark)
+    }
+
+    /// The kind a parsed certificate is marked with: `None` unless its subject holds
+    /// exactly one organizational unit and that unit is a known mark.
+    pub fn of(cert: &x509_parser::certificate::X509Certificate<'_>) -> Option<CertificateKind> {
+        let mut units = cert.subject().iter_organizational_unit();
+        let only = units.next()?;
+        if units.next().is_some() {
+            return None;
+        }
+        CertificateKind::from_mark(only.as_str().ok()?)
+    }
+}
 
 /// What a certificate may be used for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +88,7 @@ pub struct Template {
     pub ip_addresses: Vec<IpAddr>,
     pub usage: Usage,
     pub lifetime: Duration,
+    pub kind: CertificateKind,
 }
 
 /// A certificate issued by a [`Ca`].
@@ -85,9 +138,10 @@ pub fn random_serial() -> Vec<u8> {
     }
 }
 
-fn validity(lifetime: Duration) -> (OffsetDateTime, OffsetDateTime) {
-    let now = OffsetDateTime::now_utc();
-    (now - BACKDATE, now + lifetime)
+/// `(not_before, not_after)` for a certificate issued at `issued`: the whole lifetime
+/// from `issued` on, plus the clock-skew allowance before it.
+fn validity(issued: OffsetDateTime, lifetime: Duration) -> (OffsetDateTime, OffsetDateTime) {
+    (issued - BACKDATE, issued + lifetime)
 }
 
 impl Ca {
@@ -107,7 +161,7 @@ impl Ca {
         ];
         params.serial_number = Some(SerialNumber::from_slice(&random_serial()));
         params.key_identifier_method = KeyIdMethod::Sha256;
-        (params.not_before, params.not_after) = validity(lifetime);
+        (params.not_before, params.not_after) = validity(OffsetDateTime::now_utc(), lifetime);
         let cert = params.self_signed(&key)?;
         Ok(Ca {
             cert_der: cert.der().to_vec(),
@@ -146,25 +200,34 @@ impl Ca {
         )?)
     }
 
-    /// Issues a certificate for `subject_key` (a raw Ed25519 public key), valid from now
-    /// (minus a small allowance for clock skew) for the template's lifetime.
+    /// Issues a certificate for `subject_key` (a raw Ed25519 public key), valid for the
+    /// template's whole lifetime from now (and [`BACKDATE`] before now, for clock skew).
     pub fn issue(&self, template: &Template, subject_key: &[u8; 32]) -> Result<Issued, PkiError> {
-        let (not_before, _) = validity(template.lifetime);
-        self.issue_at(template, subject_key, not_before)
+        self.issue_at(template, subject_key, OffsetDateTime::now_utc())
     }
 
-    /// Issues a certificate valid from `not_before` for the template's lifetime.
+    /// Issues a certificate as if at `issued`: valid from `issued - BACKDATE` until
+    /// `issued + lifetime`. Refuses lifetimes below [`MIN_CERTIFICATE_LIFETIME`].
     pub fn issue_at(
         &self,
         template: &Template,
         subject_key: &[u8; 32],
-        not_before: OffsetDateTime,
+        issued: OffsetDateTime,
     ) -> Result<Issued, PkiError> {
+        if template.lifetime < MIN_CERTIFICATE_LIFETIME {
+            return Err(PkiError::LifetimeTooShort {
+                lifetime: template.lifetime,
+                minimum: MIN_CERTIFICATE_LIFETIME,
+            });
+        }
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params
             .distinguished_name
             .push(DnType::CommonName, template.common_name.as_str());
+        params
+            .distinguished_name
+            .push(DnType::OrganizationalUnitName, template.kind.mark());
         for dns in &template.dns_names {
             params
                 .subject_alt_names
@@ -191,8 +254,7 @@ impl Ca {
         let serial = random_serial();
         params.serial_number = Some(SerialNumber::from_slice(&serial));
         params.use_authority_key_identifier_extension = true;
-        params.not_before = not_before;
-        params.not_after = not_before + template.lifetime;
+        (params.not_before, params.not_after) = validity(issued, template.lifetime);
         let cert = params.signed_by(&Ed25519PublicKey(subject_key), &self.issuer()?)?;
         Ok(Issued {
             der: cert.der().to_vec(),
@@ -275,7 +337,58 @@ mod tests {
             ip_addresses: vec!["127.0.0.2".parse().unwrap()],
             usage,
             lifetime: CERTIFICATE_LIFETIME,
+            kind: CertificateKind::Node,
         }
+    }
+
+    #[test]
+    fn certificate_is_valid_for_its_whole_lifetime_from_issue() {
+        let ca = Ca::generate("ca", CA_LIFETIME).unwrap();
+        let lifetime = Duration::from_secs(60);
+        let mut owner = template(Usage::Client);
+        owner.lifetime = lifetime;
+        let before = OffsetDateTime::now_utc().unix_timestamp();
+        let issued = ca.issue(&owner, &node_key()).unwrap();
+        let after = OffsetDateTime::now_utc().unix_timestamp();
+        let (_, cert) = parse_x509_certificate(&issued.der).unwrap();
+        let not_before = cert.validity().not_before.timestamp();
+        let not_after = cert.validity().not_after.timestamp();
+        // X.509 times have whole seconds; rcgen truncates.
+        assert!(
+            not_after >= before + 60 - 1 && not_after <= after + 60,
+            "{not_after}"
+        );
+        assert!(not_before <= before - BACKDATE.as_secs() as i64);
+        let left = time_to_expiry(&issued.der).unwrap().expect("valid now");
+        assert!(left >= Duration::from_secs(58), "{left:?}");
+    }
+
+    #[test]
+    fn lifetimes_below_the_minimum_are_refused() {
+        let ca = Ca::generate("ca", CA_LIFETIME).unwrap();
+        let mut t = template(Usage::Client);
+        t.lifetime = MIN_CERTIFICATE_LIFETIME - Duration::from_secs(1);
+        let err = ca.issue(&t, &node_key()).unwrap_err();
+        assert!(matches!(err, PkiError::LifetimeTooShort { .. }), "{err}");
+        assert!(err.to_string().contains("at least 60s"), "{err}");
+        t.lifetime = MIN_CERTIFICATE_LIFETIME;
+        ca.issue(&t, &node_key()).unwrap();
+    }
+
+    #[test]
+    fn the_kind_is_marked_in_the_subject_and_read_back() {
+        let ca = Ca::generate("ca", CA_LIFETIME).unwrap();
+        for kind in CertificateKind::ALL {
+            let mut t = template(Usage::Client);
+            t.kind = kind;
+            let issued = ca.issue(&t, &node_key()).unwrap();
+            let (_, cert) = parse_x509_certificate(&issued.der).unwrap();
+            assert_eq!(CertificateKind::of(&cert), Some(kind));
+            assert_eq!(CertificateKind::from_mark(kind.mark()), Some(kind));
+        }
+        let (_, ca_cert) = parse_x509_certificate(&ca.cert_der).unwrap();
+        assert_eq!(CertificateKind::of(&ca_cert), None);
+        assert_eq!(CertificateKind::from_mark("polis:admin"), None);
     }
 
     #[test]

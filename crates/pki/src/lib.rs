@@ -20,15 +20,21 @@
 //! - Every certificate has a random serial number (not derived from the key, so re-issues
 //!   for the same key differ), recorded under `serials/` when stored; etcd's CRL check
 //!   compares serials only, so they must be unique across CAs.
-//! - Every certificate has a finite lifetime.
+//! - Every certificate has a finite lifetime of at least `MIN_CERTIFICATE_LIFETIME`, and
+//!   is valid for all of it from the moment it is issued (the clock-skew allowance,
+//!   `BACKDATE`, lies before the issue time, outside the lifetime).
+//! - Every certificate the CAs issue carries its kind (`CertificateKind`: node, owner,
+//!   etcd peer) as the subject's organizational unit `polis:<kind>`; what a certificate
+//!   may do is decided from that mark, never from its common name alone.
 //! - A CA always has a CRL (possibly empty), created together with it.
 
 mod issue;
 mod store;
 
 pub use issue::{
-    CA_LIFETIME, CERTIFICATE_LIFETIME, Ca, Issued, Template, Usage, certificate_public_key,
-    crl_serials, random_serial, time_to_expiry,
+    BACKDATE, CA_LIFETIME, CERTIFICATE_LIFETIME, Ca, CertificateKind, Issued,
+    MIN_CERTIFICATE_LIFETIME, Template, Usage, certificate_public_key, crl_serials, random_serial,
+    time_to_expiry,
 };
 pub use store::CaStore;
 
@@ -42,6 +48,11 @@ pub enum PkiError {
     Consensus(#[from] consensus::ConsensusError),
     #[error("etcd transaction on the PKI store failed")]
     Etcd(#[from] etcd_client::Error),
+    #[error("certificate lifetime {lifetime:?} is too short: it must be at least {minimum:?}")]
+    LifetimeTooShort {
+        lifetime: std::time::Duration,
+        minimum: std::time::Duration,
+    },
     #[error("PKI store is inconsistent: {0}")]
     Inconsistent(String),
 }

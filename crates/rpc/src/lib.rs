@@ -11,13 +11,17 @@
 //! The handshake accepts any client certificate, because registering nodes and an owner
 //! taking ownership can only present self-signed ones. The decision happens per call:
 //! [`tls::Authenticator`] classifies the certificate as anonymous, self-signed, node,
-//! user or invalid (expired, revoked, foreign CA), and [`authz::authorize`] checks it
-//! against the one permission table, [`authz::METHODS`].
+//! user or invalid (expired, revoked, foreign CA, no known kind mark), and
+//! [`authz::authorize`] checks it against the one permission table, [`authz::METHODS`].
+//! [`incoming`] is the curator's listener, with its caps and timeouts
+//! ([`server::Limits`]); [`server::builder`] the tonic settings every curator uses.
 //!
 //! Invariants:
 //! - An RPC that is not in the table is denied, whoever calls it.
 //! - Certificates that claim the cluster but fail verification are never downgraded to
 //!   anonymous: they are denied everywhere.
+//! - A cluster certificate is a node's or a user's only by the kind the CA marked it with
+//!   (`pki::CertificateKind`); without a known mark it is invalid.
 //! - Every cluster certificate is checked against the current CRL on every call.
 //! - rustls uses the ring provider only, and TLS 1.3 only (Polis controls both ends).
 
@@ -30,7 +34,7 @@ pub use authz::{Identity, Permission};
 pub use client::{
     CURATOR_PORT, CallError, CuratorClient, connect, leader_endpoint, parse_endpoint,
 };
-pub use server::{AuthLayer, CrlSource, PeerInfo, incoming};
+pub use server::{AuthLayer, CrlSource, Limits, PeerInfo, incoming};
 pub use tls::{Authenticator, Credentials, ServerTrust, self_signed};
 
 #[derive(Debug, thiserror::Error)]

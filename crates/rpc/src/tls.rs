@@ -226,6 +226,51 @@ pub fn client_config(
     Ok(Arc::new(config))
 }
 
+/// Who holds a certificate that verified against the cluster CA, from the kind the CA
+/// marked it with (`pki::CertificateKind`). The mark alone decides the kind; the name is
+/// then checked against it. Anything unmarked, or marked for another purpose (an etcd
+/// peer certificate), is denied rather than guessed at.
+fn classify_cluster_certificate(
+    kind: Option<pki::CertificateKind>,
+    cn: String,
+    public_key: Vec<u8>,
+) -> Identity {
+    match kind {
+        Some(pki::CertificateKind::Node) => {
+            let key_id = <[u8; 32]>::try_from(public_key.as_slice())
+                .ok()
+                .map(|k| identity::node_id(&k));
+            if key_id.as_deref() == Some(cn.as_str()) {
+                Identity::Node { id: cn, public_key }
+            } else {
+                Identity::Invalid {
+                    reason: format!(
+                        "node certificate names {cn:?}, which is not its key's identity"
+                    ),
+                }
+            }
+        }
+        Some(pki::CertificateKind::Owner) => {
+            if cn.is_empty() || cn.starts_with(identity::NODE_ID_PREFIX) {
+                Identity::Invalid {
+                    reason: format!("owner certificate with the name {cn:?}"),
+                }
+            } else {
+                Identity::User {
+                    name: cn,
+                    public_key,
+                }
+            }
+        }
+        Some(kind @ pki::CertificateKind::EtcdPeer) => Identity::Invalid {
+            reason: format!("a {} certificate is not accepted here", kind.mark()),
+        },
+        None => Identity::Invalid {
+            reason: "the certificate carries no known role mark".into(),
+        },
+    }
+}
+
 /// A verifier together with the CRL (DER) it was built for.
 type CachedVerifier = (Vec<u8>, Arc<dyn ClientCertVerifier>);
 
@@ -295,23 +340,7 @@ impl Authenticator {
                     .and_then(|cn| cn.as_str().ok())
                     .unwrap_or_default()
                     .to_string();
-                let as_node = <[u8; 32]>::try_from(public_key.as_slice())
-                    .ok()
-                    .map(|k| identity::node_id(&k));
-                if as_node.as_deref() == Some(cn.as_str()) {
-                    Identity::Node { id: cn, public_key }
-                } else if cn.is_empty() || cn.starts_with(identity::NODE_ID_PREFIX) {
-                    Identity::Invalid {
-                        reason: format!(
-                            "certificate names {cn:?}, which is not its key's identity"
-                        ),
-                    }
-                } else {
-                    Identity::User {
-                        name: cn,
-                        public_key,
-                    }
-                }
+                classify_cluster_certificate(pki::CertificateKind::of(&parsed), cn, public_key)
             }
             Err(e) if parsed.issuer() == parsed.subject() => {
                 tracing::trace!("not a cluster certificate ({e}); treating as self-signed");
@@ -321,5 +350,146 @@ impl Authenticator {
                 reason: e.to_string(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pki::{CertificateKind, Template, Usage};
+    use std::time::Duration;
+
+    /// A CA, its empty CRL, and an authenticator for it.
+    fn cluster() -> (pki::Ca, Vec<u8>, Authenticator) {
+        let ca = pki::Ca::generate("Polis Cluster CA", pki::CA_LIFETIME).unwrap();
+        let crl = ca.crl(&[], 1).unwrap();
+        let authenticator = Authenticator::new(ca.cert_der.clone());
+        (ca, crl, authenticator)
+    }
+
+    fn issue(ca: &pki::Ca, key: &[u8; 32], cn: &str, kind: CertificateKind) -> Vec<u8> {
+        let template = Template {
+            common_name: cn.into(),
+            dns_names: vec![],
+            ip_addresses: vec![],
+            usage: Usage::ServerAndClient,
+            lifetime: Duration::from_secs(3600),
+            kind,
+        };
+        ca.issue(&template, key).unwrap().der
+    }
+
+    /// A certificate from the cluster CA with no role mark at all (as issued before
+    /// marks existed, or by a future issuer that forgot one).
+    fn unmarked(ca: &pki::Ca, key: &identity::NodeKey, cn: &str) -> Vec<u8> {
+        let issuer_key = rcgen::KeyPair::try_from(ca.key_pkcs8()).unwrap();
+        let issuer =
+            rcgen::Issuer::from_ca_cert_der(&ca.cert_der.clone().into(), issuer_key).unwrap();
+        let subject = rcgen::KeyPair::try_from(key.pkcs8_der()).unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        params.signed_by(&subject, &issuer).unwrap().der().to_vec()
+    }
+
+    #[derive(Debug, PartialEq)]
+    enum Want {
+        Anonymous,
+        SelfSigned,
+        Node,
+        User(&'static str),
+        Invalid,
+    }
+
+    fn kind_of(identity: &Identity) -> Want {
+        match identity {
+            Identity::Anonymous => Want::Anonymous,
+            Identity::SelfSigned { .. } => Want::SelfSigned,
+            Identity::Node { .. } => Want::Node,
+            Identity::User { name, .. } => {
+                Want::User(if name == "owner" { "owner" } else { "other" })
+            }
+            Identity::Invalid { .. } => Want::Invalid,
+        }
+    }
+
+    #[test]
+    fn classification_table() {
+        let (ca, crl, authenticator) = cluster();
+        let key = identity::NodeKey::generate().unwrap();
+        let pk = key.public_key();
+        let id = key.node_id();
+        let other_id = identity::NodeKey::generate().unwrap().node_id();
+        let foreign = pki::Ca::generate("Foreign CA", pki::CA_LIFETIME).unwrap();
+        let self_signed = self_signed(&key).unwrap().certificate;
+        let expired = ca
+            .issue_at(
+                &Template {
+                    common_name: "owner".into(),
+                    dns_names: vec![],
+                    ip_addresses: vec![],
+                    usage: Usage::Client,
+                    lifetime: Duration::from_secs(3600),
+                    kind: CertificateKind::Owner,
+                },
+                &pk,
+                time::OffsetDateTime::now_utc() - time::Duration::days(2),
+            )
+            .unwrap()
+            .der;
+        let revoked = ca.issue(
+            &Template {
+                common_name: "owner".into(),
+                dns_names: vec![],
+                ip_addresses: vec![],
+                usage: Usage::Client,
+                lifetime: Duration::from_secs(3600),
+                kind: CertificateKind::Owner,
+            },
+            &pk,
+        );
+        let revoked = revoked.unwrap();
+        let crl_with_revoked = ca.crl(std::slice::from_ref(&revoked.serial), 2).unwrap();
+
+        let check = |name: &str, cert: Option<Vec<u8>>, crl: &[u8], want: Want| {
+            let cert = cert.map(CertificateDer::from);
+            let got = authenticator.classify(cert.as_ref(), crl, UnixTime::now());
+            assert_eq!(kind_of(&got), want, "{name}: {got}");
+        };
+        let owner = CertificateKind::Owner;
+        let node = CertificateKind::Node;
+        check("no certificate", None, &crl, Want::Anonymous);
+        check("self-signed", Some(self_signed), &crl, Want::SelfSigned);
+        let c = issue(&ca, &pk, "owner", owner);
+        check("owner mark", Some(c), &crl, Want::User("owner"));
+        let c = issue(&ca, &pk, &id, node);
+        check("node mark, own ID", Some(c), &crl, Want::Node);
+        let c = issue(&ca, &pk, &other_id, node);
+        check("node mark, other ID", Some(c), &crl, Want::Invalid);
+        let c = issue(&ca, &pk, "owner", node);
+        check("node mark, owner name", Some(c), &crl, Want::Invalid);
+        let c = issue(&ca, &pk, &id, owner);
+        check("owner mark, node ID", Some(c), &crl, Want::Invalid);
+        let c = issue(&ca, &pk, "", owner);
+        check("owner mark, empty name", Some(c), &crl, Want::Invalid);
+        let c = issue(&ca, &pk, &id, CertificateKind::EtcdPeer);
+        check("etcd peer mark", Some(c), &crl, Want::Invalid);
+        let c = unmarked(&ca, &key, "owner");
+        check("no mark, owner-like name", Some(c), &crl, Want::Invalid);
+        let c = unmarked(&ca, &key, &id);
+        check("no mark, node ID", Some(c), &crl, Want::Invalid);
+        check("expired owner", Some(expired), &crl, Want::Invalid);
+        let c = Some(revoked.der.clone());
+        check("revoked owner", c, &crl_with_revoked, Want::Invalid);
+        let c = Some(revoked.der);
+        check("owner before revocation", c, &crl, Want::User("owner"));
+        let c = issue(&foreign, &pk, "owner", owner);
+        check("foreign CA, owner mark", Some(c), &crl, Want::Invalid);
+        let c = b"not a certificate".to_vec();
+        check("garbage", Some(c), &crl, Want::Invalid);
     }
 }

@@ -40,6 +40,7 @@ impl api::aaa_server::Aaa for Services {
             ip_addresses: vec![],
             usage: pki::Usage::Client,
             lifetime: self.0.config.owner_certificate_lifetime,
+            kind: pki::CertificateKind::Owner,
         };
         let issued = ca
             .issue(&template, &subject)

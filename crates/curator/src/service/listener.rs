@@ -37,8 +37,7 @@ pub(super) async fn serve(
     let cancel = ctx.cancellation_token();
     // tonic runs connections and requests in tasks of its own: give them our span.
     let span = tracing::Span::current();
-    let server = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+    let server = rpc::server::builder()
         .timeout(REQUEST_TIMEOUT)
         .trace_fn(move |_| span.clone())
         .layer(auth)

@@ -1,0 +1,325 @@
+//! The listener against real sockets on 127.0.0.1, with limits small enough to hit.
+
+use std::io::ErrorKind;
+use std::time::Instant as StdInstant;
+
+use proto::api;
+use tokio::io::AsyncReadExt;
+
+use super::*;
+use crate::tls::{Credentials, ServerTrust, client_config, self_signed, server_config};
+
+const WAIT: Duration = Duration::from_secs(5);
+
+fn small(max_connections: usize, max_handshakes: usize) -> Limits {
+    Limits {
+        max_connections,
+        max_handshakes,
+        handshake_timeout: Duration::from_millis(400),
+        first_call_timeout: Duration::from_millis(400),
+        idle_timeout: Duration::from_millis(400),
+    }
+}
+
+fn server_credentials() -> Credentials {
+    self_signed(&identity::NodeKey::generate().unwrap()).unwrap()
+}
+
+async fn bind() -> (TcpListener, SocketAddr) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    (listener, address)
+}
+
+/// A TLS session to `address` that then sends nothing.
+async fn tls_client(
+    address: SocketAddr,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let config = client_config(&ServerTrust::FirstUse, None).unwrap();
+    let tcp = TcpStream::connect(address).await?;
+    let name = rustls::pki_types::ServerName::IpAddress(address.ip().into());
+    tokio_rustls::TlsConnector::from(config)
+        .connect(name, tcp)
+        .await
+}
+
+/// How long until the server closes `stream` (EOF or reset), failing after `WAIT`.
+async fn closed_after<S: AsyncRead + Unpin>(stream: &mut S) -> Duration {
+    let started = StdInstant::now();
+    let mut buf = [0u8; 64];
+    loop {
+        match tokio::time::timeout(WAIT, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return started.elapsed(),
+            Ok(Ok(_)) => continue,
+            Err(_) => panic!("the server did not close the connection within {WAIT:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn accepted_sockets_have_nodelay() {
+    let (listener, address) = bind().await;
+    let mut incoming = incoming_with(
+        listener,
+        server_config(&server_credentials()).unwrap(),
+        small(8, 8),
+    );
+    let _client = tls_client(address).await.unwrap();
+    let conn = tokio::time::timeout(WAIT, tokio_stream::StreamExt::next(&mut incoming))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(conn.tcp().nodelay().unwrap());
+}
+
+#[tokio::test]
+async fn beyond_the_caps_new_connections_are_closed_at_once() {
+    // Connection cap: one held TLS connection and one in its handshake fill two slots.
+    let (listener, address) = bind().await;
+    let mut incoming = incoming_with(
+        listener,
+        server_config(&server_credentials()).unwrap(),
+        small(2, 2),
+    );
+    let _tls = tls_client(address).await.unwrap();
+    let _held = tokio::time::timeout(WAIT, tokio_stream::StreamExt::next(&mut incoming))
+        .await
+        .unwrap();
+    let _handshaking = TcpStream::connect(address).await.unwrap();
+    let mut refused = TcpStream::connect(address).await.unwrap();
+    assert!(closed_after(&mut refused).await < Duration::from_millis(300));
+
+    // Handshake cap: one silent TCP client holds the only handshake slot until its
+    // handshake times out; meanwhile a new client is refused at once.
+    let (listener, address) = bind().await;
+    let _incoming = incoming_with(
+        listener,
+        server_config(&server_credentials()).unwrap(),
+        small(8, 1),
+    );
+    let mut silent = TcpStream::connect(address).await.unwrap();
+    // Let the server accept it before the next one arrives.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut refused = TcpStream::connect(address).await.unwrap();
+    assert!(closed_after(&mut refused).await < Duration::from_millis(300));
+    let held = closed_after(&mut silent).await;
+    assert!(held < Duration::from_secs(2), "{held:?}");
+    // The slot is free again.
+    tls_client(address).await.unwrap();
+}
+
+#[test]
+fn limits_fit_the_open_files_limit() {
+    assert_eq!(Limits::within_open_files(1 << 20), Limits::PRODUCTION);
+    let small = Limits::within_open_files(1024);
+    assert_eq!(small.max_connections, 1024 - 256);
+    assert_eq!(small.max_handshakes, (1024 - 256) / 4);
+    assert!(Limits::within_open_files(0).max_connections > 0);
+}
+
+#[test]
+fn log_budget_reports_once_per_interval_with_a_count() {
+    let mut budget = LogBudget::new(Duration::from_secs(1));
+    let t0 = std::time::Instant::now();
+    assert_eq!(budget.record(t0), Some(1));
+    for i in 1..=99 {
+        assert_eq!(budget.record(t0 + Duration::from_millis(i * 5)), None);
+    }
+    assert_eq!(budget.record(t0 + Duration::from_secs(1)), Some(100));
+    assert_eq!(budget.record(t0 + Duration::from_millis(1500)), None);
+}
+
+/// CuratorLocal whose GetCurrentLeader takes `delay`.
+struct Slow {
+    delay: Duration,
+}
+
+#[tonic::async_trait]
+impl api::curator_local_server::CuratorLocal for Slow {
+    async fn get_current_leader(
+        &self,
+        _: tonic::Request<api::GetCurrentLeaderRequest>,
+    ) -> Result<tonic::Response<api::GetCurrentLeaderResponse>, tonic::Status> {
+        tokio::time::sleep(self.delay).await;
+        Ok(tonic::Response::new(Default::default()))
+    }
+    async fn get_ca_certificate(
+        &self,
+        _: tonic::Request<api::GetCaCertificateRequest>,
+    ) -> Result<tonic::Response<api::GetCaCertificateResponse>, tonic::Status> {
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+/// A curator-like server (our builder, the auth layer, our listener) on 127.0.0.1.
+async fn serve(limits: Limits, delay: Duration) -> SocketAddr {
+    let (listener, address) = bind().await;
+    let ca = pki::Ca::generate("test CA", pki::CA_LIFETIME).unwrap();
+    let crl_der = ca.crl(&[], 1).unwrap();
+    let crl: CrlSource = Arc::new(move || {
+        let crl = crl_der.clone();
+        Box::pin(async move { Ok(crl) })
+    });
+    let auth = AuthLayer::new(Arc::new(Authenticator::new(ca.cert_der.clone())), crl);
+    let tls = server_config(&server_credentials()).unwrap();
+    tokio::spawn(
+        builder()
+            .layer(auth)
+            .add_service(api::curator_local_server::CuratorLocalServer::new(Slow {
+                delay,
+            }))
+            .serve_with_incoming(incoming_with(listener, tls, limits)),
+    );
+    address
+}
+
+#[tokio::test]
+async fn connections_without_calls_are_closed_and_calls_keep_them_open() {
+    let limits = small(16, 16);
+    let address = serve(limits, Duration::from_millis(1000)).await;
+
+    // TLS done, then no HTTP/2 preface.
+    let mut silent = tls_client(address).await.unwrap();
+    let after = closed_after(&mut silent).await;
+    assert!(
+        after >= Duration::from_millis(300) && after < Duration::from_secs(2),
+        "{after:?}"
+    );
+
+    // A call longer than the idle timeout completes; once it is over, the connection is
+    // closed for idleness. The test keeps a second descriptor of the client's socket to
+    // see the server's FIN.
+    let (socket_tx, socket_rx) = std::sync::mpsc::channel();
+    let connector =
+        tokio_rustls::TlsConnector::from(client_config(&ServerTrust::FirstUse, None).unwrap());
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_| {
+            let (connector, socket_tx) = (connector.clone(), socket_tx.clone());
+            async move {
+                let tcp = TcpStream::connect(address).await?;
+                let std = tcp.into_std()?;
+                socket_tx.send(std.try_clone()?).expect("test alive");
+                let tcp = TcpStream::from_std(std)?;
+                let name = rustls::pki_types::ServerName::IpAddress(address.ip().into());
+                let tls = connector.connect(name, tcp).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+            }
+        }))
+        .await
+        .unwrap();
+    let started = StdInstant::now();
+    api::curator_local_client::CuratorLocalClient::new(channel.clone())
+        .get_current_leader(api::GetCurrentLeaderRequest {})
+        .await
+        .expect("a call longer than the idle timeout is not cut");
+    assert!(started.elapsed() >= Duration::from_millis(1000));
+    let socket = socket_rx.try_recv().expect("one connection");
+    let idle_since = StdInstant::now();
+    loop {
+        let mut buf = [0u8; 1];
+        match socket.peek(&mut buf) {
+            Ok(0) => break,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(_) => break,
+            Ok(_) => {}
+        }
+        assert!(
+            idle_since.elapsed() < WAIT,
+            "the idle connection was not closed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(idle_since.elapsed() >= Duration::from_millis(200));
+    drop(channel);
+}
+
+fn open_files_limit() -> libc::rlimit {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit with a valid pointer.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+        0
+    );
+    limit
+}
+
+fn set_open_files_soft_limit(soft: u64) {
+    let limit = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: open_files_limit().rlim_max,
+    };
+    // SAFETY: setrlimit with a valid pointer (nextest runs each test in its own process).
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+}
+
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage with a valid pointer.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) }, 0);
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_the_accept_loop_pauses_and_recovers() {
+    let (listener, address) = bind().await;
+    // The kernel completes the clients' TCP handshakes into the backlog; once no
+    // descriptor is left, every accept(2) fails with EMFILE.
+    let clients: Vec<_> = futures_connect(address, 8).await;
+    let saved = open_files_limit();
+    // read_dir holds one descriptor while counting.
+    let in_use = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64 - 1;
+    set_open_files_soft_limit(in_use);
+    let mut incoming = incoming_with(
+        listener,
+        server_config(&server_credentials()).unwrap(),
+        small(64, 64),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = cpu_time();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let burnt = cpu_time() - before;
+    // A loop retrying accept at once would burn about a core for the whole second.
+    assert!(burnt < Duration::from_millis(300), "{burnt:?}");
+
+    set_open_files_soft_limit(saved.rlim_cur);
+    drop(clients);
+    let _client = tls_client(address).await.unwrap();
+    let conn = tokio::time::timeout(WAIT, tokio_stream::StreamExt::next(&mut incoming)).await;
+    assert!(
+        matches!(conn, Ok(Some(Ok(_)))),
+        "accepting again after EMFILE"
+    );
+}
+
+async fn futures_connect(address: SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
+        clients.push(TcpStream::connect(address).await.unwrap());
+    }
+    clients
+}
+
+#[test]
+fn a_streaming_response_counts_as_in_flight_until_its_body_is_dropped() {
+    let limits = small(16, 16);
+    let calls = Arc::new(Calls::new());
+    let accepted = Instant::now();
+    let body = CountedBody {
+        inner: Box::pin(tonic::body::Body::empty()),
+        _call: Some(calls.start()),
+    };
+    assert_eq!(
+        calls.idle_deadline(accepted, &limits),
+        None,
+        "an open response stream keeps the connection busy"
+    );
+    drop(body);
+    let deadline = calls.idle_deadline(accepted, &limits).expect("idle again");
+    assert!(deadline > Instant::now());
+}
