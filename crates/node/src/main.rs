@@ -34,6 +34,7 @@
 //!   curator resigns its leadership, and the process exits 0 once every runnable stopped.
 //! - SIGUSR1 logs the supervisor tree.
 
+mod bootstrap;
 mod cluster;
 mod decision;
 mod register;

@@ -25,14 +25,13 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use consensus::{EtcdConfig, InitialClusterState, PeerTlsFiles, RaftTiming, Running, Status};
-use curator::BootstrapRecords;
-use proto::config::{ClusterConfiguration, ClusterDirectory, LocalRoles, SealedConfiguration};
-use proto::state::{ConsensusMemberRole, Node, NodeRoles, NodeState};
+use proto::config::ClusterDirectory;
 
-use crate::cluster::{BootstrapData, JoinData, Membership, NodeValues, crash_point};
+use crate::bootstrap::Step;
+use crate::cluster::{JoinData, Membership, NodeValues};
 use crate::decision::ClusterState;
 use crate::register::{Backoff, ProblemLog, pause};
-use crate::storage::{Root, read_file, write_atomic, write_proto};
+use crate::storage::{Root, read_file, write_proto};
 
 /// Node settings the role server needs.
 #[derive(Debug, Clone)]
@@ -139,7 +138,9 @@ async fn controlplane(
         _ = ctx.cancelled() => return Ok(()),
     };
     let outcome = match &membership {
-        Membership::Bootstrap(b) => bootstrap_finish(&settings, &running, b).await,
+        Membership::Bootstrap(b) => {
+            crate::bootstrap::finish(&settings.root, settings.address, &running, b).await
+        }
         Membership::Join(j) => check_join(&running, j).await,
     };
     match outcome {
@@ -322,7 +323,7 @@ async fn rolefetch(
 }
 
 /// Rewrites the cluster directory when it changed.
-fn save_directory(root: &Root, endpoints: &[String]) -> Result<()> {
+pub fn save_directory(root: &Root, endpoints: &[String]) -> Result<()> {
     let directory = ClusterDirectory {
         curator_endpoints: endpoints.to_vec(),
     };
@@ -332,129 +333,6 @@ fn save_directory(root: &Root, endpoints: &[String]) -> Result<()> {
     if current.as_ref() != Some(&directory) {
         write_proto(&path, &directory).context("saving the cluster directory")?;
     }
-    Ok(())
-}
-
-/// A failed step is either worth retrying (etcd hiccup) or proof that this root cannot
-/// come up as its cluster (mismatched identity).
-enum Step {
-    Retry(anyhow::Error),
-    Fatal(anyhow::Error),
-}
-
-impl<E: Into<anyhow::Error>> From<E> for Step {
-    fn from(e: E) -> Self {
-        Step::Retry(e.into())
-    }
-}
-
-/// Writes the new cluster's state into etcd, then the sealed configuration (last).
-/// Every step is idempotent, so a restart of this runnable repeats it safely.
-async fn bootstrap_finish(
-    settings: &Settings,
-    running: &Running,
-    b: &BootstrapData,
-) -> Result<(), Step> {
-    crash_point("etcd-ready");
-    let root = &settings.root;
-    let node_id = b.key.node_id();
-    let curator_ns = running.namespaced(curator::state::NAMESPACE);
-    let cluster_pki = curator::cluster_pki(&curator_ns);
-    let etcd_pki = pki::CaStore::new(running.namespaced("etcd-pki"));
-
-    let (cluster_ca, _) = cluster_pki
-        .ensure_ca(|| Ok(b.cluster_ca.clone()))
-        .await
-        .context("storing the cluster CA")?;
-    let (peer_ca, _) = etcd_pki
-        .ensure_ca(|| Ok(b.peer_ca.clone()))
-        .await
-        .context("storing the etcd peer CA")?;
-    crash_point("cluster-pki");
-    if cluster_ca != b.cluster_ca || peer_ca != b.peer_ca {
-        return Err(Step::Fatal(anyhow!(
-            "etcd already holds CAs other than the ones this bootstrap created"
-        )));
-    }
-    etcd_pki
-        .ensure_certificate(&format!("peer-{node_id}"), || {
-            Ok(b.peer_certificate.clone())
-        })
-        .await
-        .context("recording the etcd peer certificate")?;
-    let node_certificate = cluster_pki
-        .ensure_certificate(&format!("node-{node_id}"), || {
-            cluster_ca.issue(
-                &curator::state::node_certificate_template(&node_id, settings.address),
-                &b.key.public_key(),
-            )
-        })
-        .await
-        .context("issuing the node certificate")?;
-    write_atomic(&root.node_certificate(), &node_certificate)
-        .context("saving the node certificate")?;
-    write_atomic(&root.cluster_ca(), &cluster_ca.cert_der)
-        .context("saving the cluster CA certificate")?;
-    crash_point("node-certificate");
-
-    let records = BootstrapRecords {
-        node: Node {
-            id: node_id.clone(),
-            public_key: b.key.public_key().to_vec(),
-            state: NodeState::Up as i32,
-            roles: Some(NodeRoles {
-                consensus_member: Some(ConsensusMemberRole {}),
-            }),
-            address: settings.address.to_string(),
-            labels: b.parameters.labels.clone(),
-        },
-        owner_public_key: b.parameters.owner_public_key.clone(),
-        configuration: b
-            .parameters
-            .initial_cluster_configuration
-            .clone()
-            .unwrap_or_else(|| ClusterConfiguration {
-                cluster_domain: "polis.internal".into(),
-            }),
-    };
-    match curator::create_bootstrap_records(&curator_ns, &records).await {
-        Ok(()) => {}
-        Err(e @ curator::CuratorError::BootstrapConflict { .. }) => {
-            return Err(Step::Fatal(e.into()));
-        }
-        Err(e) => {
-            return Err(Step::Retry(
-                anyhow::Error::from(e).context("writing the cluster records"),
-            ));
-        }
-    }
-    crash_point("records");
-
-    write_proto(
-        &root.local_roles(),
-        &LocalRoles {
-            consensus_member: true,
-        },
-    )
-    .context("saving the node's roles")?;
-    save_directory(
-        root,
-        &[SocketAddr::new(settings.address, rpc::CURATOR_PORT).to_string()],
-    )?;
-    let sealed = SealedConfiguration {
-        node_id,
-        cluster_ca_certificate: cluster_ca.cert_der.clone(),
-        address: settings.address.to_string(),
-        etcd_cluster_id: running.cluster_id,
-        etcd_member_id: running.member_id,
-    };
-    write_proto(&root.sealed_configuration(), &sealed)
-        .context("writing the sealed configuration")?;
-    crash_point("sealed");
-    tracing::info!(
-        cluster_id = format!("{:x}", running.cluster_id),
-        "bootstrap complete; sealed configuration written"
-    );
     Ok(())
 }
 
