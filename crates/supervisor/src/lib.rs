@@ -25,6 +25,9 @@
 //!   all its descendants; a runnable that exits after cancellation is *canceled*, not
 //!   dead, and is not restarted.
 //! - A runnable that signalled Done keeps its children running.
+//! - A parent may stop a child it started with [`Context::run_stoppable`] on purpose
+//!   (a role was taken away): the child's subtree is cancelled and awaited, and the child
+//!   is forgotten, not restarted; no backoff grows.
 //! - Every log line emitted inside a runnable carries its DN (a `tracing` span
 //!   `runnable{dn=…}`), including the supervisor's own lines about it.
 //! - The state of the whole tree can be read at any time ([`Supervisor::dump`]).
@@ -259,6 +262,77 @@ impl Context {
             self.config.clone(),
         ));
         Ok(())
+    }
+}
+
+/// A child started with [`Context::run_stoppable`]: its parent may stop it on purpose.
+#[must_use = "dropping the handle leaves the child running until its parent ends"]
+pub struct Stoppable {
+    dn: String,
+    cancel: CancellationToken,
+    exited: tokio::sync::oneshot::Receiver<()>,
+    tree: Arc<Tree>,
+}
+
+impl Stoppable {
+    /// Cancels the child and its subtree, waits until all of them exited, and forgets
+    /// them: the name can be started again. Stopping is not a failure: no backoff grows,
+    /// nothing is restarted.
+    pub async fn stop(self) {
+        self.cancel.cancel();
+        let _ = self.exited.await;
+        self.tree.remove_descendants(&self.dn);
+        self.tree
+            .nodes
+            .lock()
+            .expect("supervisor tree lock poisoned")
+            .remove(&self.dn);
+        tracing::info!(runnable = self.dn, "stopped on purpose");
+    }
+
+    pub fn dn(&self) -> &str {
+        &self.dn
+    }
+}
+
+impl Context {
+    /// Like [`Context::run`], but the returned handle can stop the child (and its
+    /// subtree) while this runnable goes on: for services that come and go with the
+    /// node's roles.
+    pub fn run_stoppable<F, Fut>(&self, name: &str, runnable: F) -> Result<Stoppable, SupervisorError>
+    where
+        F: Fn(Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = RunnableResult> + Send + 'static,
+    {
+        validate_name(name)?;
+        let dn = format!("{}.{}", self.dn, name);
+        let mut children = self.children.lock().expect("children lock poisoned");
+        let Some(set) = children.as_mut() else {
+            return Err(SupervisorError::ParentGone {
+                dn: self.dn.to_string(),
+            });
+        };
+        self.tree.insert_new(&dn)?;
+        let runnable: RunnableFn = Arc::new(move |ctx| Box::pin(runnable(ctx)));
+        let cancel = self.cancel.child_token();
+        let (exited_tx, exited) = tokio::sync::oneshot::channel();
+        let supervised = supervise(
+            dn.clone().into(),
+            runnable,
+            cancel.clone(),
+            self.tree.clone(),
+            self.config.clone(),
+        );
+        set.spawn(async move {
+            supervised.await;
+            let _ = exited_tx.send(());
+        });
+        Ok(Stoppable {
+            dn,
+            cancel,
+            exited,
+            tree: self.tree.clone(),
+        })
     }
 }
 

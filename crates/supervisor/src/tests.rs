@@ -413,3 +413,55 @@ fn every_log_line_carries_the_runnable_name() {
     let failure = out.lines().find(|l| l.contains("deliberate")).unwrap();
     assert!(failure.contains("dn=root.failer"), "{failure}");
 }
+
+#[tokio::test]
+async fn a_stoppable_child_stops_on_purpose_with_its_subtree_and_is_not_restarted() {
+    let starts = Arc::new(AtomicU32::new(0));
+    let grandchild_exits = Arc::new(AtomicU32::new(0));
+    let (handles_tx, mut handles_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (s2, g2) = (starts.clone(), grandchild_exits.clone());
+    let sup = Supervisor::start(fast(), move |ctx| {
+        let (starts, grandchild_exits, handles) = (s2.clone(), g2.clone(), handles_tx.clone());
+        async move {
+            let start_child = || {
+                let (starts, grandchild_exits) = (starts.clone(), grandchild_exits.clone());
+                ctx.run_stoppable("plane", move |ctx| {
+                    starts.fetch_add(1, Ordering::SeqCst);
+                    let grandchild_exits = grandchild_exits.clone();
+                    async move {
+                        ctx.run("inner", move |ctx| {
+                            let exits = grandchild_exits.clone();
+                            async move {
+                                ctx.signal_healthy();
+                                ctx.cancelled().await;
+                                exits.fetch_add(1, Ordering::SeqCst);
+                                Ok(())
+                            }
+                        })?;
+                        ctx.signal_healthy();
+                        ctx.cancelled().await;
+                        Ok(())
+                    }
+                })
+            };
+            handles.send(start_child()?).expect("test alive");
+            ctx.signal_healthy();
+            ctx.cancelled().await;
+            Ok(())
+        }
+    });
+    let handle = handles_rx.recv().await.expect("a handle");
+    eventually("plane and inner healthy", || {
+        state(&sup, "root.plane.inner") == Some(RunnableState::Healthy)
+    })
+    .await;
+    handle.stop().await;
+    assert_eq!(grandchild_exits.load(Ordering::SeqCst), 1);
+    assert_eq!(state(&sup, "root.plane"), None, "forgotten after stopping");
+    assert_eq!(state(&sup, "root.plane.inner"), None);
+    assert_eq!(state(&sup, "root"), Some(RunnableState::Healthy));
+    // Not restarted: stopping is not a failure.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(starts.load(Ordering::SeqCst), 1);
+    sup.shutdown().await;
+}
