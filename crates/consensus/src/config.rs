@@ -69,6 +69,20 @@ pub struct EtcdConfig {
     pub initial_cluster_state: InitialClusterState,
     pub cluster_token: String,
     pub timing: RaftTiming,
+    /// What "ready" means for this member.
+    pub readiness: Readiness,
+}
+
+/// When a started etcd counts as ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// A linearizable read succeeds: the member has a leader and a quorum. For members
+    /// that are voters (a bootstrapped cluster, a member that joined before).
+    Linearizable,
+    /// A serializable (local) read succeeds. A learner refuses linearizable reads until
+    /// it is promoted, which needs it to run and catch up first: waiting for one would
+    /// restart it before it ever could.
+    Serializable,
 }
 
 /// `https://ADDR:PORT`, with IPv6 addresses bracketed.
@@ -154,6 +168,7 @@ mod tests {
             initial_cluster_state: InitialClusterState::New,
             cluster_token: "tok".into(),
             timing: RaftTiming::default(),
+            readiness: Readiness::Linearizable,
         }
     }
 

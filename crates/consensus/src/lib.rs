@@ -29,6 +29,7 @@
 
 pub mod client;
 pub mod config;
+pub mod membership;
 pub mod process;
 
 use std::path::PathBuf;
@@ -36,7 +37,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 pub use client::{Namespaced, bounded, connect_unix};
-pub use config::{EtcdConfig, InitialClusterState, PeerTlsFiles, RaftTiming};
+pub use config::{EtcdConfig, InitialClusterState, PeerTlsFiles, RaftTiming, Readiness};
 pub use process::run;
 
 /// The published state of the local etcd member.

@@ -10,7 +10,7 @@ use tokio::process::{Child, Command};
 use tracing::Instrument;
 
 use crate::client::connect_unix;
-use crate::config::{EtcdConfig, MAX_SOCKET_PATH};
+use crate::config::{EtcdConfig, MAX_SOCKET_PATH, Readiness};
 use crate::{ConsensusError, Status};
 
 /// How long etcd gets to come up before the start counts as failed.
@@ -200,7 +200,7 @@ async fn forward_logs(pipe: impl tokio::io::AsyncRead + Unpin) {
     }
 }
 
-/// Polls etcd with linearizable reads through the socket until one succeeds.
+/// Polls etcd through the socket until a read of the configured kind succeeds.
 async fn wait_ready(
     config: &EtcdConfig,
     child: &mut Child,
@@ -219,7 +219,7 @@ async fn wait_ready(
             });
         }
         if socket.exists() {
-            match tokio::time::timeout(PROBE_TIMEOUT, probe(&socket)).await {
+            match tokio::time::timeout(PROBE_TIMEOUT, probe(&socket, config.readiness)).await {
                 Ok(Ok(running)) => return Ok(running),
                 Ok(Err(e)) => last_error = e.to_string(),
                 Err(_) => last_error = "probe timed out".to_string(),
@@ -229,10 +229,15 @@ async fn wait_ready(
     }
 }
 
-async fn probe(socket: &Path) -> Result<crate::Running, ConsensusError> {
+async fn probe(socket: &Path, readiness: Readiness) -> Result<crate::Running, ConsensusError> {
     let mut client = connect_unix(socket).await?;
-    // A linearizable read needs a leader and a quorum: etcd is really serving.
-    let response = client.get("\0polis-readiness-probe", None).await?;
+    // A linearizable read needs a leader and a quorum: etcd is really serving. A
+    // serializable one only that the member runs (all a learner can answer).
+    let options = match readiness {
+        Readiness::Linearizable => None,
+        Readiness::Serializable => Some(etcd_client::GetOptions::new().with_serializable()),
+    };
+    let response = client.get("\0polis-readiness-probe", options).await?;
     let header = response
         .header()
         .ok_or(ConsensusError::Protocol("etcd response without header"))?;

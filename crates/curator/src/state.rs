@@ -28,6 +28,39 @@ pub fn node_certificate_template(node_id: &str, address: std::net::IpAddr) -> pk
     }
 }
 
+/// The certificate etcd peers know a node by, from the etcd peer CA. Loopback addresses
+/// also get 127.0.0.1: Linux sources connections between 127.0.0.x aliases from
+/// 127.0.0.1, and etcd checks the dialing peer's SAN against the source address.
+pub fn peer_certificate_template(node_id: &str, address: std::net::IpAddr) -> pki::Template {
+    let mut ips = vec![address];
+    let localhost: std::net::IpAddr = [127, 0, 0, 1].into();
+    if address.is_loopback() && address != localhost {
+        ips.push(localhost);
+    }
+    pki::Template {
+        common_name: node_id.to_string(),
+        dns_names: vec![node_id.to_string()],
+        ip_addresses: ips,
+        usage: pki::Usage::ServerAndClient,
+        lifetime: pki::CERTIFICATE_LIFETIME,
+        kind: pki::CertificateKind::EtcdPeer,
+    }
+}
+
+/// The consensus user holding the etcd peer CA: `namespaced:etcd-pki/`.
+pub const ETCD_PKI_NAMESPACE: &str = "etcd-pki";
+
+/// The etcd peer CA's store.
+pub fn etcd_pki(client: etcd_client::Client) -> pki::CaStore {
+    pki::CaStore::new(Namespaced::new(client, ETCD_PKI_NAMESPACE))
+}
+
+/// Name under which a node's peer certificate for one etcd membership is stored; the
+/// member ID makes a re-joining node get a fresh certificate (the old one is revoked).
+pub fn peer_certificate_name(node_id: &str, member_id: u64) -> String {
+    format!("peer-{node_id}-{member_id:x}")
+}
+
 pub fn node_key(id: &str) -> String {
     format!("nodes/{id}")
 }
@@ -202,6 +235,8 @@ pub enum NodeUpdateError {
     },
     #[error("node {0} is registered with a different key")]
     KeyMismatch(String),
+    #[error("node {0} is not UP")]
+    NotUp(String),
     #[error(transparent)]
     Curator(#[from] CuratorError),
 }

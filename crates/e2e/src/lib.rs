@@ -463,6 +463,7 @@ impl BareEtcd {
             initial_cluster_state: consensus::InitialClusterState::New,
             cluster_token: "bare".into(),
             timing,
+            readiness: consensus::Readiness::Linearizable,
         };
         let mut cmd = Command::new(&config.binary);
         cmd.args(config.args()).current_dir(&run_dir);

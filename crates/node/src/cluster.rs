@@ -88,6 +88,8 @@ pub struct NodeValues {
     pub cluster_state: event::Value<ClusterState>,
     /// The cluster's curators as this node last learned them (cluster directory).
     pub curators: event::Value<Vec<SocketAddr>>,
+    /// The node's roles: from the root at start, then as the cluster changes them.
+    pub roles: event::Value<LocalRoles>,
 }
 
 /// The certificate etcd peers know this node by. Loopback addresses also get
@@ -187,7 +189,7 @@ pub fn prepare_join(root: &Root, sealed: SealedConfiguration) -> Result<JoinData
             sealed.node_id
         );
     }
-    if roles.consensus_member {
+    if roles.consensus_member && crate::controlplane::has_etcd_data(root) {
         for file in ["key.pem", "cert.pem", "ca.pem", "crl.pem"] {
             let path = root.etcd_peer_dir().join(file);
             if !path.is_file() {
@@ -333,6 +335,9 @@ pub async fn run(
         match membership {
             Ok(m) => {
                 values.curators.set(initial_curators(&m, address));
+                values.roles.set(LocalRoles {
+                    consensus_member: m.consensus_member(),
+                });
                 values.membership.set(m);
             }
             Err(e) => {

@@ -36,6 +36,7 @@
 
 mod bootstrap;
 mod cluster;
+mod controlplane;
 mod decision;
 mod register;
 mod roleserver;
@@ -274,7 +275,7 @@ fn decide_plan(args: &Args, root: &Root) -> Result<Plan> {
             let join = cluster::prepare_join(root, sealed)?;
             if join.roles.consensus_member {
                 check_etcd_binary(&args.etcd_binary)?;
-                roleserver::check_join_root(root)?;
+                controlplane::check_member_root(root, &join.sealed)?;
                 check_port_free(
                     args.address,
                     consensus::config::PEER_PORT,
@@ -361,6 +362,7 @@ async fn run(args: Args) -> Result<()> {
         membership: event::Value::new(),
         cluster_state: event::Value::new(),
         curators: event::Value::new(),
+        roles: event::Value::new(),
     };
     values.cluster_state.set(ClusterState::Unknown);
     let settings = roleserver::Settings {

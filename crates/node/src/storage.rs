@@ -11,6 +11,7 @@
 //!   <root>/data/node/ca.der              cluster CA certificate
 //!   <root>/data/etcd/data/               etcd's data directory
 //!   <root>/data/etcd/peer/               etcd peer cert, key, CA, CRL (PEM)
+//!   <root>/data/etcd/member.pb           etcd member this node became by joining later
 //!   <root>/ephemeral/consensus/          etcd's cwd; client socket etcd.sock:0
 //! ```
 //! Directories are 0700, secret files 0600, and every file is written atomically
@@ -74,6 +75,10 @@ impl Root {
     }
     pub fn etcd_data(&self) -> PathBuf {
         self.data().join("etcd").join("data")
+    }
+    /// The etcd member this node became when it joined consensus after joining.
+    pub fn consensus_membership(&self) -> PathBuf {
+        self.data().join("etcd").join("member.pb")
     }
     pub fn etcd_peer_dir(&self) -> PathBuf {
         self.data().join("etcd").join("peer")

@@ -142,6 +142,32 @@ impl CaStore {
         )))
     }
 
+    /// Revokes every certificate stored under a name starting with `prefix` (e.g. all
+    /// etcd peer certificates of one node); returns how many were listed. Revoking an
+    /// already revoked certificate changes nothing.
+    pub async fn revoke_issued(&self, ca: &Ca, prefix: &str) -> Result<usize, PkiError> {
+        let key = self.ns.key(&format!("issued/{prefix}"));
+        let response = self
+            .ns
+            .client()
+            .get(key, Some(GetOptions::new().with_prefix()))
+            .await?;
+        let serials: Vec<Vec<u8>> = response
+            .kvs()
+            .iter()
+            .map(|kv| certificate_serial(kv.value()))
+            .collect::<Result<_, _>>()?;
+        for serial in &serials {
+            self.revoke(ca, serial).await?;
+        }
+        Ok(serials.len())
+    }
+
+    /// The etcd key holding the CRL, for watching it.
+    pub fn crl_key(&self) -> String {
+        self.ns.key("ca/crl")
+    }
+
     /// The current CRL (DER).
     pub async fn crl(&self) -> Result<Vec<u8>, PkiError> {
         self.ns

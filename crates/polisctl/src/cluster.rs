@@ -725,3 +725,195 @@ mod tests {
         assert_eq!(state_name(NodeState::Up as i32), "UP");
     }
 }
+
+/// `node add-role` / `node remove-role`.
+pub async fn node_roles(
+    config: &Path,
+    raw_endpoints: &[String],
+    format: Format,
+    id: &str,
+    add: Vec<String>,
+    remove: Vec<String>,
+) -> Result<()> {
+    identity::validate_node_id(id)?;
+    let request = api::UpdateNodeRolesRequest {
+        id: id.to_string(),
+        add,
+        remove,
+    };
+    let response = owner_session(config, raw_endpoints)?
+        .management(&format!("changing the roles of node {id}"), |mut m| {
+            let request = request.clone();
+            async move { m.update_node_roles(request).await }
+        })
+        .await?;
+    if let Some(node) = response.node {
+        print_node(&node, format);
+    }
+    Ok(())
+}
+
+/// One etcd member as `cluster status` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemberStatus {
+    pub id: u64,
+    pub node: String,
+    pub learner: bool,
+    pub leader: bool,
+    /// The member's own answer: (raft index, raft term), if it answered.
+    pub raft: Option<(u64, u64)>,
+}
+
+/// What the cluster status adds up to (pure): the members, and whether the voters that
+/// answered agree on a leader and are a majority of all voters.
+pub fn summarize(answers: &[api::GetConsensusStatusResponse]) -> (Vec<MemberStatus>, bool) {
+    let mut members: std::collections::BTreeMap<u64, MemberStatus> = Default::default();
+    for a in answers {
+        for m in &a.members {
+            members.entry(m.id).or_insert(MemberStatus {
+                id: m.id,
+                node: m.name.clone(),
+                learner: m.is_learner,
+                leader: false,
+                raft: None,
+            });
+        }
+    }
+    // The leader most answering voters name.
+    let mut votes: std::collections::BTreeMap<u64, usize> = Default::default();
+    for a in answers.iter().filter(|a| !a.is_learner && a.leader_id != 0) {
+        *votes.entry(a.leader_id).or_default() += 1;
+    }
+    let leader = votes.iter().max_by_key(|(_, n)| **n).map(|(id, _)| *id);
+    for a in answers {
+        if let Some(m) = members.get_mut(&a.member_id) {
+            m.raft = Some((a.raft_index, a.raft_term));
+            m.learner = a.is_learner;
+            if m.node.is_empty() {
+                m.node = a.node_id.clone();
+            }
+        }
+    }
+    if let Some(l) = leader.and_then(|l| members.get_mut(&l)) {
+        l.leader = true;
+    }
+    let voters = members.values().filter(|m| !m.learner).count();
+    let agreeing = answers
+        .iter()
+        .filter(|a| !a.is_learner && Some(a.leader_id) == leader && a.leader_id != 0)
+        .count();
+    let quorum = voters > 0 && agreeing > voters / 2;
+    (members.into_values().collect(), quorum)
+}
+
+/// `cluster status`: asks every curator's own etcd member (no quorum needed to answer),
+/// shows the members, and fails when there is no quorum.
+pub async fn cluster_status(config: &Path, raw_endpoints: &[String], format: Format) -> Result<()> {
+    let session = owner_session(config, raw_endpoints)?;
+    let mut to_ask: Vec<SocketAddr> = session.client.endpoints();
+    let mut asked = Vec::new();
+    let mut answers: Vec<api::GetConsensusStatusResponse> = Vec::new();
+    let mut unreachable = Vec::new();
+    while let Some(endpoint) = to_ask.pop() {
+        if asked.contains(&endpoint) {
+            continue;
+        }
+        asked.push(endpoint);
+        let answer = async {
+            let channel = rpc::connect(endpoint, session.trust(), Some(session.credentials()))
+                .await
+                .map_err(|e| e.to_string())?;
+            api::curator_local_client::CuratorLocalClient::new(channel)
+                .get_consensus_status(api::GetConsensusStatusRequest {})
+                .await
+                .map(|r| r.into_inner())
+                .map_err(|s| s.message().to_string())
+        };
+        match tokio::time::timeout(std::time::Duration::from_secs(5), answer).await {
+            Ok(Ok(a)) => {
+                // Every member runs a curator on its peer address.
+                for m in &a.members {
+                    for url in &m.peer_urls {
+                        let host = url
+                            .trim_start_matches("https://")
+                            .rsplit_once(':')
+                            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'));
+                        if let Some(ip) = host.and_then(|h| h.parse::<std::net::IpAddr>().ok()) {
+                            to_ask.push(SocketAddr::new(ip, rpc::CURATOR_PORT));
+                        }
+                    }
+                }
+                answers.push(a);
+            }
+            Ok(Err(e)) => unreachable.push(format!("{endpoint}: {e}")),
+            Err(_) => unreachable.push(format!("{endpoint}: no answer within 5 s")),
+        }
+    }
+    let (members, quorum) = summarize(&answers);
+    let rows: Vec<Value> = members
+        .iter()
+        .map(|m| {
+            json!({
+                "member_id": format!("{:x}", m.id),
+                "node": m.node,
+                "role": if m.learner { "learner" } else { "voter" },
+                "leader": m.leader,
+                "raft_index": m.raft.map(|r| r.0),
+                "raft_term": m.raft.map(|r| r.1),
+                "answered": m.raft.is_some(),
+            })
+        })
+        .collect();
+    let value = json!({ "quorum": quorum, "members": rows, "unreachable": unreachable });
+    match format {
+        Format::Json => println!("{value}"),
+        Format::Yaml => print!("{}", output::yaml(&value)),
+        Format::Table => {
+            let table: Vec<Vec<String>> = members
+                .iter()
+                .map(|m| {
+                    vec![
+                        format!("{:x}", m.id),
+                        if m.node.is_empty() {
+                            "(not started)".into()
+                        } else {
+                            m.node.clone()
+                        },
+                        if m.learner { "learner" } else { "voter" }.into(),
+                        if m.leader { "*" } else { "" }.into(),
+                        m.raft
+                            .map(|r| r.0.to_string())
+                            .unwrap_or_else(|| "-".into()),
+                        if m.raft.is_some() { "yes" } else { "NO" }.into(),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                output::table(
+                    &["MEMBER", "NODE", "ROLE", "LEADER", "RAFT INDEX", "ANSWERS"],
+                    &table
+                )
+            );
+            for u in &unreachable {
+                println!("unreachable: {u}");
+            }
+            println!("quorum: {}", if quorum { "yes" } else { "NO" });
+        }
+    }
+    if !quorum {
+        bail!("the cluster has no etcd quorum");
+    }
+    Ok(())
+}
+
+impl OwnerSession {
+    fn trust(&self) -> &rpc::ServerTrust {
+        self.client.trust()
+    }
+    fn credentials(&self) -> &rpc::Credentials {
+        self.client
+            .credentials()
+            .expect("an owner session always has credentials")
+    }
+}

@@ -107,6 +107,10 @@ enum ParamsCommand {
 enum ClusterCommand {
     /// The cluster's CA, configuration and curators.
     Info,
+    /// The etcd members (voter or learner), the leader, each member's raft index; asks
+    /// every curator's own etcd member, so it answers without a quorum too. Exits 1
+    /// when there is no quorum.
+    Status,
     /// Replace the register ticket. Node parameters made with the old ticket stop
     /// working for nodes that have not registered yet; registered nodes can still be
     /// approved.
@@ -129,6 +133,21 @@ enum NodeCommand {
     },
     /// Show one node (including its public key: check it before approving).
     Describe { id: String },
+    /// Give a node a role. ConsensusMember: the node joins etcd (learner, then voter) and
+    /// runs a curator, without restarting.
+    AddRole {
+        id: String,
+        #[arg(value_name = "ROLE")]
+        role: String,
+    },
+    /// Take a role from a node. ConsensusMember: refused when the remaining voters could
+    /// not keep a quorum; otherwise the node leaves etcd (its peer certificate revoked)
+    /// and stops its etcd and curator.
+    RemoveRole {
+        id: String,
+        #[arg(value_name = "ROLE")]
+        role: String,
+    },
     /// Admit registered nodes (NEW → STANDBY); they then commit and come UP.
     Approve {
         /// Node IDs.
@@ -205,6 +224,10 @@ async fn run(cli: Cli) -> Result<()> {
             let config = config_dir(&cli)?;
             cluster::cluster_info(&config, &cli.endpoints, cli.output).await
         }
+        Command::Cluster(ClusterCommand::Status) => {
+            let config = config_dir(&cli)?;
+            cluster::cluster_status(&config, &cli.endpoints, cli.output).await
+        }
         Command::Cluster(ClusterCommand::RotateTicket) => {
             let config = config_dir(&cli)?;
             cluster::rotate_ticket(&config, &cli.endpoints).await
@@ -229,6 +252,28 @@ async fn run(cli: Cli) -> Result<()> {
                 }
                 NodeCommand::Describe { id } => {
                     cluster::node_describe(&config, &cli.endpoints, cli.output, id).await
+                }
+                NodeCommand::AddRole { id, role } => {
+                    cluster::node_roles(
+                        &config,
+                        &cli.endpoints,
+                        cli.output,
+                        id,
+                        vec![role.clone()],
+                        vec![],
+                    )
+                    .await
+                }
+                NodeCommand::RemoveRole { id, role } => {
+                    cluster::node_roles(
+                        &config,
+                        &cli.endpoints,
+                        cli.output,
+                        id,
+                        vec![],
+                        vec![role.clone()],
+                    )
+                    .await
                 }
                 NodeCommand::Approve { ids, all_new } => {
                     cluster::node_approve(&config, &cli.endpoints, ids, *all_new).await

@@ -61,6 +61,10 @@ pub const METHODS: &[(&str, Permission)] = &[
         "/polis.api.CuratorLocal/GetCACertificate",
         Permission::Public,
     ),
+    (
+        "/polis.api.CuratorLocal/GetConsensusStatus",
+        Permission::ReadClusterStatus,
+    ),
     ("/polis.api.AAA/Escrow", Permission::ProvenKey),
     (
         "/polis.api.Management/GetClusterInfo",
@@ -84,6 +88,12 @@ pub const METHODS: &[(&str, Permission)] = &[
         Permission::Manage,
     ),
     ("/polis.api.Management/ApproveNode", Permission::Manage),
+    ("/polis.api.Management/UpdateNodeRoles", Permission::Manage),
+    // The handler also requires the ConsensusMember role of the calling node.
+    (
+        "/polis.api.Curator/JoinConsensus",
+        Permission::UpdateNodeSelf,
+    ),
     ("/polis.api.Curator/Heartbeat", Permission::UpdateNodeSelf),
     ("/polis.api.Curator/WatchNode", Permission::UpdateNodeSelf),
     // A registering node has no certificate but a self-signed one for its key.
@@ -202,6 +212,12 @@ mod tests {
         check("/polis.api.Management/GetRegisterTicket", &["owner"]);
         check("/polis.api.Management/RotateRegisterTicket", &["owner"]);
         check("/polis.api.Management/ApproveNode", &["owner"]);
+        check("/polis.api.Management/UpdateNodeRoles", &["owner"]);
+        check("/polis.api.Curator/JoinConsensus", &["node"]);
+        check(
+            "/polis.api.CuratorLocal/GetConsensusStatus",
+            &["node", "owner"],
+        );
         check("/polis.api.Curator/Heartbeat", &["node"]);
         check("/polis.api.Curator/WatchNode", &["node"]);
         check("/polis.api.Curator/RegisterNode", &["self-signed"]);

@@ -153,6 +153,14 @@ impl CuratorClient {
         self.endpoints.lock().expect("endpoints lock").clone()
     }
 
+    pub fn trust(&self) -> &ServerTrust {
+        &self.trust
+    }
+
+    pub fn credentials(&self) -> Option<&Credentials> {
+        self.credentials.as_ref()
+    }
+
     /// The curator that answered last, if any.
     pub fn current(&self) -> Option<SocketAddr> {
         self.current

@@ -299,7 +299,11 @@ impl Context {
     /// Like [`Context::run`], but the returned handle can stop the child (and its
     /// subtree) while this runnable goes on: for services that come and go with the
     /// node's roles.
-    pub fn run_stoppable<F, Fut>(&self, name: &str, runnable: F) -> Result<Stoppable, SupervisorError>
+    pub fn run_stoppable<F, Fut>(
+        &self,
+        name: &str,
+        runnable: F,
+    ) -> Result<Stoppable, SupervisorError>
     where
         F: Fn(Context) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = RunnableResult> + Send + 'static,

@@ -31,4 +31,36 @@ impl api::curator_local_server::CuratorLocal for Services {
             ca_certificate: self.0.config.ca_certificate.clone(),
         }))
     }
+
+    async fn get_consensus_status(
+        &self,
+        _: Request<api::GetConsensusStatusRequest>,
+    ) -> Result<Response<api::GetConsensusStatusResponse>, Status> {
+        let mut client = self.0.curator.client();
+        let status = client.status().await.map_err(|e| {
+            Status::unavailable(format!("the local etcd member does not answer: {e}"))
+        })?;
+        let members = consensus::membership::members(&mut client)
+            .await
+            .map_err(|e| Status::unavailable(format!("listing etcd members: {e}")))?;
+        let header = status.header();
+        Ok(Response::new(api::GetConsensusStatusResponse {
+            node_id: self.0.config.node_id.clone(),
+            member_id: header.map(|h| h.member_id()).unwrap_or_default(),
+            cluster_id: header.map(|h| h.cluster_id()).unwrap_or_default(),
+            leader_id: status.leader(),
+            raft_index: status.raft_index(),
+            raft_term: status.raft_term(),
+            is_learner: status.is_learner(),
+            members: members
+                .into_iter()
+                .map(|m| api::ConsensusMember {
+                    id: m.id,
+                    name: m.name,
+                    peer_urls: m.peer_urls,
+                    is_learner: m.is_learner,
+                })
+                .collect(),
+        }))
+    }
 }

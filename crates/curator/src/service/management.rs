@@ -149,4 +149,66 @@ impl api::management_server::Management for Services {
             node: Some(self.0.node_info(node, leadership.since.elapsed())),
         }))
     }
+
+    async fn update_node_roles(
+        &self,
+        request: Request<api::UpdateNodeRolesRequest>,
+    ) -> Result<Response<api::UpdateNodeRolesResponse>, Status> {
+        let caller = identity(&request);
+        let r = request.into_inner();
+        check_node_id(&r.id)?;
+        let known = |names: &[String]| -> Result<bool, Status> {
+            let mut consensus = false;
+            for name in names {
+                if name.eq_ignore_ascii_case(proto::ROLE_CONSENSUS_MEMBER) {
+                    consensus = true;
+                } else {
+                    let shown: String = name.chars().take(40).collect();
+                    return Err(Status::invalid_argument(format!(
+                        "unknown role {shown:?}; the roles are: {}",
+                        proto::ROLE_CONSENSUS_MEMBER
+                    )));
+                }
+            }
+            Ok(consensus)
+        };
+        let (add, remove) = (known(&r.add)?, known(&r.remove)?);
+        if add && remove {
+            return Err(Status::invalid_argument(
+                "a role cannot be added and removed at once",
+            ));
+        }
+        let leadership = self.0.leadership().await?;
+        let node = if add {
+            let id = r.id.clone();
+            state::modify_node(&self.0.curator, &leadership, &r.id, |current| {
+                let mut node = current
+                    .cloned()
+                    .ok_or_else(|| state::NodeUpdateError::NotFound(id.clone()))?;
+                if node.state != proto::state::NodeState::Up as i32 {
+                    return Err(state::NodeUpdateError::NotUp(id.clone()));
+                }
+                let roles = node.roles.get_or_insert_with(Default::default);
+                if roles.consensus_member.is_some() {
+                    return Ok(None);
+                }
+                roles.consensus_member = Some(Default::default());
+                Ok(Some(node))
+            })
+            .await
+            .map_err(node_update_status)?
+            .ok_or_else(|| Status::not_found(format!("node {} does not exist", r.id)))?
+        } else if remove {
+            super::consensus_members::remove_role(&self.0, &leadership, &r.id).await?
+        } else {
+            state::load_node(&self.0.curator, &r.id)
+                .await
+                .map_err(status_from)?
+                .ok_or_else(|| Status::not_found(format!("node {} does not exist", r.id)))?
+        };
+        tracing::info!(node = r.id, %caller, add = ?r.add, remove = ?r.remove, "updated node roles");
+        Ok(Response::new(api::UpdateNodeRolesResponse {
+            node: Some(self.0.node_info(node, leadership.since.elapsed())),
+        }))
+    }
 }

@@ -13,6 +13,7 @@
 //! watch per client.
 
 mod aaa;
+mod consensus_members;
 mod listener;
 mod local;
 mod management;
@@ -73,6 +74,9 @@ pub struct Shared {
     heartbeats: Mutex<HashMap<String, Instant>>,
     /// Node records, fed by one etcd watch (the `nodes` runnable).
     nodes: event::Value<NodeSnapshot>,
+    /// Held while etcd membership changes: etcd 3.4 has at most one learner, so a join
+    /// holds it until its learner is promoted, and joins and removals queue behind it.
+    membership: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The gRPC status for a curator error: Unavailable only for what a retry elsewhere or
@@ -93,7 +97,9 @@ fn node_update_status(e: NodeUpdateError) -> Status {
     match e {
         NodeUpdateError::NotFound(_) => Status::not_found(e.to_string()),
         NodeUpdateError::Labels(l) => Status::invalid_argument(l.to_string()),
-        NodeUpdateError::Transition { .. } => Status::failed_precondition(e.to_string()),
+        NodeUpdateError::Transition { .. } | NodeUpdateError::NotUp(_) => {
+            Status::failed_precondition(e.to_string())
+        }
         NodeUpdateError::KeyMismatch(_) => Status::permission_denied(e.to_string()),
         NodeUpdateError::Curator(c) => status_from(c),
     }
@@ -187,6 +193,7 @@ pub async fn run(
         role: role.clone(),
         heartbeats: Mutex::new(HashMap::new()),
         nodes: event::Value::new(),
+        membership: Arc::new(tokio::sync::Mutex::new(())),
     });
 
     let election_config = ElectionConfig {

@@ -258,4 +258,21 @@ impl api::curator_server::Curator for Services {
         });
         Ok(Response::new(stream))
     }
+
+    async fn join_consensus(
+        &self,
+        request: Request<api::JoinConsensusRequest>,
+    ) -> Result<Response<api::JoinConsensusResponse>, Status> {
+        let rpc::Identity::Node { id, .. } = identity(&request) else {
+            return Err(Status::permission_denied("only nodes join consensus"));
+        };
+        let leadership = self.0.leadership().await?;
+        let node = state::load_node(&self.0.curator, &id)
+            .await
+            .map_err(status_from)?
+            .ok_or_else(|| Status::not_found(format!("node {id} has no record")))?;
+        super::consensus_members::may_join(&node)?;
+        let answer = super::consensus_members::join(&self.0, &leadership, &node).await?;
+        Ok(Response::new(answer))
+    }
 }

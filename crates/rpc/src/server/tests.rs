@@ -150,6 +150,12 @@ impl api::curator_local_server::CuratorLocal for Slow {
     ) -> Result<tonic::Response<api::GetCaCertificateResponse>, tonic::Status> {
         Ok(tonic::Response::new(Default::default()))
     }
+    async fn get_consensus_status(
+        &self,
+        _: tonic::Request<api::GetConsensusStatusRequest>,
+    ) -> Result<tonic::Response<api::GetConsensusStatusResponse>, tonic::Status> {
+        Ok(tonic::Response::new(Default::default()))
+    }
 }
 
 /// A curator-like server (our builder, the auth layer, our listener) on 127.0.0.1.

@@ -1,0 +1,291 @@
+//! Changes of etcd membership, made by the leader for JoinConsensus and UpdateNodeRoles.
+//!
+//! ```text
+//!   JoinConsensus (node with role ConsensusMember)
+//!     membership lock ─▶ member_add(learner) ─▶ peer certificate ─▶ answer the node
+//!                        └─ task: promote as soon as etcd accepts, then release the lock
+//!   remove role
+//!     membership lock ─▶ plan_removal (quorum) ─▶ record without the role ─▶ revoke peer
+//!                        certificates ─▶ member_remove
+//! ```
+//! The lock serializes membership changes within this leader; etcd's own rule (one
+//! learner at a time) covers a change of leader in between.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use consensus::membership::{self, Member};
+use proto::api;
+use proto::state::{Node, NodeState};
+use tonic::Status;
+
+use super::{Shared, status_from};
+use crate::election::Leadership;
+use crate::state::{self, NodeUpdateError};
+
+/// How long a learner may take to catch up before its promotion is given up (the node
+/// asks again, which resumes it).
+const PROMOTION_PATIENCE: Duration = Duration::from_secs(120);
+
+fn etcd_status(what: &str, e: impl std::error::Error + 'static) -> Status {
+    Status::unavailable(format!("{what}: {}", supervisor::error_chain(&e)))
+}
+
+/// How long a join waits for etcd to accept a new learner. etcd refuses membership
+/// changes ("unhealthy cluster") until its leader has been connected to a quorum of
+/// the voters for 5 s, e.g. right after the previous learner was promoted.
+const ADD_PATIENCE: Duration = Duration::from_secs(20);
+
+/// Adds a learner, retrying while etcd says the cluster is not ready for it yet.
+async fn add_learner_when_accepted(
+    client: &mut etcd_client::Client,
+    url: &str,
+) -> Result<(Member, Vec<Member>), Status> {
+    let deadline = Instant::now() + ADD_PATIENCE;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match membership::add_learner(client, url).await {
+            Ok(added) => return Ok(added),
+            Err(e) => {
+                let text = supervisor::error_chain(&e);
+                let transient = text.contains("unhealthy cluster")
+                    || text.contains("too many learner")
+                    || text.contains("timed out");
+                if !transient || Instant::now() + pause > deadline {
+                    return Err(etcd_status("adding the etcd learner", e));
+                }
+                tracing::debug!("etcd does not take the learner yet: {text}");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+        }
+    }
+}
+
+/// The peer URL etcd knows a node's member by.
+pub fn peer_url(address: &str) -> Result<String, Status> {
+    let ip: IpAddr = address
+        .parse()
+        .map_err(|_| Status::internal("a node record holds a corrupt address"))?;
+    Ok(consensus::config::peer_url(
+        ip,
+        consensus::config::PEER_PORT,
+    ))
+}
+
+/// The member of node `node`, if it is one (by name, or by peer URL before it started).
+fn member_of<'a>(members: &'a [Member], node: &Node) -> Option<&'a Member> {
+    let url = peer_url(&node.address).ok();
+    members
+        .iter()
+        .find(|m| m.name == node.id || url.as_ref().is_some_and(|u| m.peer_urls.contains(u)))
+}
+
+/// JoinConsensus for `node` (which holds the ConsensusMember role).
+pub async fn join(
+    shared: &Arc<Shared>,
+    leadership: &Leadership,
+    node: &Node,
+) -> Result<api::JoinConsensusResponse, Status> {
+    let _ = leadership;
+    let guard = shared.membership.clone().lock_owned().await;
+    let mut client = shared.curator.client();
+    let members = membership::members(&mut client)
+        .await
+        .map_err(|e| etcd_status("listing etcd members", e))?;
+    let url = peer_url(&node.address)?;
+    let (member, members) = match member_of(&members, node) {
+        Some(m) => (m.clone(), members),
+        None => {
+            if let Some(other) = members.iter().find(|m| m.is_learner) {
+                // A learner left behind (its join never finished): its node will ask
+                // again; until it is promoted or removed, etcd takes no second learner.
+                return Err(Status::unavailable(format!(
+                    "etcd member {:x} ({}) is still a learner; retry when it is promoted",
+                    other.id,
+                    if other.name.is_empty() {
+                        "not started"
+                    } else {
+                        &other.name
+                    }
+                )));
+            }
+            let (added, all) = add_learner_when_accepted(&mut client, &url).await?;
+            tracing::info!(
+                node = node.id,
+                member = format!("{:x}", added.id),
+                "added etcd learner"
+            );
+            (added, all)
+        }
+    };
+    let peer_pki = state::etcd_pki(client.clone());
+    let peer_ca = peer_pki
+        .load_ca()
+        .await
+        .map_err(|e| etcd_status("loading the etcd peer CA", e))?
+        .ok_or_else(|| Status::internal("the cluster has no etcd peer CA"))?;
+    let key: [u8; 32] = node
+        .public_key
+        .as_slice()
+        .try_into()
+        .map_err(|_| Status::internal("a node record holds a corrupt key"))?;
+    let address: IpAddr = node
+        .address
+        .parse()
+        .map_err(|_| Status::internal("corrupt address"))?;
+    let certificate = peer_pki
+        .ensure_certificate(&state::peer_certificate_name(&node.id, member.id), || {
+            peer_ca.issue(&state::peer_certificate_template(&node.id, address), &key)
+        })
+        .await
+        .map_err(|e| etcd_status("issuing the etcd peer certificate", e))?;
+    let crl = peer_pki
+        .crl()
+        .await
+        .map_err(|e| etcd_status("reading the etcd peer CRL", e))?;
+    let mut initial_cluster = Vec::new();
+    for m in &members {
+        let name = if m.id == member.id {
+            node.id.clone()
+        } else if m.name.is_empty() {
+            return Err(Status::unavailable(format!(
+                "etcd member {:x} was added but never started; retry later",
+                m.id
+            )));
+        } else {
+            m.name.clone()
+        };
+        let peer_url = m.peer_urls.first().cloned().unwrap_or_default();
+        initial_cluster.push(api::InitialMember { name, peer_url });
+    }
+    if member.is_learner {
+        // Promote as soon as etcd accepts; the lock is held until then, so the next
+        // join (etcd takes one learner at a time) waits its turn instead of failing.
+        let (id, node_id) = (member.id, node.id.clone());
+        tokio::spawn(async move {
+            let _guard = guard;
+            let started = Instant::now();
+            match membership::promote_when_in_sync(&mut client, id, PROMOTION_PATIENCE).await {
+                Ok(()) => tracing::info!(
+                    node = node_id,
+                    member = format!("{id:x}"),
+                    ms = started.elapsed().as_millis() as u64,
+                    "promoted etcd learner to voter"
+                ),
+                Err(e) => tracing::warn!(node = node_id, "promoting the etcd learner: {e}"),
+            }
+        });
+    }
+    Ok(api::JoinConsensusResponse {
+        peer_certificate: certificate,
+        peer_ca_certificate: peer_ca.cert_der,
+        peer_crl: crl,
+        initial_cluster,
+        member_id: member.id,
+    })
+}
+
+/// Takes the ConsensusMember role from node `id`: refused when the remaining voters
+/// could not keep a quorum; otherwise the record loses the role, the node's peer
+/// certificates are revoked, and its etcd member is removed. Returns the record.
+pub async fn remove_role(
+    shared: &Arc<Shared>,
+    leadership: &Leadership,
+    id: &str,
+) -> Result<Node, Status> {
+    let _guard = shared.membership.clone().lock_owned().await;
+    let node = state::load_node(&shared.curator, id)
+        .await
+        .map_err(status_from)?
+        .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))?;
+    let mut client = shared.curator.client();
+    let members = membership::members(&mut client)
+        .await
+        .map_err(|e| etcd_status("listing etcd members", e))?;
+    let member = member_of(&members, &node).cloned();
+    if let Some(member) = &member {
+        let healthy = |m: &Member| shared.member_is_healthy(m);
+        membership::plan_removal(&members, member.id, healthy).map_err(|refused| {
+            Status::failed_precondition(format!(
+                "removing node {id} from consensus is refused: {refused}"
+            ))
+        })?;
+    }
+    let node = state::modify_node(&shared.curator, leadership, id, |current| {
+        let mut node = current
+            .cloned()
+            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
+        let Some(roles) = node.roles.as_mut().filter(|r| r.consensus_member.is_some()) else {
+            return Ok(None);
+        };
+        roles.consensus_member = None;
+        Ok(Some(node))
+    })
+    .await
+    .map_err(super::node_update_status)?
+    .unwrap_or(node);
+    let peer_pki = state::etcd_pki(client.clone());
+    if let Some(peer_ca) = peer_pki
+        .load_ca()
+        .await
+        .map_err(|e| etcd_status("loading the etcd peer CA", e))?
+    {
+        let revoked = peer_pki
+            .revoke_issued(&peer_ca, &format!("peer-{id}"))
+            .await
+            .map_err(|e| etcd_status("revoking the etcd peer certificates", e))?;
+        tracing::info!(
+            node = id,
+            revoked,
+            "revoked the node's etcd peer certificates"
+        );
+    }
+    if let Some(member) = member {
+        membership::remove(&mut client, member.id)
+            .await
+            .map_err(|e| etcd_status("removing the etcd member", e))?;
+        tracing::info!(
+            node = id,
+            member = format!("{:x}", member.id),
+            "removed etcd member"
+        );
+    }
+    Ok(node)
+}
+
+impl Shared {
+    /// Whether an etcd member counts as healthy for quorum planning: this curator's own
+    /// member (it answers), or a member whose node heartbeats.
+    fn member_is_healthy(&self, member: &Member) -> bool {
+        if member.name == self.config.node_id {
+            return true;
+        }
+        let heartbeats = self.heartbeats.lock().expect("heartbeat lock poisoned");
+        heartbeats
+            .get(&member.name)
+            .is_some_and(|t| t.elapsed() <= self.config.heartbeat_timeout)
+    }
+}
+
+/// Whether a node record holds the ConsensusMember role and may run etcd.
+pub fn may_join(node: &Node) -> Result<(), Status> {
+    if node.state != NodeState::Up as i32 {
+        return Err(Status::failed_precondition(format!(
+            "node {} is not UP",
+            node.id
+        )));
+    }
+    if !node
+        .roles
+        .as_ref()
+        .is_some_and(|r| r.consensus_member.is_some())
+    {
+        return Err(Status::failed_precondition(format!(
+            "node {} does not hold the ConsensusMember role",
+            node.id
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,433 @@
+//! The control plane of a consensus member: its etcd and its curator. The role server
+//! starts it when the node has (or gains) the ConsensusMember role and stops it when the
+//! role goes away; it decides once per start how this node's etcd comes up.
+//!
+//! ```text
+//!   bootstrapping (no sealed configuration yet) ─▶ new one-member etcd ─▶ bootstrap::finish
+//!   etcd data present (a member before) ─────────▶ etcd on its data ─▶ same cluster, same
+//!                                                   member, same node record? ─▶ voter?
+//!   no etcd data (role given live) ──JoinConsensus─▶ peer files ─▶ etcd as learner
+//!                                                   (serializable readiness) ─▶ promoted
+//!                                                   by the leader ─▶ member.pb
+//!   then: crlsync (etcd peer CRL → crl.pem, on every change) and the curator
+//! ```
+//! A learner answers no linearizable reads, so readiness is a local read and "voter" is
+//! a separate wait: a linearizable read succeeds once the leader promoted it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use consensus::{EtcdConfig, InitialClusterState, PeerTlsFiles, Readiness, Running, Status};
+use proto::api;
+use proto::config::{ConsensusMembership, SealedConfiguration};
+
+use crate::bootstrap::Step;
+use crate::cluster::{Membership, NodeValues, write_peer_files};
+use crate::decision::ClusterState;
+use crate::register::{Backoff, ProblemLog, pause};
+use crate::roleserver::{HEARTBEAT_TIMEOUT, Settings, curator_client, node_credentials};
+use crate::storage::{Root, read_file, read_proto, write_proto};
+
+/// How this start brings up the local etcd member.
+enum EtcdStart {
+    /// A new one-member cluster (bootstrap).
+    Bootstrap,
+    /// The member this node already is (its data is on disk).
+    Existing,
+    /// A new learner in the running cluster: these members, this node included.
+    Learner(Vec<(String, String)>),
+}
+
+fn etcd_config(settings: &Settings, node_id: &str, start: &EtcdStart) -> EtcdConfig {
+    let root = &settings.root;
+    let peer_dir = root.etcd_peer_dir();
+    let peer_url = consensus::config::peer_url(settings.address, consensus::config::PEER_PORT);
+    let (initial_cluster, state, readiness) = match start {
+        EtcdStart::Bootstrap => (
+            vec![(node_id.to_string(), peer_url)],
+            InitialClusterState::New,
+            Readiness::Linearizable,
+        ),
+        // With existing data etcd ignores the initial cluster; "existing" makes it refuse
+        // instead of silently creating a new cluster if the data were gone.
+        EtcdStart::Existing => (
+            vec![(node_id.to_string(), peer_url)],
+            InitialClusterState::Existing,
+            Readiness::Serializable,
+        ),
+        EtcdStart::Learner(members) => (
+            members.clone(),
+            InitialClusterState::Existing,
+            Readiness::Serializable,
+        ),
+    };
+    EtcdConfig {
+        binary: settings.etcd_binary.clone(),
+        name: node_id.to_string(),
+        data_dir: root.etcd_data(),
+        run_dir: root.consensus_run_dir(),
+        peer_address: settings.address,
+        peer_port: consensus::config::PEER_PORT,
+        peer_tls: PeerTlsFiles {
+            cert: peer_dir.join("cert.pem"),
+            key: peer_dir.join("key.pem"),
+            ca: peer_dir.join("ca.pem"),
+            crl: peer_dir.join("crl.pem"),
+        },
+        initial_cluster,
+        initial_cluster_state: state,
+        cluster_token: format!("polis-{node_id}"),
+        timing: settings.raft_timing,
+        readiness,
+    }
+}
+
+/// Whether the root holds etcd data (this node was a member before).
+pub fn has_etcd_data(root: &Root) -> bool {
+    root.etcd_data().join("member").is_dir()
+}
+
+/// The etcd member this node is, as recorded: the sealed configuration (bootstrap) or
+/// `data/etcd/member.pb` (joined later). `None` when nothing was recorded.
+fn recorded_membership(
+    root: &Root,
+    sealed: Option<&SealedConfiguration>,
+) -> Result<Option<ConsensusMembership>> {
+    if let Some(s) = sealed.filter(|s| s.etcd_member_id != 0) {
+        return Ok(Some(ConsensusMembership {
+            etcd_cluster_id: s.etcd_cluster_id,
+            etcd_member_id: s.etcd_member_id,
+        }));
+    }
+    let path = root.consensus_membership();
+    if path.exists() {
+        return read_proto(&path, "consensus membership").map(Some);
+    }
+    Ok(None)
+}
+
+/// Asks the cluster to make this node an etcd learner; writes the peer files it gets.
+async fn join_consensus(
+    ctx: &supervisor::Context,
+    settings: &Settings,
+    values: &NodeValues,
+    membership: &Membership,
+) -> Result<Option<EtcdStart>> {
+    let client = curator_client(settings, values)?;
+    let mut problems = ProblemLog::default();
+    let mut backoff = Backoff::default();
+    loop {
+        client.set_endpoints(values.curators.current().unwrap_or_default());
+        let call = client.call(|channel| async move {
+            api::curator_client::CuratorClient::new(channel)
+                .join_consensus(api::JoinConsensusRequest {})
+                .await
+        });
+        let answer = tokio::select! {
+            a = call => a,
+            _ = ctx.cancelled() => return Ok(None),
+        };
+        match answer {
+            Ok(joined) => {
+                let key = membership.key();
+                write_peer_files(
+                    &settings.root,
+                    key,
+                    &joined.peer_ca_certificate,
+                    &joined.peer_certificate,
+                    &joined.peer_crl,
+                )
+                .context("writing etcd peer TLS files")?;
+                tracing::info!(
+                    member = format!("{:x}", joined.member_id),
+                    members = joined.initial_cluster.len(),
+                    "joining consensus as an etcd learner"
+                );
+                return Ok(Some(EtcdStart::Learner(
+                    joined
+                        .initial_cluster
+                        .into_iter()
+                        .map(|m| (m.name, m.peer_url))
+                        .collect(),
+                )));
+            }
+            Err(e) => {
+                problems.problem(format!("joining consensus: {e}"));
+                if !pause(ctx, backoff.next()).await {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+/// Waits until the local member answers a linearizable read: it is a voter with a
+/// leader. A learner only gets there once the leader promoted it.
+async fn wait_voter(ctx: &supervisor::Context, running: &Running) -> bool {
+    let mut client = running.client.clone();
+    let mut waited = Duration::ZERO;
+    let mut said = false;
+    loop {
+        let probe = tokio::time::timeout(
+            Duration::from_secs(2),
+            client.get("\0polis-voter-probe", None),
+        );
+        if let Ok(Ok(_)) = probe.await {
+            return true;
+        }
+        if waited >= Duration::from_secs(5) && !said {
+            tracing::info!("waiting for this etcd member to be promoted to a voter");
+            said = true;
+        }
+        let step = Duration::from_millis(25);
+        waited += step;
+        if !pause(ctx, step).await {
+            return false;
+        }
+    }
+}
+
+/// The `root.role.controlplane` runnable.
+pub async fn run(
+    ctx: supervisor::Context,
+    settings: Settings,
+    values: NodeValues,
+    fatal: crate::roleserver::FatalSender,
+) -> supervisor::RunnableResult {
+    let membership = values.membership.watch().get().await?;
+    let node_id = membership.key().node_id();
+    let sealed_path = settings.root.sealed_configuration();
+    // Once the sealed configuration exists, a bootstrapping process is a joined node: a
+    // restarted control plane takes the join path.
+    let bootstrapping = matches!(membership, Membership::Bootstrap(_)) && !sealed_path.exists();
+    let sealed: Option<SealedConfiguration> = if sealed_path.exists() {
+        Some(read_proto(&sealed_path, "sealed configuration")?)
+    } else {
+        None
+    };
+    let start = if bootstrapping {
+        EtcdStart::Bootstrap
+    } else if has_etcd_data(&settings.root) {
+        EtcdStart::Existing
+    } else {
+        match join_consensus(&ctx, &settings, &values, &membership).await? {
+            Some(s) => s,
+            None => return Ok(()),
+        }
+    };
+    let config = etcd_config(&settings, &node_id, &start);
+    let status = event::Value::<Status>::new();
+    let etcd_status = status.clone();
+    ctx.run("consensus", move |ctx| {
+        let (config, status) = (config.clone(), etcd_status.clone());
+        async move {
+            consensus::run(&ctx, &config, &status).await?;
+            Ok(())
+        }
+    })?;
+    let mut status_watcher = status.watch();
+    let running = tokio::select! {
+        s = status_watcher.get_matching(|s| matches!(s, Status::Running(_))) => match s? {
+            Status::Running(r) => r,
+            Status::Stopped => unreachable!("filtered for Running"),
+        },
+        _ = ctx.cancelled() => return Ok(()),
+    };
+    if !matches!(start, EtcdStart::Bootstrap) && !wait_voter(&ctx, &running).await {
+        return Ok(());
+    }
+    let outcome = match (&membership, &start) {
+        (Membership::Bootstrap(b), EtcdStart::Bootstrap) => {
+            crate::bootstrap::finish(&settings.root, settings.address, &running, b).await
+        }
+        _ => check_member(&settings.root, &running, &membership, sealed.as_ref()).await,
+    };
+    match outcome {
+        Ok(()) => {}
+        Err(Step::Retry(e)) => return Err(e.into()),
+        Err(Step::Fatal(e)) => {
+            let _ = fatal.send(e);
+            ctx.cancelled().await;
+            return Ok(());
+        }
+    }
+
+    let crl_running = running.clone();
+    let crl_path = settings.root.etcd_peer_dir().join("crl.pem");
+    ctx.run("crlsync", move |ctx| {
+        crl_sync(ctx, crl_running.client.clone(), crl_path.clone())
+    })?;
+
+    let curator_config = curator::service::CuratorConfig {
+        node_id: node_id.clone(),
+        listen: SocketAddr::new(settings.address, rpc::CURATOR_PORT),
+        credentials: node_credentials(&settings.root)?,
+        ca_certificate: read_file(&settings.root.cluster_ca(), "cluster CA certificate")?,
+        lease_ttl: settings.curator_lease_ttl,
+        owner_certificate_lifetime: settings.owner_certificate_lifetime,
+        heartbeat_timeout: HEARTBEAT_TIMEOUT,
+    };
+    let curator_ns = running.namespaced(curator::state::NAMESPACE);
+    ctx.run("curator", move |ctx| {
+        curator::service::run(ctx, curator_config.clone(), curator_ns.clone())
+    })?;
+    if values.cluster_state.current() != Some(ClusterState::Home) {
+        values.cluster_state.set(ClusterState::Home);
+    }
+    ctx.signal_healthy();
+    ctx.cancelled().await;
+    Ok(())
+}
+
+/// The etcd we started must be this node's member of its cluster: the recorded member
+/// (or, right after joining consensus, none yet: then it is recorded now), the sealed
+/// cluster CA, and a node record with this node's key and address.
+async fn check_member(
+    root: &Root,
+    running: &Running,
+    membership: &Membership,
+    sealed: Option<&SealedConfiguration>,
+) -> Result<(), Step> {
+    let sealed = sealed.ok_or_else(|| Step::Fatal(anyhow!("no sealed configuration")))?;
+    match recorded_membership(root, Some(sealed))? {
+        Some(m)
+            if m.etcd_cluster_id != running.cluster_id || m.etcd_member_id != running.member_id =>
+        {
+            return Err(Step::Fatal(anyhow!(
+                "etcd data is cluster {:x} member {:x}, but this node recorded cluster {:x} member {:x}; \
+                 the etcd data directory does not belong to this node",
+                running.cluster_id,
+                running.member_id,
+                m.etcd_cluster_id,
+                m.etcd_member_id
+            )));
+        }
+        Some(_) => {}
+        None => {}
+    }
+    let curator_ns = running.namespaced(curator::state::NAMESPACE);
+    let ca = curator::cluster_pki(&curator_ns)
+        .load_ca()
+        .await
+        .context("loading the cluster CA")?;
+    match ca {
+        Some(ca) if ca.cert_der == sealed.cluster_ca_certificate => {}
+        _ => {
+            return Err(Step::Fatal(anyhow!(
+                "the cluster CA in etcd does not match the sealed configuration"
+            )));
+        }
+    }
+    match curator::load_node(&curator_ns, &sealed.node_id).await {
+        Ok(Some(node))
+            if node.public_key == membership.key().public_key()
+                && node.address == sealed.address => {}
+        Ok(Some(node)) => {
+            return Err(Step::Fatal(anyhow!(
+                "the cluster's record of node {} (address {}) does not match this node's key and address {}",
+                sealed.node_id,
+                node.address,
+                sealed.address
+            )));
+        }
+        Ok(None) => {
+            return Err(Step::Fatal(anyhow!(
+                "node {} has no record in the cluster",
+                sealed.node_id
+            )));
+        }
+        Err(e) => return Err(Step::Retry(e.into())),
+    }
+    if recorded_membership(root, Some(sealed))?.is_none() {
+        write_proto(
+            &root.consensus_membership(),
+            &ConsensusMembership {
+                etcd_cluster_id: running.cluster_id,
+                etcd_member_id: running.member_id,
+            },
+        )
+        .context("recording this node's etcd membership")?;
+        tracing::info!(
+            member = format!("{:x}", running.member_id),
+            "this node is now a voting etcd member"
+        );
+    }
+    Ok(())
+}
+
+/// Keeps `--peer-crl-file` equal to the etcd peer CRL in etcd: etcd re-reads the file on
+/// every inbound peer connection, so a revoked peer is refused without a restart.
+async fn crl_sync(
+    ctx: supervisor::Context,
+    client: etcd_client::Client,
+    path: std::path::PathBuf,
+) -> supervisor::RunnableResult {
+    let store = curator::state::etcd_pki(client.clone());
+    let mut client = client;
+    let key = store.crl_key();
+    let mut watch = client
+        .watch(key, None)
+        .await
+        .map_err(|e| format!("watching the etcd peer CRL: {e}"))?;
+    ctx.signal_healthy();
+    loop {
+        // Read after the watch is established: no change can fall in between.
+        let crl = store
+            .crl()
+            .await
+            .map_err(|e| format!("reading the etcd peer CRL: {e}"))?;
+        let current = std::fs::read(&path).ok();
+        let pem = crate::storage::pem("X509 CRL", &crl);
+        if current.as_deref() != Some(pem.as_slice()) {
+            crate::storage::write_atomic(&path, &pem)?;
+            tracing::info!(
+                revoked = pki::crl_serials(&crl).map(|s| s.len()).unwrap_or_default(),
+                "etcd peer CRL file updated"
+            );
+        }
+        tokio::select! {
+            m = watch.message() => match m {
+                Ok(Some(_)) => {}
+                Ok(None) => return Err("the etcd peer CRL watch ended".into()),
+                Err(e) => return Err(format!("watching the etcd peer CRL: {e}").into()),
+            },
+            _ = ctx.cancelled() => return Ok(()),
+        }
+    }
+}
+
+/// After the ConsensusMember role was taken away and the control plane stopped: the
+/// node is no etcd member any more; its etcd data and peer credentials go.
+pub fn forget_consensus(root: &Root) -> Result<()> {
+    for dir in [root.etcd_data(), root.etcd_peer_dir()] {
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing {}", dir.display())),
+        }
+    }
+    match std::fs::remove_file(root.consensus_membership()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("removing {}", root.consensus_membership().display()));
+        }
+    }
+    crate::storage::ensure_private_dir(&root.etcd_peer_dir())?;
+    Ok(())
+}
+
+/// Preflight for a consensus member's restart: a member whose etcd data is gone would
+/// come back as a new, empty member; a node that never finished joining has none yet.
+pub fn check_member_root(root: &Root, sealed: &SealedConfiguration) -> Result<()> {
+    if recorded_membership(root, Some(sealed))?.is_some() && !has_etcd_data(root) {
+        bail!(
+            "this node is a consensus member, but its etcd data at {} is missing; \
+             starting would create a new, empty member",
+            root.etcd_data().display()
+        );
+    }
+    Ok(())
+}
