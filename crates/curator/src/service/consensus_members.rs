@@ -277,10 +277,10 @@ pub fn may_join(node: &Node) -> Result<(), Status> {
             node.id
         )));
     }
-    if !node
+    if node
         .roles
         .as_ref()
-        .is_some_and(|r| r.consensus_member.is_some())
+        .is_none_or(|r| r.consensus_member.is_none())
     {
         return Err(Status::failed_precondition(format!(
             "node {} does not hold the ConsensusMember role",
