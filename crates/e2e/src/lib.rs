@@ -675,6 +675,14 @@ impl Node {
         Ok(identity::NodeKey::from_pkcs8(&der)?.node_id())
     }
 
+    /// Waits until this node's curator serves (a consensus member's control plane is up).
+    pub fn wait_for_curator(&mut self) -> Result<()> {
+        self.proc()
+            .wait_for_line(TIMEOUT, |l| l.contains("curator serving"))
+            .map(drop)
+            .context("waiting for the curator to serve")
+    }
+
     /// Waits until the node logs cluster state `state`.
     pub fn wait_state(&mut self, state: &str) -> Result<()> {
         self.proc()
@@ -707,5 +715,53 @@ impl Cluster {
                 key_pkcs8: key.pkcs8_der().to_vec(),
             }),
         ))
+    }
+}
+
+impl Cluster {
+    /// Registers a worker in `dir/NAME` with `params`, approves it and waits until it is
+    /// UP; returns the running node and its ID.
+    pub fn add_worker(&self, name: &str, params: &Path) -> Result<(Node, String)> {
+        let mut node = self.new_node(name)?;
+        node.start(&["--params", params.to_str().context("utf-8 path")?])?;
+        node.wait_state("Foreign")?;
+        let id = node.key_node_id()?;
+        self.ctl_retry(&["node", "approve", &id])?;
+        node.wait_home()?;
+        self.wait_node(&id, "UP", None)?;
+        Ok((node, id))
+    }
+
+    /// `cluster status -o json` (also when it exits 1 for lack of quorum).
+    pub fn status(&self, endpoints: &str) -> Result<(bool, serde_json::Value)> {
+        let (ok, out, err) =
+            self.ctl(&["--endpoints", endpoints, "cluster", "status", "-o", "json"])?;
+        let value = serde_json::from_str(&out)
+            .with_context(|| format!("cluster status printed no JSON: {out} {err}"))?;
+        Ok((ok, value))
+    }
+
+    /// Waits until `cluster status` shows a quorum and exactly `voters` voters and
+    /// `learners` learners, all answering.
+    pub fn wait_members(
+        &self,
+        endpoints: &str,
+        voters: usize,
+        learners: usize,
+    ) -> Result<serde_json::Value> {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let (ok, status) = self.status(endpoints)?;
+            let members = status["members"].as_array().cloned().unwrap_or_default();
+            let count = |role: &str| members.iter().filter(|m| m["role"] == role).count();
+            let answering = members.iter().all(|m| m["answered"] == true);
+            if ok && count("voter") == voters && count("learner") == learners && answering {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!("never saw {voters} voters and {learners} learners; last: {status}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }

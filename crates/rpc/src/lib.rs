@@ -27,6 +27,7 @@
 
 pub mod authz;
 pub mod client;
+pub mod forward;
 pub mod server;
 pub mod tls;
 
@@ -34,7 +35,8 @@ pub use authz::{Identity, Permission};
 pub use client::{
     CURATOR_PORT, CallError, CuratorClient, connect, leader_endpoint, parse_endpoint,
 };
-pub use server::{AuthLayer, CrlSource, Limits, PeerInfo, incoming};
+pub use forward::{ForwardLayer, Forwarding};
+pub use server::{AuthLayer, CrlSource, Forwarders, Limits, PeerInfo, incoming};
 pub use tls::{Authenticator, Credentials, ServerTrust, self_signed};
 
 #[derive(Debug, thiserror::Error)]

@@ -431,11 +431,27 @@ pub type CrlSource =
 pub struct AuthLayer {
     authenticator: Arc<Authenticator>,
     crl: CrlSource,
+    forwarders: Option<Forwarders>,
 }
+
+/// Whether the node with this ID may present forwarded identities (it is a curator: a
+/// consensus member).
+pub type Forwarders = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 impl AuthLayer {
     pub fn new(authenticator: Arc<Authenticator>, crl: CrlSource) -> AuthLayer {
-        AuthLayer { authenticator, crl }
+        AuthLayer {
+            authenticator,
+            crl,
+            forwarders: None,
+        }
+    }
+
+    /// Accepts identities forwarded by the nodes `forwarders` names (see
+    /// [`crate::forward`]); without this, a forwarded identity is always denied.
+    pub fn with_forwarders(mut self, forwarders: Forwarders) -> AuthLayer {
+        self.forwarders = Some(forwarders);
+        self
     }
 }
 
@@ -529,7 +545,7 @@ where
             // the end of its response body.
             let call = peer.map(|p| p.calls.start());
             let leaf = peer.and_then(|p| p.certificates.clone());
-            let identity = match leaf.as_ref().and_then(|c| c.first()) {
+            let caller = match leaf.as_ref().and_then(|c| c.first()) {
                 None => Identity::Anonymous,
                 Some(cert) => match (layer.crl)().await {
                     Ok(crl) => layer
@@ -543,6 +559,37 @@ where
                         .into_http());
                     }
                 },
+            };
+            // A forwarded call: the identity a curator verified, if this caller is one.
+            let identity = match request
+                .headers_mut()
+                .remove(crate::forward::FORWARDED_IDENTITY)
+            {
+                None => caller,
+                Some(header) => {
+                    let trusted = matches!(&caller, Identity::Node { id, .. }
+                        if layer.forwarders.as_ref().is_some_and(|f| f(id)));
+                    if !trusted {
+                        tracing::warn!(method, %caller, "denied: forged forwarded identity");
+                        return Ok(tonic::Status::permission_denied(format!(
+                            "only a consensus member may forward a caller's identity; caller is {caller}"
+                        ))
+                        .into_http());
+                    }
+                    match header
+                        .to_str()
+                        .ok()
+                        .and_then(crate::forward::decode_identity)
+                    {
+                        Some(forwarded) => forwarded,
+                        None => {
+                            return Ok(tonic::Status::invalid_argument(
+                                "malformed forwarded identity",
+                            )
+                            .into_http());
+                        }
+                    }
+                }
             };
             if let Err(denied) = authorize(&method, &identity) {
                 tracing::info!(method, caller = %identity, "denied: {denied}");

@@ -5,13 +5,56 @@ use std::time::Duration;
 
 use proto::api;
 
+use std::net::SocketAddr;
+
 use super::{Services, Shared};
+use crate::election::{self, Role};
 use crate::state;
 
 /// Longest time one RPC may take (streams: until their response headers).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long stopping waits for open connections to finish.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The forwarding decision: a follower sends every call but CuratorLocal (which any
+/// curator answers from its own etcd member) to the leader, over one cached channel with
+/// this node's certificate.
+fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
+    let cached: Arc<tokio::sync::Mutex<Option<(SocketAddr, tonic::transport::Channel)>>> =
+        Arc::default();
+    Arc::new(move |method: &str| {
+        let (shared, cached) = (shared.clone(), cached.clone());
+        let local = method.starts_with("/polis.api.CuratorLocal/");
+        Box::pin(async move {
+            if local || matches!(shared.role.current(), Some(Role::Leader(_))) {
+                return None;
+            }
+            let leader = election::current_leader(&shared.curator).await.ok()??;
+            let endpoint: SocketAddr = leader.endpoint.parse().ok()?;
+            if endpoint == shared.config.listen {
+                // Elected but not yet acting as leader: answer here (Unavailable, retry).
+                return None;
+            }
+            let mut cached = cached.lock().await;
+            if let Some((at, channel)) = cached.as_ref()
+                && *at == endpoint
+            {
+                return Some(channel.clone());
+            }
+            let trust = rpc::ServerTrust::PinnedCa(shared.config.ca_certificate.clone());
+            match rpc::connect(endpoint, &trust, Some(&shared.config.credentials)).await {
+                Ok(channel) => {
+                    *cached = Some((endpoint, channel.clone()));
+                    Some(channel)
+                }
+                Err(e) => {
+                    tracing::warn!(%endpoint, "cannot reach the curator leader to forward: {e}");
+                    None
+                }
+            }
+        })
+    })
+}
 
 pub(super) async fn serve(
     ctx: supervisor::Context,
@@ -27,10 +70,15 @@ pub(super) async fn serve(
         let store = crl_store.clone();
         Box::pin(async move { store.crl().await.map_err(|e| supervisor::error_chain(&e)) })
     });
+    let forwarders_shared = shared.clone();
     let auth = rpc::AuthLayer::new(
         Arc::new(rpc::Authenticator::new(config.ca_certificate.clone())),
         crl,
-    );
+    )
+    .with_forwarders(Arc::new(move |id: &str| {
+        forwarders_shared.is_curator_node(id)
+    }));
+    let forward = rpc::ForwardLayer::new(forwarding(shared.clone()));
     let services = Services(shared.clone());
     tracing::info!(listen = %config.listen, "curator serving");
     ctx.signal_healthy();
@@ -41,6 +89,7 @@ pub(super) async fn serve(
         .timeout(REQUEST_TIMEOUT)
         .trace_fn(move |_| span.clone())
         .layer(auth)
+        .layer(forward)
         .add_service(api::curator_local_server::CuratorLocalServer::new(
             services.clone(),
         ))

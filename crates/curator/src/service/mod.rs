@@ -153,6 +153,19 @@ impl Shared {
         }))
     }
 
+    /// Whether `id` is a curator's node: UP with the ConsensusMember role. Only such
+    /// nodes may forward a caller's identity.
+    fn is_curator_node(&self, id: &str) -> bool {
+        self.nodes.current().is_some_and(|nodes| {
+            nodes.get(id).is_some_and(|n| {
+                n.state == proto::state::NodeState::Up as i32
+                    && n.roles
+                        .as_ref()
+                        .is_some_and(|r| r.consensus_member.is_some())
+            })
+        })
+    }
+
     fn node_info(&self, node: Node, tenure: Duration) -> api::NodeInfo {
         let since = self
             .heartbeats

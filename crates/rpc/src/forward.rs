@@ -1,0 +1,204 @@
+//! Any curator serves every call: a follower forwards what only the leader can answer,
+//! carrying the caller's verified identity.
+//!
+//! ```text
+//!   client ──mTLS──▶ follower: AuthLayer (classify + authorize the caller)
+//!                       └─ ForwardLayer: not servable here ─▶ leader, over mTLS with the
+//!                          follower's NODE certificate, header x-polis-forwarded-identity
+//!   leader: AuthLayer ── header present: accepted only if the TLS caller is a node that
+//!                        holds the ConsensusMember role (a curator); the forwarded
+//!                        identity then replaces the caller's for authorization
+//! ```
+//! The trust rule: only a consensus member's certificate may present a forwarded
+//! identity. A worker or owner that sends the header is denied, whatever it claims.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::codegen::Bytes;
+use tonic::transport::Channel;
+
+use crate::authz::Identity;
+
+/// The header that carries a forwarded caller's identity.
+pub const FORWARDED_IDENTITY: &str = "x-polis-forwarded-identity";
+
+/// Encodes an identity for [`FORWARDED_IDENTITY`]; invalid identities are never
+/// forwarded (they were denied before).
+pub fn encode_identity(identity: &Identity) -> Option<String> {
+    Some(match identity {
+        Identity::Anonymous => "anonymous".to_string(),
+        Identity::SelfSigned { public_key } => format!("self-signed:{}", hex::encode(public_key)),
+        Identity::Node { id, public_key } => format!("node:{id}:{}", hex::encode(public_key)),
+        Identity::User { name, public_key } => {
+            format!("user:{}:{}", hex::encode(name), hex::encode(public_key))
+        }
+        Identity::Invalid { .. } => return None,
+    })
+}
+
+/// Decodes [`encode_identity`]'s output; `None` for anything else.
+pub fn decode_identity(text: &str) -> Option<Identity> {
+    let key = |h: &str| hex::decode(h).ok();
+    let mut parts = text.split(':');
+    let identity = match (parts.next()?, parts.next(), parts.next()) {
+        ("anonymous", None, None) => Identity::Anonymous,
+        ("self-signed", Some(k), None) => Identity::SelfSigned {
+            public_key: key(k)?,
+        },
+        ("node", Some(id), Some(k)) => {
+            identity::validate_node_id(id).ok()?;
+            Identity::Node {
+                id: id.to_string(),
+                public_key: key(k)?,
+            }
+        }
+        ("user", Some(name), Some(k)) => Identity::User {
+            name: String::from_utf8(hex::decode(name).ok()?).ok()?,
+            public_key: key(k)?,
+        },
+        _ => return None,
+    };
+    parts.next().is_none().then_some(identity)
+}
+
+/// Where a call goes: served here, or forwarded over this channel (to the leader).
+pub type ForwardDecision = Option<Channel>;
+
+/// Decides, per method, whether this curator serves a call or forwards it.
+pub type Forwarding =
+    Arc<dyn Fn(&str) -> Pin<Box<dyn Future<Output = ForwardDecision> + Send>> + Send + Sync>;
+
+/// Tower layer (inside [`crate::AuthLayer`]): forwards calls the decision sends away.
+#[derive(Clone)]
+pub struct ForwardLayer {
+    decide: Forwarding,
+}
+
+impl ForwardLayer {
+    pub fn new(decide: Forwarding) -> ForwardLayer {
+        ForwardLayer { decide }
+    }
+}
+
+impl<S> tower::Layer<S> for ForwardLayer {
+    type Service = ForwardService<S>;
+    fn layer(&self, inner: S) -> ForwardService<S> {
+        ForwardService {
+            inner,
+            decide: self.decide.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct ForwardService<S> {
+    inner: S,
+    decide: Forwarding,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for ForwardService<S>
+where
+    S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send,
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let decide = self.decide.clone();
+        Box::pin(async move {
+            let method = request.uri().path().to_string();
+            let Some(leader) = decide(&method).await else {
+                return Ok(inner.call(request).await?.map(tonic::body::Body::new));
+            };
+            let identity = request.extensions().get::<Identity>().cloned();
+            let Some(encoded) = identity.as_ref().and_then(encode_identity) else {
+                return Ok(
+                    tonic::Status::permission_denied("no verified caller to forward").into_http(),
+                );
+            };
+            let (mut parts, body) = request.into_parts();
+            let header = match http::HeaderValue::from_str(&encoded) {
+                Ok(h) => h,
+                Err(_) => {
+                    return Ok(tonic::Status::internal("unencodable caller identity").into_http());
+                }
+            };
+            parts.headers.insert(FORWARDED_IDENTITY, header);
+            parts.extensions = http::Extensions::new();
+            let forwarded = http::Request::from_parts(parts, tonic::body::Body::new(body));
+            tracing::debug!(method, "forwarding to the leader");
+            // A Channel must be polled ready before each call: oneshot does both.
+            match tower::ServiceExt::oneshot(leader, forwarded).await {
+                Ok(response) => Ok(response),
+                Err(e) => Ok(tonic::Status::unavailable(format!(
+                    "forwarding to the curator leader failed: {e}"
+                ))
+                .into_http()),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_round_trip_and_garbage_is_refused() {
+        let all = [
+            Identity::Anonymous,
+            Identity::SelfSigned {
+                public_key: vec![1; 32],
+            },
+            Identity::Node {
+                id: format!("polis-{}", "ab".repeat(16)),
+                public_key: vec![2; 32],
+            },
+            Identity::User {
+                name: "owner:with:colons".into(),
+                public_key: vec![3; 32],
+            },
+        ];
+        for identity in all {
+            let text = encode_identity(&identity).unwrap();
+            assert_eq!(decode_identity(&text), Some(identity));
+        }
+        assert_eq!(
+            encode_identity(&Identity::Invalid {
+                reason: "expired".into()
+            }),
+            None
+        );
+        for bad in [
+            "",
+            "root",
+            "node:polis-x:00",
+            "user:zz:00",
+            "self-signed:00:extra",
+            "anonymous:x",
+        ] {
+            assert_eq!(decode_identity(bad), None, "{bad}");
+        }
+    }
+}
