@@ -187,9 +187,12 @@ pub async fn run(
 
     let mut campaign_client = client.clone();
     campaigning();
+    let dead_leader = revoke_dead_leader(curator.clone(), config.endpoint.clone());
+    tokio::pin!(dead_leader);
     let won = tokio::select! {
         won = campaign_client.campaign(name.clone(), value, lease) => won?,
         e = &mut keepalive => return Err(e),
+        e = &mut dead_leader => return Err(e),
         _ = cancel.cancelled() => {
             let _ = tokio::time::timeout(HANDOVER_TIMEOUT, client.lease_revoke(lease)).await;
             return Ok(());
@@ -229,6 +232,66 @@ pub async fn run(
         tracing::warn!("lost leadership: {e}");
     }
     outcome
+}
+
+/// How often a campaigning curator checks that the leader's curator process is alive,
+/// and how many refusals in a row prove it is not.
+const LIVENESS_PERIOD: Duration = Duration::from_millis(150);
+const REFUSALS_TO_REVOKE: u32 = 3;
+
+/// While this curator campaigns: when the leader's curator endpoint refuses connections
+/// (its process is gone: the host answers, nothing listens), revoke the dead leader's
+/// lease instead of waiting out its TTL — which etcd even extends when its own leader
+/// changes. Safe even if wrong: every leader write is guarded by the election key, so a
+/// live leader whose lease was revoked only loses leadership and campaigns again.
+/// Returns only on an etcd error; runs until the campaign ends otherwise.
+async fn revoke_dead_leader(curator: Namespaced, own_endpoint: String) -> CuratorError {
+    let mut refusals = 0u32;
+    let mut watched: Option<i64> = None;
+    loop {
+        tokio::time::sleep(LIVENESS_PERIOD).await;
+        let mut client = curator.client();
+        let leader = match client.leader(curator.key(ELECTION)).await {
+            Ok(r) => r.kv().map(|kv| (kv.lease(), kv.value().to_vec())),
+            // No leader yet, or etcd is electing its own: nothing to revoke now.
+            Err(_) => None,
+        };
+        let Some((lease, value)) = leader else {
+            refusals = 0;
+            continue;
+        };
+        let Ok(value) = LeaderElectionValue::decode(value.as_slice()) else {
+            continue;
+        };
+        if watched != Some(lease) {
+            (watched, refusals) = (Some(lease), 0);
+        }
+        if value.endpoint == own_endpoint {
+            continue;
+        }
+        let Ok(endpoint) = value.endpoint.parse::<std::net::SocketAddr>() else {
+            continue;
+        };
+        let probe =
+            tokio::time::timeout(LIVENESS_PERIOD, tokio::net::TcpStream::connect(endpoint)).await;
+        match probe {
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => refusals += 1,
+            _ => refusals = 0,
+        }
+        if refusals >= REFUSALS_TO_REVOKE {
+            tracing::warn!(
+                leader = value.node_id,
+                %endpoint,
+                "the curator leader's endpoint refuses connections: revoking its lease"
+            );
+            match client.lease_revoke(lease).await {
+                Ok(_) => {}
+                Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("not found") => {}
+                Err(e) => return e.into(),
+            }
+            refusals = 0;
+        }
+    }
 }
 
 /// The current leader, as recorded in etcd (any curator can answer this).
