@@ -408,8 +408,9 @@ fn hex_encode(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn print_nodes(nodes: &[api::NodeInfo], format: Format) {
+pub fn print_node_list(nodes: &[api::NodeInfo], format: Format) {
     match format {
+        Format::Quiet => {}
         Format::Json => println!("{}", Value::Array(nodes.iter().map(node_json).collect())),
         Format::Yaml => print!(
             "{}",
@@ -443,6 +444,31 @@ fn print_nodes(nodes: &[api::NodeInfo], format: Format) {
     }
 }
 
+/// Every node, as the cluster lists it.
+pub async fn list_nodes(config: &Path, raw_endpoints: &[String]) -> Result<Vec<api::NodeInfo>> {
+    Ok(owner_session(config, raw_endpoints)?
+        .management("listing nodes", |mut m| async move {
+            m.list_nodes(api::ListNodesRequest::default()).await
+        })
+        .await?
+        .nodes)
+}
+
+/// The IDs of the nodes in `state` (any state when `None`).
+pub async fn list_ids(
+    config: &Path,
+    raw_endpoints: &[String],
+    state: Option<&str>,
+) -> Result<Vec<String>> {
+    let state = state.map(parse_state).transpose()?;
+    Ok(list_nodes(config, raw_endpoints)
+        .await?
+        .into_iter()
+        .filter(|n| state.is_none_or(|s| n.state == s))
+        .map(|n| n.id)
+        .collect())
+}
+
 pub async fn node_list(
     config: &Path,
     raw_endpoints: &[String],
@@ -463,12 +489,13 @@ pub async fn node_list(
         })
         .await?
         .nodes;
-    print_nodes(&nodes, format);
+    print_node_list(&nodes, format);
     Ok(())
 }
 
 fn print_node(node: &api::NodeInfo, format: Format) {
     match format {
+        Format::Quiet => {}
         Format::Json => println!("{}", node_json(node)),
         Format::Yaml => print!("{}", output::yaml(&node_json(node))),
         Format::Table => {
@@ -581,6 +608,7 @@ pub async fn cluster_info(config: &Path, raw_endpoints: &[String], format: Forma
         "node_count": info.node_count,
     });
     match format {
+        Format::Quiet => {}
         Format::Json => println!("{value}"),
         Format::Yaml => print!("{}", output::yaml(&value)),
         Format::Table => {
@@ -809,6 +837,29 @@ pub fn summarize(answers: &[api::GetConsensusStatusResponse]) -> (Vec<MemberStat
 /// `cluster status`: asks every curator's own etcd member (no quorum needed to answer),
 /// shows the members, and fails when there is no quorum.
 pub async fn cluster_status(config: &Path, raw_endpoints: &[String], format: Format) -> Result<()> {
+    let (members, quorum, unreachable) = consensus_status(config, raw_endpoints).await?;
+    print_status(&members, quorum, &unreachable, format);
+    if !quorum {
+        bail!("the cluster has no etcd quorum");
+    }
+    Ok(())
+}
+
+/// The node IDs of the etcd voters, as the curators' own members report them.
+pub async fn voters(config: &Path, raw_endpoints: &[String]) -> Result<Vec<String>> {
+    let (members, _, _) = consensus_status(config, raw_endpoints).await?;
+    Ok(members
+        .into_iter()
+        .filter(|m| !m.learner && m.raft.is_some())
+        .map(|m| m.node)
+        .collect())
+}
+
+/// Asks every curator it can find for its own etcd member's view.
+async fn consensus_status(
+    config: &Path,
+    raw_endpoints: &[String],
+) -> Result<(Vec<MemberStatus>, bool, Vec<String>)> {
     let session = owner_session(config, raw_endpoints)?;
     let mut to_ask: Vec<SocketAddr> = session.client.endpoints();
     let mut asked = Vec::new();
@@ -850,6 +901,10 @@ pub async fn cluster_status(config: &Path, raw_endpoints: &[String], format: For
         }
     }
     let (members, quorum) = summarize(&answers);
+    Ok((members, quorum, unreachable))
+}
+
+fn print_status(members: &[MemberStatus], quorum: bool, unreachable: &[String], format: Format) {
     let rows: Vec<Value> = members
         .iter()
         .map(|m| {
@@ -866,6 +921,7 @@ pub async fn cluster_status(config: &Path, raw_endpoints: &[String], format: For
         .collect();
     let value = json!({ "quorum": quorum, "members": rows, "unreachable": unreachable });
     match format {
+        Format::Quiet => {}
         Format::Json => println!("{value}"),
         Format::Yaml => print!("{}", output::yaml(&value)),
         Format::Table => {
@@ -895,16 +951,12 @@ pub async fn cluster_status(config: &Path, raw_endpoints: &[String], format: For
                     &table
                 )
             );
-            for u in &unreachable {
+            for u in unreachable {
                 println!("unreachable: {u}");
             }
             println!("quorum: {}", if quorum { "yes" } else { "NO" });
         }
     }
-    if !quorum {
-        bail!("the cluster has no etcd quorum");
-    }
-    Ok(())
 }
 
 impl OwnerSession {

@@ -17,6 +17,7 @@
 //! file readable by others is refused, as ssh does.
 
 mod cluster;
+mod launch;
 mod output;
 
 use std::fs;
@@ -111,6 +112,26 @@ enum ClusterCommand {
     /// every curator's own etcd member, so it answers without a quorum too. Exits 1
     /// when there is no quorum.
     Status,
+    /// Start a local development cluster of N polis-node processes on loopback
+    /// addresses under DIR (the first three become consensus members), or start an
+    /// existing one in DIR again.
+    Launch {
+        dir: PathBuf,
+        /// How many nodes.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// The first node's address; the others follow (127.0.0.2, .3, …).
+        #[arg(long, default_value = "127.0.0.2")]
+        first_address: std::net::Ipv4Addr,
+        /// Stop the cluster in DIR instead (SIGTERM to every node).
+        #[arg(long)]
+        stop: bool,
+        /// The polis-node binary [default: next to polisctl, else on PATH].
+        #[arg(long)]
+        node_binary: Option<PathBuf>,
+    },
+    /// Stop the cluster launched in DIR and remove DIR.
+    Destroy { dir: PathBuf },
     /// Replace the register ticket. Node parameters made with the old ticket stop
     /// working for nodes that have not registered yet; registered nodes can still be
     /// approved.
@@ -224,6 +245,20 @@ async fn run(cli: Cli) -> Result<()> {
             let config = config_dir(&cli)?;
             cluster::cluster_info(&config, &cli.endpoints, cli.output).await
         }
+        Command::Cluster(ClusterCommand::Launch {
+            dir,
+            nodes,
+            first_address,
+            stop,
+            node_binary,
+        }) => {
+            if *stop {
+                launch::stop(dir, false)
+            } else {
+                launch::launch(dir, *nodes, *first_address, node_binary.as_deref()).await
+            }
+        }
+        Command::Cluster(ClusterCommand::Destroy { dir }) => launch::stop(dir, true),
         Command::Cluster(ClusterCommand::Status) => {
             let config = config_dir(&cli)?;
             cluster::cluster_status(&config, &cli.endpoints, cli.output).await
@@ -297,40 +332,59 @@ async fn run(cli: Cli) -> Result<()> {
             cluster_domain,
             labels,
         }) => {
-            let labels: std::collections::BTreeMap<String, String> =
-                labels.iter().cloned().collect();
-            proto::labels::apply(&Default::default(), &labels, &[])?;
             let config = config_dir(&cli)?;
-            let key = ensure_owner_key(&config)?;
-            let params = NodeParameters {
-                cluster: Some(node_parameters::Cluster::Bootstrap(ClusterBootstrap {
-                    owner_public_key: key.public_key().to_vec(),
-                    initial_cluster_configuration: Some(ClusterConfiguration {
-                        cluster_domain: cluster_domain.clone(),
-                    }),
-                    labels: labels.into_iter().collect(),
-                })),
-            };
-            write_private(out, &params.encode_to_vec())
-                .with_context(|| format!("writing node parameters to {}", out.display()))?;
+            write_bootstrap_params(&config, out, cluster_domain, labels)?;
             eprintln!("wrote bootstrap parameters to {}", out.display());
             Ok(())
         }
         Command::Params(ParamsCommand::Register { out, labels }) => {
-            let map: std::collections::BTreeMap<String, String> = labels.iter().cloned().collect();
-            proto::labels::apply(&Default::default(), &map, &[])?;
             let config = config_dir(&cli)?;
-            let register =
-                cluster::register_parameters(&config, &cli.endpoints, labels.clone()).await?;
-            let params = NodeParameters {
-                cluster: Some(node_parameters::Cluster::Register(register)),
-            };
-            write_private(out, &params.encode_to_vec())
-                .with_context(|| format!("writing node parameters to {}", out.display()))?;
+            write_register_params(&config, &cli.endpoints, out, labels.clone()).await?;
             eprintln!("wrote register parameters to {}", out.display());
             Ok(())
         }
     }
+}
+
+/// Writes bootstrap parameters for a new cluster owned by the key in `config` (created
+/// if absent).
+pub(crate) fn write_bootstrap_params(
+    config: &Path,
+    out: &Path,
+    cluster_domain: &str,
+    labels: &[(String, String)],
+) -> Result<()> {
+    let labels: std::collections::BTreeMap<String, String> = labels.iter().cloned().collect();
+    proto::labels::apply(&Default::default(), &labels, &[])?;
+    let key = ensure_owner_key(config)?;
+    let params = NodeParameters {
+        cluster: Some(node_parameters::Cluster::Bootstrap(ClusterBootstrap {
+            owner_public_key: key.public_key().to_vec(),
+            initial_cluster_configuration: Some(ClusterConfiguration {
+                cluster_domain: cluster_domain.to_string(),
+            }),
+            labels: labels.into_iter().collect(),
+        })),
+    };
+    write_private(out, &params.encode_to_vec())
+        .with_context(|| format!("writing node parameters to {}", out.display()))
+}
+
+/// Writes register parameters for a new node of the cluster `config` owns.
+pub(crate) async fn write_register_params(
+    config: &Path,
+    endpoints: &[String],
+    out: &Path,
+    labels: Vec<(String, String)>,
+) -> Result<()> {
+    let map: std::collections::BTreeMap<String, String> = labels.iter().cloned().collect();
+    proto::labels::apply(&Default::default(), &map, &[])?;
+    let register = cluster::register_parameters(config, endpoints, labels).await?;
+    let params = NodeParameters {
+        cluster: Some(node_parameters::Cluster::Register(register)),
+    };
+    write_private(out, &params.encode_to_vec())
+        .with_context(|| format!("writing node parameters to {}", out.display()))
 }
 
 pub(crate) fn owner_key_path(config: &Path) -> PathBuf {

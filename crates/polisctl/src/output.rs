@@ -9,6 +9,9 @@ pub enum Format {
     Table,
     Json,
     Yaml,
+    /// Print nothing (commands that other commands run as steps).
+    #[value(skip)]
+    Quiet,
 }
 
 /// Renders `value` as YAML. JSON scalars are valid YAML, so strings are emitted in JSON

@@ -1,0 +1,153 @@
+//! `polisctl cluster launch`: a local 3-node development cluster of real polis-node
+//! processes, stopped, launched again, destroyed.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use e2e::{TIMEOUT, polisctl, process_alive, wait_until};
+
+/// Kills whatever the launched cluster left running when the test ends, also on failure.
+struct Launched(PathBuf);
+
+impl Launched {
+    fn pids(&self) -> Vec<i32> {
+        (1..=3)
+            .filter_map(|k| {
+                std::fs::read_to_string(self.0.join(format!("node{k}/pid")))
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .collect()
+    }
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        for pid in self.pids() {
+            if process_alive(pid) {
+                // SAFETY: kill(2) on a polis-node this test launched.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+/// Three consecutive loopback addresses whose node ports are free.
+fn three_free_addresses() -> Ipv4Addr {
+    loop {
+        let IpAddr::V4(base) = e2e::unique_loopback() else {
+            unreachable!("unique_loopback is IPv4")
+        };
+        let [a, b, c, d] = base.octets();
+        if d > 250 {
+            continue;
+        }
+        let free = (0..3).all(|i| {
+            let ip = Ipv4Addr::new(a, b, c, d + i);
+            [7834u16, 7835]
+                .iter()
+                .all(|p| std::net::TcpListener::bind((ip, *p)).is_ok())
+        });
+        if free {
+            return base;
+        }
+    }
+}
+
+fn ctl(args: &[&str]) -> Result<String> {
+    let (status, out, err) = polisctl(args)?;
+    anyhow::ensure!(status.success(), "polisctl {args:?}: {err}");
+    Ok(out)
+}
+
+fn nodes(config: &Path) -> Result<Vec<serde_json::Value>> {
+    let out = ctl(&[
+        "--config",
+        config.to_str().context("utf-8")?,
+        "node",
+        "list",
+        "-o",
+        "json",
+    ])?;
+    Ok(serde_json::from_str::<serde_json::Value>(&out)?
+        .as_array()
+        .cloned()
+        .unwrap_or_default())
+}
+
+#[test]
+fn launch_stop_relaunch_destroy() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("cluster");
+    let guard = Launched(dir.clone());
+    let first = three_free_addresses().to_string();
+    let d = dir.to_str().context("utf-8")?;
+    let node_binary = e2e::bin("polis-node");
+    let out = ctl(&[
+        "cluster",
+        "launch",
+        d,
+        "--nodes",
+        "3",
+        "--first-address",
+        &first,
+        "--node-binary",
+        node_binary.to_str().context("utf-8")?,
+    ])?;
+    assert!(out.contains("ConsensusMember"), "{out}");
+    let config = dir.join("config");
+    let listed = nodes(&config)?;
+    assert_eq!(listed.len(), 3, "{listed:?}");
+    for n in &listed {
+        assert_eq!(n["state"], "UP", "{n}");
+        assert_eq!(n["roles"], serde_json::json!(["ConsensusMember"]), "{n}");
+    }
+    let status = ctl(&[
+        "--config",
+        config.to_str().context("utf-8")?,
+        "cluster",
+        "status",
+        "-o",
+        "json",
+    ])?;
+    let status: serde_json::Value = serde_json::from_str(&status)?;
+    assert_eq!(status["quorum"], true);
+    assert_eq!(status["members"].as_array().map(|m| m.len()), Some(3));
+
+    let before = guard.pids();
+    ctl(&["cluster", "launch", d, "--stop"])?;
+    for pid in &before {
+        assert!(!process_alive(*pid), "node {pid} still runs after --stop");
+    }
+    ctl(&[
+        "cluster",
+        "launch",
+        d,
+        "--node-binary",
+        node_binary.to_str().context("utf-8")?,
+    ])?;
+    let after = guard.pids();
+    assert!(after.iter().all(|p| !before.contains(p)), "new processes");
+    wait_until("the same three nodes UP again", TIMEOUT, || {
+        nodes(&config).is_ok_and(|n| {
+            n.len() == 3
+                && n.iter().all(|n| n["state"] == "UP")
+                && listed
+                    .iter()
+                    .all(|old| n.iter().any(|x| x["id"] == old["id"]))
+        })
+    })?;
+    ctl(&["cluster", "destroy", d])?;
+    assert!(!dir.exists());
+    for pid in after {
+        assert!(!process_alive(pid));
+    }
+    let _ = Duration::ZERO;
+    Ok(())
+}
