@@ -219,6 +219,7 @@ fn check_etcd_binary(path: &Path) -> Result<()> {
 /// which the returned plan must be carried out under).
 fn preflight(args: &Args, root: &Root) -> Result<(RootLock, Plan)> {
     check_address(args.address)?;
+    cluster::check_crash_points()?;
     if root.root.exists() && !root.root.is_dir() {
         bail!("node root {} is not a directory", root.root.display());
     }
