@@ -5,6 +5,7 @@
 //!   root.role.controlplane.curator
 //!   ├── election     campaign → Role (Follower | Leader(Leadership))
 //!   ├── nodes        one etcd watch on nodes/ → Shared::nodes (snapshot per change)
+//!   ├── crl          one etcd watch on the cluster CRL → Shared::crl (see `crl`)
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
 //! ```
 //! Handlers that change state take a [`Leadership`] from [`Shared::leadership`] and write
@@ -13,6 +14,7 @@
 //! watch per client.
 
 mod aaa;
+mod crl;
 mod listener;
 mod local;
 mod management;
@@ -73,6 +75,8 @@ pub struct Shared {
     heartbeats: Mutex<HashMap<String, Instant>>,
     /// Node records, fed by one etcd watch (the `nodes` runnable).
     nodes: event::Value<NodeSnapshot>,
+    /// The cluster CRL (DER), fed by one etcd watch (the `crl` runnable).
+    crl: event::Value<Arc<Vec<u8>>>,
 }
 
 /// The gRPC status for a curator error: Unavailable only for what a retry elsewhere or
@@ -187,6 +191,7 @@ pub async fn run(
         role: role.clone(),
         heartbeats: Mutex::new(HashMap::new()),
         nodes: event::Value::new(),
+        crl: event::Value::new(),
     });
 
     let election_config = ElectionConfig {
@@ -237,6 +242,9 @@ pub async fn run(
             }
         }
     })?;
+
+    let crl_shared = shared.clone();
+    ctx.run("crl", move |ctx| crl::run(ctx, crl_shared.clone()))?;
 
     let listener_shared = shared.clone();
     ctx.run("listener", move |ctx| {
