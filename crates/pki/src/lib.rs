@@ -36,7 +36,7 @@ pub use issue::{
     MIN_CERTIFICATE_LIFETIME, Template, Usage, certificate_public_key, crl_serials, random_serial,
     time_to_expiry,
 };
-pub use store::CaStore;
+pub use store::{CaStore, certificate_serial};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {

@@ -32,7 +32,8 @@ pub struct CaStore {
     ns: Namespaced,
 }
 
-fn certificate_serial(der: &[u8]) -> Result<Vec<u8>, PkiError> {
+/// The serial number of a DER certificate (as the CRL lists it).
+pub fn certificate_serial(der: &[u8]) -> Result<Vec<u8>, PkiError> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| PkiError::Invalid {
         what: "certificate",
         reason: e.to_string(),
