@@ -116,8 +116,21 @@ pub async fn create_bootstrap_records(
         "initial owner key",
         "cluster configuration",
     ];
-    for ((stored, ours), what) in existing.iter().zip(values.iter()).zip(names) {
-        if stored.as_deref() != Some(ours.as_slice()) {
+    // Compared as messages: protobuf maps (labels) encode in no fixed order, so a
+    // resumed bootstrap in a new process may encode the same records differently.
+    let same = |i: usize| -> bool {
+        let Some(stored) = existing.get(i).cloned().flatten() else {
+            return false;
+        };
+        match i {
+            0 => Node::decode(stored.as_slice()).is_ok_and(|n| n == records.node),
+            1 => stored == records.owner_public_key,
+            _ => ClusterConfiguration::decode(stored.as_slice())
+                .is_ok_and(|c| c == records.configuration),
+        }
+    };
+    for (i, what) in names.into_iter().enumerate() {
+        if !same(i) {
             return Err(CuratorError::BootstrapConflict { what });
         }
     }

@@ -252,6 +252,13 @@ fn decide_plan(args: &Args, root: &Root) -> Result<Plan> {
             None => ParametersKind::Empty,
         }),
         parameters_path: params_path.clone(),
+        bootstrap_trace: cluster::bootstrap_trace(
+            root,
+            match parameters.as_ref().and_then(|p| p.cluster.as_ref()) {
+                Some(node_parameters::Cluster::Bootstrap(b)) => Some(b),
+                _ => None,
+            },
+        )?,
     };
     let decision = decide(&facts, sealed_path.clone(), root.data())?;
     tracing::info!(?decision, "start decision");
