@@ -16,7 +16,8 @@
 //! Invariants:
 //! - A caller is answered only once its change is in etcd (or failed): nothing is
 //!   acknowledged from memory alone.
-//! - Every write is a guarded CAS (`election::leader_txn`, mod revision): a write by
+//! - Every write is a CAS guarded by leadership (`election::guard`) and the record's
+//!   mod revision: a write by
 //!   anyone else in between fails the CAS, and every change of that batch is retried
 //!   from a fresh read by its own caller; nothing is lost or applied twice.
 //! - A decision that writes nothing (unchanged, or refused) is taken on a record read
@@ -212,20 +213,34 @@ async fn flush(slot: Arc<Slot>, curator: Namespaced, leadership: Leadership, key
         } else {
             Compare::mod_revision(key.clone(), CompareOp::Equal, revision)
         };
-        let txn = Txn::new().when([compare]).and_then([TxnOp::put(
-            key.clone(),
-            node.encode_to_vec(),
-            None,
-        )]);
-        let outcome = match election::leader_txn(&curator, &leadership, txn).await {
+        // Guarded like `election::leader_txn`, but flat: a nested transaction's response
+        // carries no revision, and the revision written is the next write's CAS base.
+        let txn = Txn::new()
+            .when([election::guard(&leadership), compare])
+            .and_then([TxnOp::put(key.clone(), node.encode_to_vec(), None)])
+            .or_else([TxnOp::get(leadership.key.clone(), None)]);
+        let outcome = match curator.client().txn(txn).await {
             Ok(r) if r.succeeded() => match r.header().map(|h| h.revision()) {
-                Some(written) => Ok(written),
-                None => Err(Outcome::Retry),
+                Some(written) if written > 0 => Ok(written),
+                _ => Err(Outcome::Retry),
             },
-            Ok(_) => Err(Outcome::Retry),
-            Err(CuratorError::NotLeader) => Err(Outcome::NotLeader),
+            Ok(r) => {
+                let still_leader = r.op_responses().first().is_some_and(|op| match op {
+                    etcd_client::TxnOpResponse::Get(g) => g
+                        .kvs()
+                        .first()
+                        .is_some_and(|kv| kv.create_revision() == leadership.revision),
+                    _ => false,
+                });
+                if still_leader {
+                    tracing::info!("node record {key} was changed by another writer; retrying");
+                    Err(Outcome::Retry)
+                } else {
+                    Err(Outcome::NotLeader)
+                }
+            }
             Err(e) => {
-                tracing::debug!("writing node record {key}: {}", supervisor::error_chain(&e));
+                tracing::warn!("writing node record {key}: {}", supervisor::error_chain(&e));
                 Err(Outcome::Retry)
             }
         };
