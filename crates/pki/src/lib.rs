@@ -12,6 +12,7 @@
 //!   Ca::generate ─┐                   ensure_ca ── create if absent, else load
 //!   Ca::issue ────┼──▶ Issued{der} ──▶ ensure_certificate ── create if absent, else load
 //!   Ca::crl ──────┘                   revoke ── CAS update of the CRL
+//!                                     watch_crl ── the CRL, then every change (one watch)
 //! ```
 //!
 //! Invariants:
