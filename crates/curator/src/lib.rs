@@ -40,5 +40,6 @@ pub mod lifecycle;
 
 pub mod service;
 pub mod state;
+mod writes;
 
 pub use state::{BootstrapRecords, CuratorError, cluster_pki, create_bootstrap_records, load_node};

@@ -149,8 +149,21 @@ pub async fn create_bootstrap_records(
         "initial owner key",
         "cluster configuration",
     ];
-    for ((stored, ours), what) in existing.iter().zip(values.iter()).zip(names) {
-        if stored.as_deref() != Some(ours.as_slice()) {
+    // Compared as messages: protobuf maps (labels) encode in no fixed order, so a
+    // resumed bootstrap in a new process may encode the same records differently.
+    let same = |i: usize| -> bool {
+        let Some(stored) = existing.get(i).cloned().flatten() else {
+            return false;
+        };
+        match i {
+            0 => Node::decode(stored.as_slice()).is_ok_and(|n| n == records.node),
+            1 => stored == records.owner_public_key,
+            _ => ClusterConfiguration::decode(stored.as_slice())
+                .is_ok_and(|c| c == records.configuration),
+        }
+    };
+    for (i, what) in names.into_iter().enumerate() {
+        if !same(i) {
             return Err(CuratorError::BootstrapConflict { what });
         }
     }
@@ -174,7 +187,7 @@ pub const REGISTER_TICKET_KEY: &str = "global/register_ticket";
 /// Length of a register ticket.
 pub const TICKET_LEN: usize = 32;
 
-fn decode_node(id: &str, bytes: &[u8]) -> Result<Node, CuratorError> {
+pub(crate) fn decode_node(id: &str, bytes: &[u8]) -> Result<Node, CuratorError> {
     Node::decode(bytes).map_err(|source| CuratorError::Corrupt {
         what: format!("node record {id}"),
         source,
@@ -241,14 +254,18 @@ pub enum NodeUpdateError {
     Curator(#[from] CuratorError),
 }
 
-/// How many times a compare-and-swap on a node record is attempted before giving up.
+/// How many times a change of a node record is attempted before giving up. With writes
+/// combined per record inside the leader (`writes`), an attempt fails only when someone
+/// else wrote the record in between or etcd failed.
 const CAS_ATTEMPTS: u32 = 20;
 
 /// Reads a node record, lets `change` decide its new value from the current one
 /// (`None`: no record), and writes it in one transaction guarded by leadership and by
 /// the record's revision; repeats (with a short randomized backoff) when the record
-/// changed in between. `change` returning `Ok(None)` writes nothing. Returns the record
-/// as written or as found.
+/// changed in between or etcd failed. `change` returning `Ok(None)` writes nothing.
+/// Returns the record as written or as found. Concurrent changes of one record on this
+/// leader are applied in turn and written together (see `writes`), so they do not make
+/// each other retry.
 pub async fn modify_node(
     curator: &Namespaced,
     leadership: &crate::election::Leadership,
@@ -257,41 +274,17 @@ pub async fn modify_node(
 ) -> Result<Option<Node>, NodeUpdateError> {
     let key = curator.key(&node_key(id));
     for attempt in 0..CAS_ATTEMPTS {
-        if attempt > 0 {
+        // The first retry is immediate: it usually only re-reads a cached record.
+        if attempt > 1 {
             let jitter = u64::from(random_u16() % 8);
             tokio::time::sleep(std::time::Duration::from_millis(
                 u64::from(attempt) + jitter,
             ))
             .await;
         }
-        let response = curator
-            .client()
-            .get(key.clone(), None)
-            .await
-            .map_err(CuratorError::from)?;
-        let (current, compare) = match response.kvs().first() {
-            Some(kv) => (
-                Some(decode_node(id, kv.value())?),
-                Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision()),
-            ),
-            None => (
-                None,
-                Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-            ),
-        };
-        let Some(next) = change(current.as_ref())? else {
-            return Ok(current);
-        };
-        let txn = Txn::new().when([compare]).and_then([TxnOp::put(
-            key.clone(),
-            next.encode_to_vec(),
-            None,
-        )]);
-        if crate::election::leader_txn(curator, leadership, txn)
-            .await?
-            .succeeded()
-        {
-            return Ok(Some(next));
+        match crate::writes::attempt(curator, leadership, &key, id, &mut change).await? {
+            crate::writes::Attempt::Done(node) => return Ok(node),
+            crate::writes::Attempt::Retry => continue,
         }
     }
     Err(CuratorError::Protocol("node record kept changing").into())

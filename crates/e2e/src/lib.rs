@@ -321,8 +321,17 @@ impl Node {
         let log = self.dir.join(format!("node-{}.log", self.starts));
         let mut command = self.command(extra);
         command.envs(env.iter().copied());
-        let proc = Proc::spawn("polis-node", command, &log)?;
-        Ok(self.proc.insert(proc))
+        let proc = self.proc.insert(Proc::spawn("polis-node", command, &log)?);
+        if env.iter().any(|(k, _)| *k == "POLIS_CRASH_AFTER") {
+            // A binary without crash points refuses the variable; say why here rather
+            // than let a test wait for a crash that never comes.
+            proc.wait_for_line(TIMEOUT, |l| l.contains("crash point armed"))
+                .context(
+                    "polis-node did not arm its crash point: build the workspace with \
+                     `--features node/crash-points` (scripts/test does)",
+                )?;
+        }
+        Ok(proc)
     }
 
     pub fn proc(&mut self) -> &mut Proc {

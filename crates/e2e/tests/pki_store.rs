@@ -114,3 +114,35 @@ async fn concurrent_revocations_are_all_kept() -> Result<()> {
     assert_eq!(pki::crl_serials(&store.crl().await?)?.len(), serials.len());
     Ok(())
 }
+
+/// The next CRL from a watch, failing after `TIMEOUT`.
+async fn next_crl(crls: &mut tokio::sync::mpsc::Receiver<Vec<u8>>) -> Result<Vec<u8>> {
+    tokio::time::timeout(TIMEOUT, crls.recv())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the CRL watch closed"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_crl_watch_sends_the_current_crl_then_every_revocation() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_etcd, store) = store(dir.path()).await?;
+    // No CA yet: the watch fails (no CRL) and keeps retrying until there is one.
+    let mut crls = store.watch_crl();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(crls.try_recv().is_err(), "a CRL before the CA existed");
+    let (ca, _) = store.ensure_ca(|| Ca::generate("CA", CA_LIFETIME)).await?;
+    let first = next_crl(&mut crls).await?;
+    assert_eq!(first, store.crl().await?);
+    assert!(pki::crl_serials(&first)?.is_empty());
+
+    let serials: Vec<Vec<u8>> = (0..3).map(|_| pki::random_serial()).collect();
+    for (i, serial) in serials.iter().enumerate() {
+        store.revoke(&ca, serial).await?;
+        let crl = next_crl(&mut crls).await?;
+        assert_eq!(pki::crl_serials(&crl)?, serials[..=i].to_vec());
+    }
+    // A second watcher starts from the current CRL, not from the beginning.
+    let mut late = store.watch_crl();
+    assert_eq!(pki::crl_serials(&next_crl(&mut late).await?)?, serials);
+    Ok(())
+}

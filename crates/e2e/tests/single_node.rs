@@ -2,8 +2,9 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use e2e::{Node, TIMEOUT, process_alive, wait_until};
 use prost::Message;
 
@@ -133,45 +134,172 @@ fn repeated_kill_9_after_home_comes_back_each_time() -> Result<()> {
     Ok(())
 }
 
+/// When to kill the first start of a bootstrap.
+#[derive(Debug, Clone, Copy)]
+enum Kill {
+    /// polis-node SIGKILLs itself right after the named step (`POLIS_CRASH_AFTER`).
+    After(&'static str),
+    /// The test sends SIGKILL this long after the start, wherever bootstrap is then.
+    At(Duration),
+}
+
+/// The etcd cluster ID a run logged when its etcd became ready, if it did.
+fn logged_cluster_id(output: &str) -> Option<u64> {
+    output.lines().find_map(|l| {
+        let v: serde_json::Value = serde_json::from_str(l).ok()?;
+        if v["fields"]["message"] != "etcd is ready" {
+            return None;
+        }
+        u64::from_str_radix(v["fields"]["cluster_id"].as_str()?, 16).ok()
+    })
+}
+
 #[test]
-fn kill_9_at_each_bootstrap_step_never_makes_a_second_cluster() -> Result<()> {
-    // polis-node kills itself (SIGKILL) right after the named step; the next start,
-    // parameters still given, must come back as the same cluster or refuse.
-    let before_sealed = [
-        "node-key",
-        "peer-files",
-        "etcd-ready",
-        "cluster-pki",
-        "node-certificate",
-        "records",
+fn kill_9_at_any_moment_of_bootstrap_resumes_as_the_same_cluster() -> Result<()> {
+    // Restarted with the same parameters, an interrupted bootstrap comes back as the
+    // cluster it was becoming: same node key, same etcd cluster, the CAs it stored.
+    let kills = [
+        Kill::At(Duration::from_millis(60)),
+        Kill::After("node-key"),
+        Kill::After("peer-files"),
+        Kill::At(Duration::from_millis(250)),
+        Kill::After("etcd-ready"),
+        Kill::After("cluster-pki"),
+        Kill::After("node-certificate"),
+        Kill::After("records"),
+        Kill::After("sealed"),
     ];
-    for step in before_sealed.iter().chain(["sealed"].iter()) {
+    let mut resumed = 0;
+    for kill in kills {
         let dir = tempfile::tempdir()?;
         let mut node = Node::new(dir.path());
         let params = node.bootstrap_params()?;
         let params = params.to_str().unwrap().to_string();
-        let proc = node.start_with_env(&["--params", &params], &[("POLIS_CRASH_AFTER", step)])?;
-        let status = proc.wait_exit(TIMEOUT)?;
+        let first = match kill {
+            Kill::After(step) => {
+                node.start_with_env(&["--params", &params], &[("POLIS_CRASH_AFTER", step)])?
+            }
+            Kill::At(after) => {
+                let proc = node.start(&["--params", &params])?;
+                // The moment of the kill is the test's input, not a wait for something.
+                std::thread::sleep(after);
+                proc.signal(libc::SIGKILL);
+                proc
+            }
+        };
+        let status = first.wait_exit(TIMEOUT)?;
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(
             status.signal(),
             Some(libc::SIGKILL),
-            "step {step}: {}",
-            proc.output()
+            "{kill:?}: {}",
+            first.output()
         );
+        let cluster_before = logged_cluster_id(&first.output());
+        let key_path = node.root.join("data/node/key.der");
+        let key_before = std::fs::read(&key_path).ok();
+        let ca_before = std::fs::read(node.root.join("data/node/ca.der")).ok();
 
-        if *step == "sealed" {
-            let before = sealed(&node);
-            node.start(&["--params", &params])?;
-            node.wait_home()?;
+        node.start(&["--params", &params])?;
+        node.wait_home()
+            .with_context(|| format!("{kill:?}: the restart did not reach Home"))?;
+        let after = sealed(&node);
+        if let Some(key) = key_before {
             assert_eq!(
-                node.etcd_ids()?,
-                (before.etcd_cluster_id, before.etcd_member_id),
-                "step {step}: not the same cluster"
+                std::fs::read(&key_path)?,
+                key,
+                "{kill:?}: the node key changed"
             );
+        }
+        assert_eq!(node.key_node_id()?, after.node_id, "{kill:?}");
+        assert_eq!(
+            node.etcd_ids()?,
+            (after.etcd_cluster_id, after.etcd_member_id),
+            "{kill:?}"
+        );
+        if let Some(id) = cluster_before {
+            assert_eq!(after.etcd_cluster_id, id, "{kill:?}: a new etcd cluster");
+        }
+        if let Some(ca) = ca_before {
+            assert_eq!(
+                after.cluster_ca_certificate, ca,
+                "{kill:?}: a new cluster CA"
+            );
+        }
+        let stored_ca = node.etcd_get("namespaced:curator/cluster-pki/ca/cert")?;
+        assert_eq!(
+            stored_ca.as_ref(),
+            Some(&after.cluster_ca_certificate),
+            "{kill:?}"
+        );
+        // The etcd peer files are those of the stored peer CA.
+        let peer_ca = std::fs::read_to_string(node.root.join("data/etcd/peer/ca.pem"))?;
+        let stored_peer_ca = node.etcd_get("namespaced:etcd-pki/ca/cert")?;
+        assert_eq!(
+            Some(pem::parse(peer_ca)?.into_contents()),
+            stored_peer_ca,
+            "{kill:?}: peer files of another peer CA"
+        );
+        assert!(
+            !node.root.join("data/node/bootstrap.pb").exists(),
+            "{kill:?}"
+        );
+        resumed += 1;
+    }
+    assert_eq!(resumed, kills.len());
+    Ok(())
+}
+
+#[test]
+fn an_interrupted_bootstrap_resumes_only_with_its_own_parameters_and_state() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let crashed = |name: &str, step: &str| -> Result<(Node, String)> {
+        let sub = dir.path().join(name);
+        std::fs::create_dir_all(&sub)?;
+        let mut node = Node::new(&sub);
+        let params = node.bootstrap_params()?.to_str().unwrap().to_string();
+        let proc = node.start_with_env(&["--params", &params], &[("POLIS_CRASH_AFTER", step)])?;
+        proc.wait_exit(TIMEOUT)?;
+        Ok((node, params))
+    };
+    // Other parameters (another owner): refused, naming why.
+    let (mut a, _) = crashed("a", "records")?;
+    let (_, other_params) = crashed("b", "node-key")?;
+    let out = refused(&mut a, &["--params", &other_params])?;
+    assert!(
+        out.contains("second cluster") && out.contains("same ones"),
+        "{out}"
+    );
+
+    // The same parameters over another node's etcd data: refused once etcd shows it.
+    let (mut c, c_params) = crashed("c", "etcd-ready")?;
+    let (d, _) = crashed("d", "records")?;
+    let c_data = c.root.join("data/etcd/data");
+    std::fs::remove_dir_all(&c_data)?;
+    copy_dir(&d.root.join("data/etcd/data"), &c_data)?;
+    let out = refused(&mut c, &["--params", &c_params])?;
+    assert!(
+        out.contains("second cluster") && out.contains("belongs to members"),
+        "{out}"
+    );
+
+    // A node key with no bootstrap record (e.g. a registration in progress): refused.
+    let (mut e, e_params) = crashed("e", "node-key")?;
+    std::fs::remove_file(e.root.join("data/node/bootstrap.pb"))?;
+    let out = refused(&mut e, &["--params", &e_params])?;
+    assert!(out.contains("second cluster"), "{out}");
+    Ok(())
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
         } else {
-            let out = refused(&mut node, &["--params", &params])?;
-            assert!(out.contains("second cluster"), "step {step}: {out}");
+            std::fs::copy(entry.path(), &target)?;
         }
     }
     Ok(())

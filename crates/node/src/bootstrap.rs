@@ -2,11 +2,16 @@
 //! go into etcd, the node's credentials onto disk, and the sealed configuration last.
 //!
 //! ```text
-//!   cluster CA, etcd peer CA (ensure) ─▶ peer + node certificates ─▶ node files
+//!   etcd's only member is this node? ─▶ cluster CA, etcd peer CA (ensure)
+//!     ─▶ peer + node certificates ─▶ node files
 //!     ─▶ node record + initial owner + cluster configuration (one create-if-absent txn)
 //!     ─▶ roles.pb, directory.pb ─▶ sealed configuration (last) ─▶ Home
 //! ```
-//! Every step is idempotent, so a restart of the control plane repeats it safely.
+//! Every step is idempotent, so a restart of the control plane repeats it safely, and
+//! so does a start resuming an interrupted bootstrap (`cluster::prepare_bootstrap`):
+//! etcd's membership proves its data is this node's; CAs an earlier attempt stored are
+//! taken from etcd (the peer CA's key exists nowhere else), and when none was stored the
+//! ones made for this attempt are, and the peer files are rewritten for them.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -42,6 +47,7 @@ pub async fn finish(
 ) -> Result<(), Step> {
     crash_point("etcd-ready");
     let node_id = b.key.node_id();
+    check_only_member(running, &node_id, address).await?;
     let curator_ns = running.namespaced(curator::state::NAMESPACE);
     let cluster_pki = curator::cluster_pki(&curator_ns);
     let etcd_pki = pki::CaStore::new(running.namespaced("etcd-pki"));
@@ -55,15 +61,34 @@ pub async fn finish(
         .await
         .context("storing the etcd peer CA")?;
     crash_point("cluster-pki");
-    if cluster_ca != b.cluster_ca || peer_ca != b.peer_ca {
+    // A new etcd holds exactly the CAs just stored; other ones can only be those an
+    // earlier attempt of this bootstrap stored (etcd's only member is this node).
+    if !b.resumed_etcd && (cluster_ca != b.cluster_ca || peer_ca != b.peer_ca) {
         return Err(Step::Fatal(anyhow!(
             "etcd already holds CAs other than the ones this bootstrap created"
         )));
     }
+    let peer_certificate = if peer_ca == b.peer_ca {
+        if b.resumed_etcd {
+            // etcd runs with the files of an attempt whose peer CA was never stored (its
+            // key is lost): replace them with this attempt's, which are (etcd reads
+            // them per handshake; a one-member cluster has no peer to lose meanwhile).
+            let crl = etcd_pki.crl().await.context("loading the etcd peer CRL")?;
+            crate::cluster::write_peer_files(
+                root,
+                &b.key,
+                &peer_ca.cert_der,
+                &b.peer_certificate.der,
+                &crl,
+            )
+            .context("rewriting etcd peer TLS files")?;
+        }
+        b.peer_certificate.clone()
+    } else {
+        stored_attempt_peer_certificate(root, &peer_ca, &b.key)?
+    };
     etcd_pki
-        .ensure_certificate(&format!("peer-{node_id}"), || {
-            Ok(b.peer_certificate.clone())
-        })
+        .ensure_certificate(&format!("peer-{node_id}"), || Ok(peer_certificate.clone()))
         .await
         .context("recording the etcd peer certificate")?;
     let node_certificate = cluster_pki
@@ -134,10 +159,81 @@ pub async fn finish(
     };
     write_proto(&root.sealed_configuration(), &sealed)
         .context("writing the sealed configuration")?;
+    // Sealed: the record of a bootstrap in progress has served its purpose.
+    if let Err(e) = std::fs::remove_file(root.bootstrap_record())
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!("removing {}: {e}", root.bootstrap_record().display());
+    }
     crash_point("sealed");
     tracing::info!(
         cluster_id = format!("{:x}", running.cluster_id),
         "bootstrap complete; sealed configuration written"
     );
     Ok(())
+}
+
+/// The member ID etcd 3.4 gives the founding member of a new cluster: the first 8 bytes
+/// (big-endian) of SHA-1 over its sorted peer URLs, joined, and the cluster token
+/// (`computeMemberId` in etcd's membership package). Polis' token names the node, so
+/// the ID is this node's and no other's, whatever etcd data is found.
+pub fn founding_member_id(peer_url: &str, cluster_token: &str) -> u64 {
+    let input = [peer_url.as_bytes(), cluster_token.as_bytes()].concat();
+    let hash = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, &input);
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&hash.as_ref()[..8]);
+    u64::from_be_bytes(id)
+}
+
+/// Refuses etcd data that is not this bootstrap's: its etcd must have exactly one
+/// member, the one this node founded. (Member names prove nothing: etcd overwrites a
+/// member's name with the `--name` it runs with.)
+async fn check_only_member(running: &Running, node_id: &str, address: IpAddr) -> Result<(), Step> {
+    let members = running
+        .client
+        .clone()
+        .member_list()
+        .await
+        .context("listing etcd members")?;
+    let ids: Vec<u64> = members.members().iter().map(|m| m.id()).collect();
+    let peer_url = consensus::config::peer_url(address, consensus::config::PEER_PORT);
+    let ours = founding_member_id(&peer_url, &format!("polis-{node_id}"));
+    if ids != [ours] || running.member_id != ours {
+        let ids: Vec<String> = ids.iter().map(|i| format!("{i:x}")).collect();
+        return Err(Step::Fatal(anyhow!(
+            "refusing to resume the bootstrap: its etcd data belongs to members {ids:?}, not only \
+             to the member this node {node_id} founds ({ours:x}), so a start would create a second \
+             cluster; to start over, remove the root's data directory (this destroys that etcd data)"
+        )));
+    }
+    Ok(())
+}
+
+/// The peer certificate on disk, which an earlier attempt of this bootstrap issued from
+/// the peer CA it stored in etcd: checked against that CA and the node key.
+fn stored_attempt_peer_certificate(
+    root: &Root,
+    peer_ca: &pki::Ca,
+    key: &identity::NodeKey,
+) -> Result<pki::Issued, Step> {
+    let read = |file: &str| -> anyhow::Result<Vec<u8>> {
+        let path = root.etcd_peer_dir().join(file);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        Ok(pem::parse(text)
+            .with_context(|| format!("{} is not PEM", path.display()))?
+            .into_contents())
+    };
+    let (ca, der) = (read("ca.pem")?, read("cert.pem")?);
+    if ca != peer_ca.cert_der
+        || pki::certificate_public_key(&der).map_err(anyhow::Error::from)? != key.public_key()
+    {
+        return Err(Step::Fatal(anyhow!(
+            "the etcd peer files in {} are not those of the peer CA stored in etcd; refusing \
+             to resume the bootstrap",
+            root.etcd_peer_dir().display()
+        )));
+    }
+    let serial = pki::certificate_serial(&der).map_err(anyhow::Error::from)?;
+    Ok(pki::Issued { der, serial })
 }

@@ -8,8 +8,11 @@
 //! ```
 //! Bootstrap prepares everything etcd needs to start (node key, both CAs, the peer
 //! certificate, an empty peer CRL) on disk; the sealed configuration is only written by
-//! the control plane once the cluster records are in etcd. A crash in between leaves a
-//! root that refuses to start (see `decision`), never a second cluster.
+//! the control plane once the cluster records are in etcd. It first records its
+//! parameters in the root (`bootstrap.pb`): a crash at any later moment leaves a root
+//! that resumes this same bootstrap when started with the same parameters (the node key
+//! is kept; see `decision` and `bootstrap`), and refuses anything else — never a second
+//! cluster.
 //! Register (see `register`) runs here to its end (approval may take hours) and then
 //! hands the role server the same data a join would.
 
@@ -25,8 +28,8 @@ use proto::config::{
     ClusterBootstrap, ClusterDirectory, ClusterRegister, LocalRoles, SealedConfiguration,
 };
 
-use crate::decision::ClusterState;
-use crate::storage::{Root, pem, read_file, read_proto, write_atomic};
+use crate::decision::{BootstrapTrace, ClusterState};
+use crate::storage::{Root, dir_non_empty, pem, read_file, read_proto, write_atomic, write_proto};
 
 /// What main decided and validated before the supervisor started.
 #[derive(Debug, Clone)]
@@ -69,6 +72,9 @@ pub struct BootstrapData {
     pub cluster_ca: Ca,
     pub peer_ca: Ca,
     pub peer_certificate: Issued,
+    /// An earlier attempt of this bootstrap left etcd data: etcd starts with that
+    /// attempt's peer files, and `bootstrap::finish` takes the CAs it stored, if any.
+    pub resumed_etcd: bool,
 }
 
 #[derive(Debug)]
@@ -111,18 +117,45 @@ pub fn peer_template(node_id: &str, address: IpAddr) -> Template {
     }
 }
 
-/// Test hook for crash safety: when `POLIS_CRASH_AFTER` names `step`, the process kills
-/// itself with SIGKILL right after that bootstrap step, exactly like `kill -9` (no cleanup
-/// runs). Bootstrap steps: node-key, peer-files, etcd-ready, cluster-pki, node-certificate,
-/// records, sealed. Register steps: register-key, register-foreign, register-trusted,
-/// register-committed, register-credentials, register-sealed.
+/// Names the crash-point variable (see [`crash_point`]).
+pub const CRASH_AFTER_VARIABLE: &str = "POLIS_CRASH_AFTER";
+
+/// Test hook for crash safety, compiled in only with the `crash-points` feature (test
+/// builds; release builds carry none of it): when `POLIS_CRASH_AFTER` names `step`, the
+/// process kills itself with SIGKILL right after that step, exactly like `kill -9` (no
+/// cleanup runs). Bootstrap steps: node-key, peer-files, etcd-ready, cluster-pki,
+/// node-certificate, records, sealed. Register steps: register-key, register-foreign,
+/// register-trusted, register-committed, register-credentials, register-sealed.
+#[cfg(feature = "crash-points")]
 pub fn crash_point(step: &str) {
-    if std::env::var_os("POLIS_CRASH_AFTER").is_some_and(|v| v == step) {
-        tracing::warn!(step, "POLIS_CRASH_AFTER: killing this process");
+    if std::env::var_os(CRASH_AFTER_VARIABLE).is_some_and(|v| v == step) {
+        tracing::warn!(step, "{CRASH_AFTER_VARIABLE}: killing this process");
         // SAFETY: kill(2) on our own pid.
         unsafe {
             libc::kill(libc::getpid(), libc::SIGKILL);
         }
+    }
+}
+
+#[cfg(not(feature = "crash-points"))]
+#[inline(always)]
+pub fn crash_point(_step: &str) {}
+
+/// Checked in preflight: a crash point that was asked for is armed (and says so, the
+/// line tests wait for), or the start is refused, so that a test never passes because
+/// the binary silently ignored its crash point.
+pub fn check_crash_points() -> Result<()> {
+    let Some(step) = std::env::var_os(CRASH_AFTER_VARIABLE) else {
+        return Ok(());
+    };
+    if cfg!(feature = "crash-points") {
+        tracing::warn!(step = %step.to_string_lossy(), "crash point armed");
+        Ok(())
+    } else {
+        bail!(
+            "{CRASH_AFTER_VARIABLE} is set, but this polis-node was built without crash points; \
+             build it with `--features node/crash-points` (scripts/test does) or unset the variable"
+        )
     }
 }
 
@@ -142,17 +175,108 @@ pub fn write_peer_files(
     Ok(())
 }
 
-/// Bootstrap, up to the point where etcd can start.
+/// The public key a PEM certificate file is for.
+fn pem_certificate_key(path: &std::path::Path) -> Result<Vec<u8>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let der = pem::parse(text)
+        .with_context(|| format!("{} is not PEM", path.display()))?
+        .into_contents();
+    Ok(pki::certificate_public_key(&der)?)
+}
+
+/// What an interrupted bootstrap left in the root, judged against `parameters` (the
+/// bootstrap parameters of this start, if any); `None` when the root holds no
+/// bootstrap record. Reads only.
+pub fn bootstrap_trace(
+    root: &Root,
+    parameters: Option<&ClusterBootstrap>,
+) -> Result<Option<BootstrapTrace>> {
+    let record_path = root.bootstrap_record();
+    if !record_path.exists() {
+        return Ok(None);
+    }
+    let recorded: ClusterBootstrap = read_proto(&record_path, "bootstrap record")?;
+    let same_parameters = parameters == Some(&recorded);
+    let foreign = foreign_state(root).with_context(|| {
+        format!(
+            "checking what the interrupted bootstrap in {} left",
+            root.root.display()
+        )
+    })?;
+    Ok(Some(BootstrapTrace {
+        same_parameters,
+        foreign,
+    }))
+}
+
+/// Why state in the root is not the recorded bootstrap's, if it is not.
+fn foreign_state(root: &Root) -> Result<Option<String>> {
+    let etcd_data = dir_non_empty(&root.etcd_data());
+    let key_path = root.node_key();
+    if !key_path.exists() {
+        let others = [root.node_certificate(), root.cluster_ca()];
+        return Ok(if etcd_data || others.iter().any(|p| p.exists()) {
+            Some("etcd data or node credentials without the node key".into())
+        } else {
+            None
+        });
+    }
+    let key = NodeKey::from_pkcs8(&read_file(&key_path, "node key")?)
+        .with_context(|| format!("node key in {} is corrupt", key_path.display()))?;
+    let public_key = key.public_key().to_vec();
+    if root.node_certificate().exists() {
+        let der = read_file(&root.node_certificate(), "node certificate")?;
+        if pki::certificate_public_key(&der)? != public_key {
+            return Ok(Some("the node certificate is for another key".into()));
+        }
+    }
+    if etcd_data {
+        for file in ["key.pem", "cert.pem", "ca.pem", "crl.pem"] {
+            if !root.etcd_peer_dir().join(file).is_file() {
+                return Ok(Some(format!("etcd data without the etcd peer file {file}")));
+            }
+        }
+        if pem_certificate_key(&root.etcd_peer_dir().join("cert.pem"))? != public_key {
+            return Ok(Some("the etcd peer certificate is for another key".into()));
+        }
+    }
+    Ok(None)
+}
+
+/// Bootstrap, up to the point where etcd can start. Resumes an interrupted bootstrap
+/// (the decision checked that the root holds only its state): its node key is kept;
+/// while etcd has no data yet, CAs and peer files are made anew.
 pub fn prepare_bootstrap(
     root: &Root,
     address: IpAddr,
     parameters: ClusterBootstrap,
 ) -> Result<BootstrapData> {
-    let key = NodeKey::generate().context("generating the node key")?;
+    let record = root.bootstrap_record();
+    let resumed = record.exists();
+    if !resumed {
+        // First, so that anything written after it is known to be this bootstrap's.
+        write_proto(&record, &parameters).context("recording the bootstrap parameters")?;
+    }
+    let key_path = root.node_key();
+    let key = if resumed && key_path.exists() {
+        NodeKey::from_pkcs8(&read_file(&key_path, "node key")?)
+            .with_context(|| format!("node key in {} is corrupt", key_path.display()))?
+    } else {
+        let key = NodeKey::generate().context("generating the node key")?;
+        write_atomic(&key_path, key.pkcs8_der()).context("saving the node key")?;
+        key
+    };
     let node_id = key.node_id();
-    tracing::info!(node_id, "bootstrapping a new cluster");
-    write_atomic(&root.node_key(), key.pkcs8_der()).context("saving the node key")?;
+    let resumed_etcd = dir_non_empty(&root.etcd_data());
+    if resumed {
+        tracing::info!(node_id, resumed_etcd, "resuming an interrupted bootstrap");
+    } else {
+        tracing::info!(node_id, "bootstrapping a new cluster");
+    }
     crash_point("node-key");
+    // When etcd already has data, the CAs it may hold are only known once it runs;
+    // these are used if it holds none (see `bootstrap::finish`).
     let cluster_ca =
         Ca::generate("Polis Cluster CA", CA_LIFETIME).context("creating the cluster CA")?;
     let peer_ca =
@@ -160,9 +284,11 @@ pub fn prepare_bootstrap(
     let peer_certificate = peer_ca
         .issue(&peer_template(&node_id, address), &key.public_key())
         .context("issuing the etcd peer certificate")?;
-    let crl = peer_ca.crl(&[], 1).context("creating the etcd peer CRL")?;
-    write_peer_files(root, &key, &peer_ca.cert_der, &peer_certificate.der, &crl)
-        .context("writing etcd peer TLS files")?;
+    if !resumed_etcd {
+        let crl = peer_ca.crl(&[], 1).context("creating the etcd peer CRL")?;
+        write_peer_files(root, &key, &peer_ca.cert_der, &peer_certificate.der, &crl)
+            .context("writing etcd peer TLS files")?;
+    }
     crash_point("peer-files");
     Ok(BootstrapData {
         key,
@@ -170,6 +296,7 @@ pub fn prepare_bootstrap(
         cluster_ca,
         peer_ca,
         peer_certificate,
+        resumed_etcd,
     })
 }
 

@@ -220,6 +220,7 @@ fn check_etcd_binary(path: &Path) -> Result<()> {
 /// which the returned plan must be carried out under).
 fn preflight(args: &Args, root: &Root) -> Result<(RootLock, Plan)> {
     check_address(args.address)?;
+    cluster::check_crash_points()?;
     if root.root.exists() && !root.root.is_dir() {
         bail!("node root {} is not a directory", root.root.display());
     }
@@ -252,6 +253,13 @@ fn decide_plan(args: &Args, root: &Root) -> Result<Plan> {
             None => ParametersKind::Empty,
         }),
         parameters_path: params_path.clone(),
+        bootstrap_trace: cluster::bootstrap_trace(
+            root,
+            match parameters.as_ref().and_then(|p| p.cluster.as_ref()) {
+                Some(node_parameters::Cluster::Bootstrap(b)) => Some(b),
+                _ => None,
+            },
+        )?,
     };
     let decision = decide(&facts, sealed_path.clone(), root.data())?;
     tracing::info!(?decision, "start decision");

@@ -67,6 +67,10 @@ impl Root {
     pub fn node_key(&self) -> PathBuf {
         self.node_dir().join("key.der")
     }
+    /// The parameters of a bootstrap in progress (removed once it is sealed).
+    pub fn bootstrap_record(&self) -> PathBuf {
+        self.node_dir().join("bootstrap.pb")
+    }
     pub fn node_certificate(&self) -> PathBuf {
         self.node_dir().join("cert.der")
     }
@@ -173,7 +177,7 @@ pub struct RootLock {
     _file: fs::File,
 }
 
-fn dir_non_empty(dir: &Path) -> bool {
+pub fn dir_non_empty(dir: &Path) -> bool {
     fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
 }
 

@@ -12,6 +12,7 @@
 //!   Ca::generate ─┐                   ensure_ca ── create if absent, else load
 //!   Ca::issue ────┼──▶ Issued{der} ──▶ ensure_certificate ── create if absent, else load
 //!   Ca::crl ──────┘                   revoke ── CAS update of the CRL
+//!                                     watch_crl ── the CRL, then every change (one watch)
 //! ```
 //!
 //! Invariants:
@@ -36,7 +37,7 @@ pub use issue::{
     MIN_CERTIFICATE_LIFETIME, Template, Usage, certificate_public_key, crl_serials, random_serial,
     time_to_expiry,
 };
-pub use store::CaStore;
+pub use store::{CaStore, certificate_serial};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {

@@ -9,7 +9,9 @@
 //!   serials/<hex>     what the serial was issued for (the CA, or a certificate name)
 //! ```
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, WatchOptions};
 
 use consensus::Namespaced;
 use consensus::client::txn_get_value;
@@ -20,13 +22,18 @@ use crate::issue::{Ca, Issued, crl_serials};
 /// How often a store operation retries after losing a race or a serial collision.
 const MAX_ATTEMPTS: usize = 5;
 
+/// Pause before re-establishing a failed CRL watch, doubling up to the maximum.
+const WATCH_RETRY_FIRST: Duration = Duration::from_millis(100);
+const WATCH_RETRY_MAX: Duration = Duration::from_secs(5);
+
 /// One CA's storage in etcd.
 #[derive(Debug, Clone)]
 pub struct CaStore {
     ns: Namespaced,
 }
 
-fn certificate_serial(der: &[u8]) -> Result<Vec<u8>, PkiError> {
+/// The serial number of a DER certificate (as the CRL lists it).
+pub fn certificate_serial(der: &[u8]) -> Result<Vec<u8>, PkiError> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| PkiError::Invalid {
         what: "certificate",
         reason: e.to_string(),
@@ -174,6 +181,106 @@ impl CaStore {
             .get("ca/crl")
             .await?
             .ok_or_else(|| PkiError::Inconsistent("CA has no CRL".into()))
+    }
+
+    /// The CA's CRL (DER), kept current from one etcd watch: the stored CRL first, then
+    /// every CRL that differs from the last one sent, in order. A broken watch (etcd
+    /// restarting, compaction, a lost connection) is logged and re-established after a
+    /// backoff of 0.1 s doubling to 5 s, starting again from a read of the stored CRL,
+    /// so no revocation is missed. The background task ends when the receiver is
+    /// dropped; the channel never closes otherwise. Needs a tokio runtime.
+    ///
+    /// Consumers: the curator's per-call certificate check, and anything that keeps a
+    /// file copy of a CRL current (etcd's `--peer-crl-file`).
+    pub fn watch_crl(&self) -> tokio::sync::mpsc::Receiver<Vec<u8>> {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let store = self.clone();
+        tokio::spawn(async move {
+            let mut last: Option<Vec<u8>> = None;
+            let mut pause = WATCH_RETRY_FIRST;
+            loop {
+                let outcome = tokio::select! {
+                    o = store.follow_crl(&tx, &mut last, &mut pause) => o,
+                    _ = tx.closed() => return,
+                };
+                match outcome {
+                    Ok(()) => return,
+                    Err(e) => tracing::warn!(
+                        namespace = store.ns.key(""),
+                        "watching the CRL: {}; retrying in {pause:?}",
+                        supervisor::error_chain(&e)
+                    ),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = tx.closed() => return,
+                }
+                pause = (pause * 2).min(WATCH_RETRY_MAX);
+            }
+        });
+        rx
+    }
+
+    /// One watch of the CRL for [`CaStore::watch_crl`]: sends what changed since `last`;
+    /// `Ok` only when the receiver is gone.
+    async fn follow_crl(
+        &self,
+        tx: &tokio::sync::mpsc::Sender<Vec<u8>>,
+        last: &mut Option<Vec<u8>>,
+        pause: &mut Duration,
+    ) -> Result<(), PkiError> {
+        let key = self.ns.key("ca/crl");
+        let mut client = self.ns.client();
+        let response = client.get(key.clone(), None::<GetOptions>).await?;
+        let revision = response
+            .header()
+            .ok_or_else(|| PkiError::Inconsistent("etcd range response without header".into()))?
+            .revision();
+        let mut stream = client
+            .watch(
+                key.clone(),
+                Some(WatchOptions::new().with_start_revision(revision + 1)),
+            )
+            .await?;
+        let mut send = async |crl: &[u8]| {
+            if last.as_deref() == Some(crl) {
+                return true;
+            }
+            *last = Some(crl.to_vec());
+            tx.send(crl.to_vec()).await.is_ok()
+        };
+        match response.kvs().first() {
+            Some(kv) => {
+                if !send(kv.value()).await {
+                    return Ok(());
+                }
+            }
+            None => return Err(PkiError::Inconsistent("CA has no CRL".into())),
+        }
+        // The watch is established and the CRL read: the next failure is a new one.
+        *pause = WATCH_RETRY_FIRST;
+        loop {
+            let Some(response) = stream.message().await? else {
+                return Err(PkiError::Inconsistent("the etcd watch ended".into()));
+            };
+            if response.canceled() {
+                return Err(PkiError::Inconsistent(format!(
+                    "etcd cancelled the watch ({})",
+                    response.cancel_reason()
+                )));
+            }
+            for event in response.events() {
+                match (event.event_type(), event.kv()) {
+                    (EventType::Put, Some(kv)) => {
+                        if !send(kv.value()).await {
+                            return Ok(());
+                        }
+                    }
+                    // Keep checking against the last CRL rather than accept everything.
+                    _ => tracing::error!("the CRL was deleted from etcd; keeping the last one"),
+                }
+            }
+        }
     }
 
     /// Adds `serial` to the CRL. Concurrent revocations are serialized by a

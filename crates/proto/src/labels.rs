@@ -3,8 +3,11 @@
 //! Limits follow Metropolis: at most 128 labels per node; keys and values at most 63
 //! characters; keys non-empty; both made of `[A-Za-z0-9._-]`, starting and ending with
 //! an alphanumeric character (values may be empty).
+//!
+//! [`apply`] runs in time linear in its input: it is called on requests from the
+//! network, whose lists can be as long as the server's message limit allows.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 pub const MAX_LABELS: usize = 128;
 pub const MAX_LENGTH: usize = 63;
@@ -55,20 +58,29 @@ pub fn validate_value(key: &str, value: &str) -> Result<(), LabelError> {
 }
 
 /// The labels after upserting and deleting; nothing changes if any part is invalid.
+/// Linear in the sizes of `current`, `upsert` and `delete`.
 pub fn apply(
     current: &HashMap<String, String>,
     upsert: &BTreeMap<String, String>,
     delete: &[String],
 ) -> Result<HashMap<String, String>, LabelError> {
-    for (k, v) in upsert {
-        validate_key(k)?;
-        validate_value(k, v)?;
-        if delete.contains(k) {
-            return Err(LabelError::Conflict(k.clone()));
-        }
+    // Every upserted key ends up in the result: more than the limit can never succeed,
+    // so refuse before looking at any of them.
+    if upsert.len() > MAX_LABELS {
+        return Err(LabelError::TooMany {
+            count: upsert.len(),
+        });
     }
     for k in delete {
         validate_key(k)?;
+    }
+    let deleted: HashSet<&str> = delete.iter().map(String::as_str).collect();
+    for (k, v) in upsert {
+        validate_key(k)?;
+        validate_value(k, v)?;
+        if deleted.contains(k.as_str()) {
+            return Err(LabelError::Conflict(k.clone()));
+        }
     }
     let mut labels = current.clone();
     for k in delete {
@@ -135,5 +147,37 @@ mod tests {
             apply(&HashMap::new(), &many, &[]),
             Err(LabelError::TooMany { .. })
         ));
+    }
+
+    /// Requests from the network can carry ~100k keys; the old pairwise conflict check
+    /// took minutes on this input.
+    #[test]
+    fn huge_inputs_take_linear_time() {
+        let keys: Vec<String> = (0..100_000).map(|i| format!("key-{i}")).collect();
+        let upsert: BTreeMap<_, _> = keys.iter().map(|k| (k.clone(), "v".into())).collect();
+        let started = std::time::Instant::now();
+        assert!(matches!(
+            apply(&HashMap::new(), &upsert, &keys),
+            Err(LabelError::TooMany { count: 100_000 })
+        ));
+        let few: BTreeMap<_, _> = keys[..MAX_LABELS]
+            .iter()
+            .map(|k| (format!("{k}-new"), "v".into()))
+            .collect();
+        let current: HashMap<_, _> = keys[..MAX_LABELS]
+            .iter()
+            .map(|k| (k.clone(), "old".into()))
+            .collect();
+        let got = apply(&current, &few, &keys).unwrap();
+        assert_eq!(got.len(), MAX_LABELS);
+        assert!(got.keys().all(|k| k.ends_with("-new")));
+        let mut conflicting = keys.clone();
+        conflicting.push(format!("{}-new", keys[7]));
+        assert!(matches!(
+            apply(&current, &few, &conflicting),
+            Err(LabelError::Conflict(_))
+        ));
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_secs(2), "{took:?}");
     }
 }

@@ -22,7 +22,10 @@
 //!   anonymous: they are denied everywhere.
 //! - A cluster certificate is a node's or a user's only by the kind the CA marked it with
 //!   (`pki::CertificateKind`); without a known mark it is invalid.
-//! - Every cluster certificate is checked against the current CRL on every call.
+//! - Every cluster certificate is checked against the current CRL on every call (a
+//!   verdict on a certificate is remembered only for the CRL it was reached under, and
+//!   only until the certificate expires).
+//! - A call's request body is at most [`server::MAX_REQUEST_BYTES`].
 //! - rustls uses the ring provider only, and TLS 1.3 only (Polis controls both ends).
 
 pub mod authz;

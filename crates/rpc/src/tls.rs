@@ -271,30 +271,41 @@ fn classify_cluster_certificate(
     }
 }
 
-/// A verifier together with the CRL (DER) it was built for.
-type CachedVerifier = (Vec<u8>, Arc<dyn ClientCertVerifier>);
+/// The verifier for one CRL, and what it concluded about certificates so far.
+struct Verified {
+    crl: Vec<u8>,
+    verifier: Arc<dyn ClientCertVerifier>,
+    /// Cluster certificates (DER) that verified, with who they are and until when.
+    identities: std::collections::HashMap<Vec<u8>, (Identity, UnixTime)>,
+}
+
+/// Certificates whose classification is remembered per CRL. A client keeps presenting
+/// the same one, call after call; verifying its signature again each time was a quarter
+/// of the curator's CPU per call.
+const REMEMBERED_CERTIFICATES: usize = 1024;
 
 /// Decides who a client is from its certificate, the cluster CA and the current CRL.
 pub struct Authenticator {
     ca: CertificateDer<'static>,
-    /// The verifier for the last CRL seen, rebuilt when the CRL changes.
-    verifier: Mutex<Option<CachedVerifier>>,
+    /// The verifier for the last CRL seen, rebuilt (and its conclusions forgotten) when
+    /// the CRL changes.
+    verified: Mutex<Option<Verified>>,
 }
 
 impl Authenticator {
     pub fn new(ca_der: Vec<u8>) -> Authenticator {
         Authenticator {
             ca: CertificateDer::from(ca_der),
-            verifier: Mutex::new(None),
+            verified: Mutex::new(None),
         }
     }
 
     fn verifier(&self, crl_der: &[u8]) -> Result<Arc<dyn ClientCertVerifier>, String> {
-        let mut cached = self.verifier.lock().expect("verifier lock poisoned");
-        if let Some((crl, v)) = cached.as_ref()
-            && crl == crl_der
+        let mut cached = self.verified.lock().expect("verifier lock poisoned");
+        if let Some(v) = cached.as_ref()
+            && v.crl == crl_der
         {
-            return Ok(v.clone());
+            return Ok(v.verifier.clone());
         }
         let mut roots = rustls::RootCertStore::empty();
         roots
@@ -304,8 +315,32 @@ impl Authenticator {
             .with_crls([CertificateRevocationListDer::from(crl_der.to_vec())])
             .build()
             .map_err(|e| format!("building verifier: {e}"))?;
-        *cached = Some((crl_der.to_vec(), v.clone()));
+        *cached = Some(Verified {
+            crl: crl_der.to_vec(),
+            verifier: v.clone(),
+            identities: Default::default(),
+        });
         Ok(v)
+    }
+
+    /// A remembered node or user identity for `leaf` under `crl_der`, still valid `now`.
+    fn remembered(&self, leaf: &[u8], crl_der: &[u8], now: UnixTime) -> Option<Identity> {
+        let cached = self.verified.lock().expect("verifier lock poisoned");
+        let v = cached.as_ref().filter(|v| v.crl == crl_der)?;
+        let (identity, until) = v.identities.get(leaf)?;
+        (now.as_secs() < until.as_secs()).then(|| identity.clone())
+    }
+
+    fn remember(&self, leaf: &[u8], crl_der: &[u8], identity: &Identity, until: UnixTime) {
+        let mut cached = self.verified.lock().expect("verifier lock poisoned");
+        let Some(v) = cached.as_mut().filter(|v| v.crl == crl_der) else {
+            return;
+        };
+        if v.identities.len() >= REMEMBERED_CERTIFICATES {
+            v.identities.clear();
+        }
+        v.identities
+            .insert(leaf.to_vec(), (identity.clone(), until));
     }
 
     /// Classifies the client certificate `leaf` (if any) against the CA and `crl_der`.
@@ -318,6 +353,9 @@ impl Authenticator {
         let Some(leaf) = leaf else {
             return Identity::Anonymous;
         };
+        if let Some(identity) = self.remembered(leaf, crl_der, now) {
+            return identity;
+        }
         let parsed = match x509_parser::parse_x509_certificate(leaf) {
             Ok((_, c)) => c,
             Err(e) => {
@@ -340,7 +378,18 @@ impl Authenticator {
                     .and_then(|cn| cn.as_str().ok())
                     .unwrap_or_default()
                     .to_string();
-                classify_cluster_certificate(pki::CertificateKind::of(&parsed), cn, public_key)
+                let identity =
+                    classify_cluster_certificate(pki::CertificateKind::of(&parsed), cn, public_key);
+                // Only what verified: a verdict that rests on the clock or a missing
+                // signature is made afresh each call.
+                if matches!(identity, Identity::Node { .. } | Identity::User { .. }) {
+                    let until = parsed.validity().not_after.timestamp();
+                    let until = UnixTime::since_unix_epoch(std::time::Duration::from_secs(
+                        u64::try_from(until).unwrap_or(0),
+                    ));
+                    self.remember(leaf, crl_der, &identity, until);
+                }
+                identity
             }
             Err(e) if parsed.issuer() == parsed.subject() => {
                 tracing::trace!("not a cluster certificate ({e}); treating as self-signed");
@@ -417,6 +466,25 @@ mod tests {
         }
     }
 
+    /// An owner certificate (1 h) and a CRL revoking it.
+    fn revoked_again(ca: &pki::Ca, pk: &[u8; 32]) -> (Option<Vec<u8>>, Vec<u8>) {
+        let issued = ca
+            .issue(
+                &Template {
+                    common_name: "owner".into(),
+                    dns_names: vec![],
+                    ip_addresses: vec![],
+                    usage: Usage::Client,
+                    lifetime: Duration::from_secs(3600),
+                    kind: CertificateKind::Owner,
+                },
+                pk,
+            )
+            .unwrap();
+        let crl = ca.crl(std::slice::from_ref(&issued.serial), 3).unwrap();
+        (Some(issued.der), crl)
+    }
+
     #[test]
     fn classification_table() {
         let (ca, crl, authenticator) = cluster();
@@ -489,6 +557,25 @@ mod tests {
         check("owner before revocation", c, &crl, Want::User("owner"));
         let c = issue(&foreign, &pk, "owner", owner);
         check("foreign CA, owner mark", Some(c), &crl, Want::Invalid);
+        // Remembered verdicts never outlive a revocation or the certificate's lifetime.
+        let c = revoked_again(&ca, &pk);
+        check("owner, remembered", c.0.clone(), &crl, Want::User("owner"));
+        check(
+            "owner, remembered again",
+            c.0.clone(),
+            &crl,
+            Want::User("owner"),
+        );
+        check("remembered, then revoked", c.0.clone(), &c.1, Want::Invalid);
+        let cert = c.0.map(CertificateDer::from);
+        let later =
+            UnixTime::since_unix_epoch(Duration::from_secs(UnixTime::now().as_secs() + 2 * 3600));
+        let got = authenticator.classify(cert.as_ref(), &crl, later);
+        assert_eq!(
+            kind_of(&got),
+            Want::Invalid,
+            "remembered past its expiry: {got}"
+        );
         let c = b"not a certificate".to_vec();
         check("garbage", Some(c), &crl, Want::Invalid);
     }

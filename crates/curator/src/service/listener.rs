@@ -9,7 +9,6 @@ use std::net::SocketAddr;
 
 use super::{Services, Shared};
 use crate::election::{self, Role};
-use crate::state;
 
 /// Longest time one RPC may take (streams: until their response headers).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -65,11 +64,7 @@ pub(super) async fn serve(
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("listening on {}: {e}", config.listen))?;
-    let crl_store = state::cluster_pki(&shared.curator);
-    let crl: rpc::CrlSource = Arc::new(move || {
-        let store = crl_store.clone();
-        Box::pin(async move { store.crl().await.map_err(|e| supervisor::error_chain(&e)) })
-    });
+    let crl = super::crl::source(&shared);
     let forwarders_shared = shared.clone();
     let auth = rpc::AuthLayer::new(
         Arc::new(rpc::Authenticator::new(config.ca_certificate.clone())),

@@ -5,6 +5,7 @@
 //!   root.role.controlplane.curator
 //!   ├── election     campaign → Role (Follower | Leader(Leadership))
 //!   ├── nodes        one etcd watch on nodes/ → Shared::nodes (snapshot per change)
+//!   ├── crl          one etcd watch on the cluster CRL → Shared::crl (see `crl`)
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
 //! ```
 //! Handlers that change state take a [`Leadership`] from [`Shared::leadership`] and write
@@ -14,6 +15,7 @@
 
 mod aaa;
 mod consensus_members;
+mod crl;
 mod listener;
 mod local;
 mod management;
@@ -77,6 +79,8 @@ pub struct Shared {
     /// Held while etcd membership changes: etcd 3.4 has at most one learner, so a join
     /// holds it until its learner is promoted, and joins and removals queue behind it.
     membership: Arc<tokio::sync::Mutex<()>>,
+    /// The cluster CRL (DER), fed by one etcd watch (the `crl` runnable).
+    crl: event::Value<Arc<Vec<u8>>>,
 }
 
 /// The gRPC status for a curator error: Unavailable only for what a retry elsewhere or
@@ -207,6 +211,7 @@ pub async fn run(
         heartbeats: Mutex::new(HashMap::new()),
         nodes: event::Value::new(),
         membership: Arc::new(tokio::sync::Mutex::new(())),
+        crl: event::Value::new(),
     });
 
     let election_config = ElectionConfig {
@@ -257,6 +262,9 @@ pub async fn run(
             }
         }
     })?;
+
+    let crl_shared = shared.clone();
+    ctx.run("crl", move |ctx| crl::run(ctx, crl_shared.clone()))?;
 
     let listener_shared = shared.clone();
     ctx.run("listener", move |ctx| {

@@ -1,0 +1,49 @@
+//! The cluster CRL, held in memory for the per-call certificate check.
+//!
+//! ```text
+//!   etcd cluster-pki/ca/crl ──one watch (pki::CaStore::watch_crl)──▶ Shared::crl
+//!                                                                      │ every call
+//!   AuthLayer ◀── CrlSource (reads the cache; no etcd call) ◀──────────┘
+//! ```
+//! A revocation takes effect on this curator with the watch event that carries it
+//! (etcd delivers it after the revision is committed, usually within a millisecond).
+//! Until the first CRL has arrived, calls with client certificates answer Unavailable:
+//! without a CRL no certificate can be judged.
+
+use std::sync::Arc;
+
+use super::Shared;
+use crate::state;
+
+/// The `crl` runnable: feeds [`Shared::crl`] from the CRL watch; healthy once it holds
+/// a CRL.
+pub(super) async fn run(
+    ctx: supervisor::Context,
+    shared: Arc<Shared>,
+) -> supervisor::RunnableResult {
+    let mut crls = state::cluster_pki(&shared.curator).watch_crl();
+    loop {
+        tokio::select! {
+            crl = crls.recv() => match crl {
+                Some(crl) => {
+                    shared.crl.set(Arc::new(crl));
+                    ctx.signal_healthy();
+                }
+                None => return Err("the CRL watch stopped".into()),
+            },
+            _ = ctx.cancelled() => return Ok(()),
+        }
+    }
+}
+
+/// The CRL source for the listener's authorization layer: the cached CRL.
+pub(super) fn source(shared: &Arc<Shared>) -> rpc::CrlSource {
+    let shared = shared.clone();
+    Arc::new(move || {
+        let crl = shared.crl.current();
+        Box::pin(async move {
+            crl.map(|c| c.as_ref().clone())
+                .ok_or_else(|| "the cluster CRL has not been loaded yet".to_string())
+        })
+    })
+}

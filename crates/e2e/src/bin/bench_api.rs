@@ -1,0 +1,308 @@
+//! Benchmark: the curator's API against the etcd under it. A one-node cluster is
+//! bootstrapped (release build); then, alternately in one run, N clients call the curator
+//! over mutual TLS with the owner certificate and N clients make the equivalent raw etcd
+//! request on the same etcd through its unix socket, each for a fixed time:
+//!
+//! ```text
+//!   api_read   ListNodes               vs  range read of the node prefix
+//!              DescribeNode            vs  get of the node record
+//!   api_write  UpdateNodeLabels        vs  put of a record-sized value
+//!              (all on the one node)       (all on one key)
+//! ```
+//! for N = 1 and 16. Every client has its own connection. One JSON line per call kind and
+//! N (the last line printed is one JSON object); a failed curator call is counted, never
+//! retried.
+//!
+//! Usage: bench-api [SECONDS_PER_MEASUREMENT] [ROUNDS]   (default 2 and 2)
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use e2e::Cluster;
+use proto::api;
+
+/// Calls per client and measurement, at most (a bound on a runaway loop).
+const MAX_CALLS: usize = 1_000_000;
+
+#[derive(Default)]
+struct Sample {
+    calls: usize,
+    failed: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+    first_error: Option<String>,
+}
+
+impl Sample {
+    fn merge(&mut self, other: Sample) {
+        self.calls += other.calls;
+        self.failed += other.failed;
+        self.elapsed = self.elapsed.max(other.elapsed);
+        self.latencies.extend(other.latencies);
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+    }
+}
+
+/// Runs `call(client, i)` in a loop on every client for `duration`; merged over clients.
+async fn measure<C, F, Fut>(clients: &[C], duration: Duration, call: F) -> Sample
+where
+    C: Clone + Send + 'static,
+    F: Fn(C, usize) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<(), String>> + Send,
+{
+    let started = Instant::now();
+    let deadline = started + duration;
+    let tasks: Vec<_> = clients
+        .iter()
+        .cloned()
+        .map(|client| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut sample = Sample::default();
+                for i in 0..MAX_CALLS {
+                    let t = Instant::now();
+                    if t >= deadline {
+                        break;
+                    }
+                    let outcome = call(client.clone(), i).await;
+                    sample.latencies.push(t.elapsed());
+                    sample.calls += 1;
+                    if let Err(e) = outcome {
+                        sample.failed += 1;
+                        sample.first_error.get_or_insert(e);
+                    }
+                }
+                sample.elapsed = started.elapsed();
+                sample
+            })
+        })
+        .collect();
+    let mut total = Sample::default();
+    for t in tasks {
+        total.merge(t.await.expect("a benchmark client panicked"));
+    }
+    total
+}
+
+fn p99_ms(latencies: &mut [Duration]) -> f64 {
+    if latencies.is_empty() {
+        return 0.0;
+    }
+    latencies.sort();
+    let i = ((latencies.len() as f64) * 0.99).ceil() as usize;
+    latencies[i.clamp(1, latencies.len()) - 1].as_secs_f64() * 1000.0
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+#[derive(Default)]
+struct Totals {
+    curator: Sample,
+    etcd: Sample,
+}
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let seconds: f64 = args
+        .next()
+        .map(|a| a.parse())
+        .transpose()
+        .context("SECONDS_PER_MEASUREMENT must be a number")?
+        .unwrap_or(2.0);
+    let rounds: usize = args
+        .next()
+        .map(|a| a.parse())
+        .transpose()
+        .context("ROUNDS must be a number")?
+        .unwrap_or(2)
+        .clamp(1, 20);
+    let duration = Duration::from_secs_f64(seconds.clamp(0.2, 60.0));
+    let dir = tempfile::tempdir()?;
+    let cluster = Cluster::bootstrap(dir.path())?;
+    let id = cluster.first.key_node_id()?;
+    let record_key = format!("namespaced:curator/nodes/{id}");
+    let node_prefix = "namespaced:curator/nodes/".to_string();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let record = cluster
+            .first
+            .etcd_get(&record_key)?
+            .context("the node record")?;
+        let kinds = ["ListNodes", "DescribeNode", "UpdateNodeLabels"];
+        let mut results: HashMap<(usize, &str), Totals> = HashMap::new();
+        for clients in [1usize, 16] {
+            let curators: Vec<_> = (0..clients)
+                .map(|_| cluster.owner_client().map(std::sync::Arc::new))
+                .collect::<Result<_>>()?;
+            let mut etcds = Vec::new();
+            for _ in 0..clients {
+                etcds.push(consensus::client::connect_unix(&cluster.first.socket()).await?);
+            }
+            // Connections up and the leader known before the clock runs.
+            for c in &curators {
+                c.call(|ch| async move {
+                    api::management_client::ManagementClient::new(ch)
+                        .list_nodes(api::ListNodesRequest::default())
+                        .await
+                })
+                .await?;
+            }
+            for _ in 0..rounds {
+                for kind in kinds {
+                    let curator = match kind {
+                        "ListNodes" => {
+                            measure(&curators, duration, |c, _| async move {
+                                c.call(|ch| async move {
+                                    api::management_client::ManagementClient::new(ch)
+                                        .list_nodes(api::ListNodesRequest::default())
+                                        .await
+                                })
+                                .await
+                                .map(drop)
+                                .map_err(|e| e.to_string())
+                            })
+                            .await
+                        }
+                        "DescribeNode" => {
+                            let id = id.clone();
+                            measure(&curators, duration, move |c, _| {
+                                let id = id.clone();
+                                async move {
+                                    c.call(|ch| {
+                                        let id = id.clone();
+                                        async move {
+                                            api::management_client::ManagementClient::new(ch)
+                                                .describe_node(api::DescribeNodeRequest { id })
+                                                .await
+                                        }
+                                    })
+                                    .await
+                                    .map(drop)
+                                    .map_err(|e| e.to_string())
+                                }
+                            })
+                            .await
+                        }
+                        _ => {
+                            let id = id.clone();
+                            let writers: Vec<_> = curators.iter().cloned().enumerate().collect();
+                            measure(&writers, duration, move |(w, c), i| {
+                                let id = id.clone();
+                                async move {
+                                    c.call(|ch| {
+                                        let request = api::UpdateNodeLabelsRequest {
+                                            id: id.clone(),
+                                            upsert: HashMap::from([(
+                                                format!("bench-{w}"),
+                                                i.to_string(),
+                                            )]),
+                                            delete: vec![],
+                                        };
+                                        async move {
+                                            api::management_client::ManagementClient::new(ch)
+                                                .update_node_labels(request)
+                                                .await
+                                        }
+                                    })
+                                    .await
+                                    .map(drop)
+                                    .map_err(|e| e.to_string())
+                                }
+                            })
+                            .await
+                        }
+                    };
+                    let etcd = match kind {
+                        "ListNodes" => {
+                            let prefix = node_prefix.clone();
+                            measure(&etcds, duration, move |mut c, _| {
+                                let prefix = prefix.clone();
+                                async move {
+                                    c.get(
+                                        prefix,
+                                        Some(etcd_client::GetOptions::new().with_prefix()),
+                                    )
+                                    .await
+                                    .map(drop)
+                                    .map_err(|e| e.to_string())
+                                }
+                            })
+                            .await
+                        }
+                        "DescribeNode" => {
+                            let key = record_key.clone();
+                            measure(&etcds, duration, move |mut c, _| {
+                                let key = key.clone();
+                                async move {
+                                    c.get(key, None).await.map(drop).map_err(|e| e.to_string())
+                                }
+                            })
+                            .await
+                        }
+                        _ => {
+                            let value = record.clone();
+                            measure(&etcds, duration, move |mut c, _| {
+                                let value = value.clone();
+                                async move {
+                                    c.put("bench/record", value, None)
+                                        .await
+                                        .map(drop)
+                                        .map_err(|e| e.to_string())
+                                }
+                            })
+                            .await
+                        }
+                    };
+                    let totals = results.entry((clients, kind)).or_default();
+                    totals.curator.merge(curator);
+                    totals.etcd.merge(etcd);
+                }
+            }
+            for kind in kinds {
+                let t = results.get_mut(&(clients, kind)).expect("measured");
+                let per_s = |s: &Sample| s.calls as f64 / (rounds as f64 * duration.as_secs_f64());
+                let (c, e) = (per_s(&t.curator), per_s(&t.etcd));
+                let (cp, ep) = (
+                    p99_ms(&mut t.curator.latencies),
+                    p99_ms(&mut t.etcd.latencies),
+                );
+                let bench = if kind == "UpdateNodeLabels" {
+                    "api_write"
+                } else {
+                    "api_read"
+                };
+                let mut line = serde_json::json!({
+                    "bench": bench,
+                    "call": kind,
+                    "clients": clients,
+                    "curator_per_s": c.round(),
+                    "etcd_per_s": e.round(),
+                    "ratio": round(c / e.max(1e-9), 2),
+                    "p99_ms": round(cp, 2),
+                    "curator_p99_ms": round(cp, 2),
+                    "etcd_p99_ms": round(ep, 2),
+                    "p99_ratio": round(cp / ep.max(1e-9), 2),
+                    "failed": t.curator.failed,
+                    "etcd_failed": t.etcd.failed,
+                    "target_ratio": if bench == "api_write" { 0.5 } else { 0.8 },
+                });
+                if let Some(e) = &t.curator.first_error {
+                    line["first_error"] = e.clone().into();
+                }
+                println!("{line}");
+            }
+        }
+        anyhow::Ok(())
+    })?;
+    Ok(())
+}
