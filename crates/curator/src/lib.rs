@@ -3,16 +3,18 @@
 //! Every node-facing and operator-facing question about the cluster ("which nodes
 //! exist?", "who owns this cluster?") is answered by the curator from etcd; nothing else
 //! reads or writes the `curator` namespace. A curator runs on every consensus member;
-//! they elect one leader through etcd, and only the leader serves the calls that read or
-//! change cluster state.
+//! they elect one leader through etcd; the leader serves the calls that read or change
+//! cluster state, and every other curator forwards them to it.
 //!
 //! ```text
-//!   polisctl / nodes ──mTLS──▶ listener (rpc::AuthLayer: identity + permission table)
-//!                                 │
-//!        CuratorLocal (any curator)   AAA, Management, Curator (leader only)
+//!   polisctl / nodes ──mTLS──▶ any curator: rpc::AuthLayer (identity + permission table)
+//!                                 │             └─ follower: rpc::ForwardLayer ──mTLS,
+//!                                 │                node cert + verified caller──▶ leader
+//!        CuratorLocal (answered by every curator)   AAA, Management, Curator (leader)
 //!                                 │                     │ every write: leader_txn
 //!                                 ▼                     ▼ (guarded by the election key)
 //!                        election ──campaign/lease──▶ etcd namespaced:curator/
+//!                                                       etcd membership (consensus_members)
 //! ```
 //!
 //! Layout inside `namespaced:curator/`:
@@ -31,8 +33,14 @@
 //!   Re-running it with the same records succeeds; with different ones it fails.
 //! - Every leader write is an etcd transaction guarded by the leader's election key
 //!   (`election::leader_txn`): a deposed leader cannot write.
-//! - Followers serve CuratorLocal and answer everything else with Unavailable, naming
-//!   the leader (forwarding arrives with multi-node clusters).
+//! - Followers answer CuratorLocal from their own etcd member and forward every other
+//!   call to the leader with the caller's verified identity; the leader accepts a
+//!   forwarded identity only from the node certificate of an UP consensus member.
+//! - etcd membership changes (a learner added and promoted, a member removed) are made
+//!   by the leader one at a time (`service::consensus_members`); a removal that would
+//!   leave the remaining voters without a healthy majority is refused.
+//! - A campaigning curator revokes the lease of a leader whose endpoint refuses
+//!   connections (its process is gone); guarded writes make this safe even when wrong.
 //! - Register tickets are compared in constant time (`state::ticket_matches`).
 
 pub mod election;
