@@ -410,13 +410,14 @@ pub fn role_names(node: &Node) -> Vec<String> {
     roles
 }
 
-/// The node records, watched: every node record under `nodes/` as a map from ID, first as
-/// it is, then after every change. `view` turns the map into what the caller wants; a
+/// The node records, watched: every node record under `nodes/` as a map from ID (and the
+/// etcd revision up to which every change is in it), first as it is, then after every
+/// change. `view` turns the map into what the caller wants; a
 /// value equal to the last one sent is not sent again. The watch ends (with an error)
 /// when etcd's watch stream breaks; dropping the receiver ends it too.
 pub fn watch_nodes<T>(
     curator: &Namespaced,
-    view: impl Fn(&std::collections::BTreeMap<String, Node>) -> T + Send + Sync + 'static,
+    view: impl Fn(&std::collections::BTreeMap<String, Node>, i64) -> T + Send + Sync + 'static,
 ) -> tokio::sync::mpsc::Receiver<Result<T, CuratorError>>
 where
     T: PartialEq + Clone + Send + 'static,
@@ -442,7 +443,9 @@ where
                 let id = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
                 nodes.insert(id.clone(), decode_node(&id, kv.value())?);
             }
-            let mut last = view(&nodes);
+            // Every node change up to this revision is in `nodes`.
+            let mut seen = revision;
+            let mut last = view(&nodes, seen);
             if tx.send(Ok(last.clone())).await.is_err() {
                 return Ok(());
             }
@@ -469,6 +472,7 @@ where
                 }
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
+                    seen = seen.max(kv.mod_revision());
                     let id = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
                     match event.event_type() {
                         etcd_client::EventType::Put => {
@@ -479,7 +483,7 @@ where
                         }
                     }
                 }
-                let next = view(&nodes);
+                let next = view(&nodes, seen);
                 if next != last {
                     last = next;
                     if tx.send(Ok(last.clone())).await.is_err() {

@@ -39,6 +39,32 @@ use tokio::sync::oneshot;
 use crate::election::{self, Leadership};
 use crate::state::{CuratorError, NodeUpdateError};
 
+/// The highest node-record revision each leadership tenure wrote, by election key and
+/// revision: reads served from the watched snapshot wait until it shows these writes.
+static WRITTEN: LazyLock<Mutex<HashMap<(Vec<u8>, i64), i64>>> = LazyLock::new(Default::default);
+
+fn record_written(leadership: &Leadership, revision: i64) {
+    let mut written = WRITTEN.lock().expect("written lock poisoned");
+    // Tenures rarely change: forget old ones instead of tracking their end.
+    if written.len() > 64 {
+        written.clear();
+    }
+    let entry = written
+        .entry((leadership.key.clone(), leadership.revision))
+        .or_default();
+    *entry = (*entry).max(revision);
+}
+
+/// The revision of the last node-record write of this leadership tenure (0: none).
+pub fn written_by(leadership: &Leadership) -> i64 {
+    WRITTEN
+        .lock()
+        .expect("written lock poisoned")
+        .get(&(leadership.key.clone(), leadership.revision))
+        .copied()
+        .unwrap_or_default()
+}
+
 /// Idle slots kept (each holds one decoded record) before they are cleaned up.
 const IDLE_SLOTS: usize = 256;
 
@@ -247,6 +273,7 @@ async fn flush(slot: Arc<Slot>, curator: Namespaced, leadership: Leadership, key
         let mut state = slot.state.lock().await;
         let (settled_upto, answer) = match outcome {
             Ok(written) => {
+                record_written(&leadership, written);
                 state.base = Some(Base {
                     node: Some(node),
                     revision: written,

@@ -373,6 +373,25 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    // The revocation reaches the curator's CRL cache with one etcd watch event.
+    while allowed(
+        endpoint,
+        &ca,
+        ids.revoked_owner.as_ref(),
+        "ListNodes",
+        &owner_key,
+        &node_id,
+        &[],
+    )
+    .await?
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the revoked owner certificate was never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
     let who: [(&str, Option<&rpc::Credentials>); 7] = [
         ("none", ids.anonymous.as_ref()),
         ("self-signed", ids.self_signed.as_ref()),

@@ -50,9 +50,13 @@ impl api::management_server::Management for Services {
         let leadership = self.0.leadership().await?;
         let tenure = leadership.since.elapsed();
         let filter = request.into_inner();
-        let mut nodes: Vec<api::NodeInfo> = state::list_nodes(&self.0.curator)
-            .await
-            .map_err(status_from)?
+        let records: Vec<proto::state::Node> = match self.0.fresh_nodes(&leadership).await {
+            Some(snapshot) => snapshot.nodes.values().cloned().collect(),
+            None => state::list_nodes(&self.0.curator)
+                .await
+                .map_err(status_from)?,
+        };
+        let mut nodes: Vec<api::NodeInfo> = records
             .into_iter()
             .map(|n| self.0.node_info(n, tenure))
             .filter(|n| node_matches(n, &filter))
@@ -68,10 +72,13 @@ impl api::management_server::Management for Services {
         let id = &request.get_ref().id;
         check_node_id(id)?;
         let leadership = self.0.leadership().await?;
-        match state::load_node(&self.0.curator, id)
-            .await
-            .map_err(status_from)?
-        {
+        let record = match self.0.fresh_nodes(&leadership).await {
+            Some(snapshot) => snapshot.nodes.get(id).cloned(),
+            None => state::load_node(&self.0.curator, id)
+                .await
+                .map_err(status_from)?,
+        };
+        match record {
             Some(node) => Ok(Response::new(
                 self.0.node_info(node, leadership.since.elapsed()),
             )),

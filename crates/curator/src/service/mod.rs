@@ -64,7 +64,17 @@ pub fn health(
 }
 
 /// Every node record, as of one etcd revision.
-pub type NodeSnapshot = Arc<BTreeMap<String, Node>>;
+#[derive(Debug, PartialEq)]
+pub struct Snapshot {
+    pub nodes: BTreeMap<String, Node>,
+    /// Every change of a node record up to this revision is in `nodes`.
+    pub revision: i64,
+    /// The election key under which the watch's first read was made: a snapshot based
+    /// on a read after this curator won holds every earlier leader's writes.
+    pub based_as_leader: Option<Vec<u8>>,
+}
+
+pub type NodeSnapshot = Arc<Snapshot>;
 
 /// Shared by all services of one curator.
 pub struct Shared {
@@ -157,11 +167,29 @@ impl Shared {
         }))
     }
 
+    /// The node snapshot, once it holds every write made before this tenure and by it:
+    /// reads served from it are as fresh as reads from etcd. `None` when it does not get
+    /// there quickly (the caller reads etcd instead).
+    async fn fresh_nodes(&self, leadership: &Leadership) -> Option<NodeSnapshot> {
+        let written = crate::writes::written_by(leadership);
+        let fresh = |s: &NodeSnapshot| {
+            s.based_as_leader.as_ref() == Some(&leadership.key) && s.revision >= written
+        };
+        if let Some(s) = self.nodes.current().filter(|s| fresh(s)) {
+            return Some(s);
+        }
+        let mut snapshots = self.nodes.watch();
+        tokio::time::timeout(FRESHNESS_WAIT, snapshots.get_matching(fresh))
+            .await
+            .ok()?
+            .ok()
+    }
+
     /// Whether `id` is a curator's node: UP with the ConsensusMember role. Only such
     /// nodes may forward a caller's identity.
     fn is_curator_node(&self, id: &str) -> bool {
         self.nodes.current().is_some_and(|nodes| {
-            nodes.get(id).is_some_and(|n| {
+            nodes.nodes.get(id).is_some_and(|n| {
                 n.state == proto::state::NodeState::Up as i32
                     && n.roles
                         .as_ref()
@@ -191,6 +219,9 @@ impl Shared {
         }
     }
 }
+
+/// How long a read waits for the node snapshot to catch up before reading etcd.
+const FRESHNESS_WAIT: Duration = Duration::from_millis(300);
 
 #[derive(Clone)]
 pub struct Services(Arc<Shared>);
@@ -245,19 +276,39 @@ pub async fn run(
     ctx.run("nodes", move |ctx| {
         let shared = nodes_shared.clone();
         async move {
-            let mut snapshots =
-                state::watch_nodes(&shared.curator, |nodes| Arc::new(nodes.clone()));
+            let mut roles = shared.role.watch();
             loop {
-                tokio::select! {
-                    s = snapshots.recv() => match s {
-                        Some(Ok(snapshot)) => {
-                            shared.nodes.set(snapshot);
-                            ctx.signal_healthy();
-                        }
-                        Some(Err(e)) => return Err(e.into()),
-                        None => return Err("the node watch stopped".into()),
-                    },
-                    _ = ctx.cancelled() => return Ok(()),
+                // Re-based on a fresh read whenever this curator becomes leader, so that
+                // reads served from it see everything written before.
+                let based_as_leader = match shared.role.current() {
+                    Some(Role::Leader(l)) => Some(l.key),
+                    _ => None,
+                };
+                let base = based_as_leader.clone();
+                let mut snapshots = state::watch_nodes(&shared.curator, move |nodes, revision| {
+                    Arc::new(Snapshot {
+                        nodes: nodes.clone(),
+                        revision,
+                        based_as_leader: base.clone(),
+                    })
+                });
+                loop {
+                    tokio::select! {
+                        s = snapshots.recv() => match s {
+                            Some(Ok(snapshot)) => {
+                                shared.nodes.set(snapshot);
+                                ctx.signal_healthy();
+                            }
+                            Some(Err(e)) => return Err(e.into()),
+                            None => return Err("the node watch stopped".into()),
+                        },
+                        r = roles.get() => match r {
+                            Ok(Role::Leader(l)) if based_as_leader.as_ref() != Some(&l.key) => break,
+                            Ok(_) => {}
+                            Err(_) => return Ok(()),
+                        },
+                        _ = ctx.cancelled() => return Ok(()),
+                    }
                 }
             }
         }

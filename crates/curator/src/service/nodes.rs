@@ -159,7 +159,7 @@ impl api::curator_server::Curator for Services {
         // The answer starts from what was just written; the snapshot may lag it by one
         // watch event, and states only move forward, so older states are not repeated.
         let stream = snapshot_stream(&self.0, move |nodes| {
-            let state = nodes.get(&id).map(|n| n.state)?;
+            let state = nodes.nodes.get(&id).map(|n| n.state)?;
             (state >= first.state).then(|| api::RegistrationUpdate {
                 node_id: id.clone(),
                 state,
@@ -249,11 +249,11 @@ impl api::curator_server::Curator for Services {
         };
         self.0.leadership().await?;
         let stream = snapshot_stream(&self.0, move |nodes| {
-            let node = nodes.get(&id)?;
+            let node = nodes.nodes.get(&id)?;
             Some(api::WatchNodeUpdate {
                 state: node.state,
                 roles: state::role_names(node),
-                curator_endpoints: state::curator_endpoints(nodes.values()),
+                curator_endpoints: state::curator_endpoints(nodes.nodes.values()),
             })
         });
         Ok(Response::new(stream))
