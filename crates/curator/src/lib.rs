@@ -38,7 +38,9 @@
 //!   forwarded identity only from the node certificate of an UP consensus member.
 //! - etcd membership changes (a learner added and promoted, a member removed) are made
 //!   by the leader one at a time (`service::consensus_members`); a removal that would
-//!   leave the remaining voters without a healthy majority is refused.
+//!   leave the remaining voters without a healthy majority (asked of each member's
+//!   curator) is refused. A leader asked to remove its own node hands leadership over
+//!   first, so the removal is made by a curator whose etcd stays.
 //! - A campaigning curator revokes the lease of a leader whose endpoint refuses
 //!   connections (its process is gone); guarded writes make this safe even when wrong.
 //! - Register tickets are compared in constant time (`state::ticket_matches`).

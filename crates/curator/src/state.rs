@@ -316,7 +316,8 @@ pub async fn update_node_labels(
     .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))
 }
 
-fn node_state(node: &Node) -> NodeState {
+/// A record's state; unknown numbers read as Invalid.
+pub fn node_state(node: &Node) -> NodeState {
     NodeState::try_from(node.state).unwrap_or(NodeState::Invalid)
 }
 

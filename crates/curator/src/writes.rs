@@ -41,7 +41,10 @@ use crate::state::{CuratorError, NodeUpdateError};
 
 /// The highest node-record revision each leadership tenure wrote, by election key and
 /// revision: reads served from the watched snapshot wait until it shows these writes.
-static WRITTEN: LazyLock<Mutex<HashMap<(Vec<u8>, i64), i64>>> = LazyLock::new(Default::default);
+static WRITTEN: LazyLock<Mutex<HashMap<Tenure, i64>>> = LazyLock::new(Default::default);
+
+/// A leadership tenure: the election key and its create revision.
+type Tenure = (Vec<u8>, i64);
 
 fn record_written(leadership: &Leadership, revision: i64) {
     let mut written = WRITTEN.lock().expect("written lock poisoned");

@@ -23,7 +23,7 @@ use std::net::SocketAddr;
 
 use anyhow::{Context as _, Result, bail};
 use identity::NodeKey;
-use pki::{CA_LIFETIME, CERTIFICATE_LIFETIME, Ca, Issued, Template, Usage};
+use pki::{CA_LIFETIME, Ca, Issued};
 use proto::config::{
     ClusterBootstrap, ClusterDirectory, ClusterRegister, LocalRoles, SealedConfiguration,
 };
@@ -96,25 +96,6 @@ pub struct NodeValues {
     pub curators: event::Value<Vec<SocketAddr>>,
     /// The node's roles: from the root at start, then as the cluster changes them.
     pub roles: event::Value<LocalRoles>,
-}
-
-/// The certificate etcd peers know this node by. Loopback addresses also get
-/// 127.0.0.1: Linux sources connections between 127.0.0.x aliases from 127.0.0.1, and
-/// etcd checks the dialing peer's SAN against the source address.
-pub fn peer_template(node_id: &str, address: IpAddr) -> Template {
-    let mut ips = vec![address];
-    let localhost: IpAddr = [127, 0, 0, 1].into();
-    if address.is_loopback() && address != localhost {
-        ips.push(localhost);
-    }
-    Template {
-        common_name: node_id.to_string(),
-        dns_names: vec![node_id.to_string()],
-        ip_addresses: ips,
-        usage: Usage::ServerAndClient,
-        lifetime: CERTIFICATE_LIFETIME,
-        kind: pki::CertificateKind::EtcdPeer,
-    }
 }
 
 /// Names the crash-point variable (see [`crash_point`]).
@@ -282,7 +263,10 @@ pub fn prepare_bootstrap(
     let peer_ca =
         Ca::generate("Polis etcd Peer CA", CA_LIFETIME).context("creating the etcd peer CA")?;
     let peer_certificate = peer_ca
-        .issue(&peer_template(&node_id, address), &key.public_key())
+        .issue(
+            &curator::state::peer_certificate_template(&node_id, address),
+            &key.public_key(),
+        )
         .context("issuing the etcd peer certificate")?;
     if !resumed_etcd {
         let crl = peer_ca.crl(&[], 1).context("creating the etcd peer CRL")?;

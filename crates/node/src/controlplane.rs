@@ -25,7 +25,7 @@ use proto::config::{ConsensusMembership, SealedConfiguration};
 use crate::bootstrap::Step;
 use crate::cluster::{Membership, NodeValues, write_peer_files};
 use crate::decision::ClusterState;
-use crate::register::{Backoff, ProblemLog, pause};
+use crate::register::{Answer, call_until_answered, pause};
 use crate::roleserver::{HEARTBEAT_TIMEOUT, Settings, curator_client, node_credentials};
 use crate::storage::{Root, read_file, read_proto, write_proto};
 
@@ -115,51 +115,38 @@ async fn join_consensus(
     membership: &Membership,
 ) -> Result<Option<EtcdStart>> {
     let client = curator_client(settings, values)?;
-    let mut problems = ProblemLog::default();
-    let mut backoff = Backoff::default();
-    loop {
-        client.set_endpoints(values.curators.current().unwrap_or_default());
-        let call = client.call(|channel| async move {
-            api::curator_client::CuratorClient::new(channel)
-                .join_consensus(api::JoinConsensusRequest {})
-                .await
-        });
-        let answer = tokio::select! {
-            a = call => a,
-            _ = ctx.cancelled() => return Ok(None),
-        };
-        match answer {
-            Ok(joined) => {
-                let key = membership.key();
-                write_peer_files(
-                    &settings.root,
-                    key,
-                    &joined.peer_ca_certificate,
-                    &joined.peer_certificate,
-                    &joined.peer_crl,
-                )
-                .context("writing etcd peer TLS files")?;
-                tracing::info!(
-                    member = format!("{:x}", joined.member_id),
-                    members = joined.initial_cluster.len(),
-                    "joining consensus as an etcd learner"
-                );
-                return Ok(Some(EtcdStart::Learner(
-                    joined
-                        .initial_cluster
-                        .into_iter()
-                        .map(|m| (m.name, m.peer_url))
-                        .collect(),
-                )));
-            }
-            Err(e) => {
-                problems.problem(format!("joining consensus: {e}"));
-                if !pause(ctx, backoff.next()).await {
-                    return Ok(None);
-                }
-            }
-        }
-    }
+    client.set_endpoints(values.curators.current().unwrap_or_default());
+    let join = |channel| async move {
+        api::curator_client::CuratorClient::new(channel)
+            .join_consensus(api::JoinConsensusRequest {})
+            .await
+    };
+    let joined = match call_until_answered(ctx, &client, "joining consensus", |_| false, join).await
+    {
+        Answer::Ok(j) => j,
+        Answer::Refused(_) | Answer::Cancelled => return Ok(None),
+    };
+    let key = membership.key();
+    write_peer_files(
+        &settings.root,
+        key,
+        &joined.peer_ca_certificate,
+        &joined.peer_certificate,
+        &joined.peer_crl,
+    )
+    .context("writing etcd peer TLS files")?;
+    tracing::info!(
+        member = format!("{:x}", joined.member_id),
+        members = joined.initial_cluster.len(),
+        "joining consensus as an etcd learner"
+    );
+    Ok(Some(EtcdStart::Learner(
+        joined
+            .initial_cluster
+            .into_iter()
+            .map(|m| (m.name, m.peer_url))
+            .collect(),
+    )))
 }
 
 /// Waits until the local member answers a linearizable read: it is a voter with a

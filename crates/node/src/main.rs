@@ -208,6 +208,17 @@ fn raise_open_files_limit() -> std::io::Result<u64> {
     Ok(limit.rlim_cur)
 }
 
+/// The ports a consensus member listens on: etcd peers and the curator.
+fn check_control_plane_ports(address: IpAddr) -> Result<()> {
+    check_port_free(
+        address,
+        consensus::config::PEER_PORT,
+        "etcd peer",
+        PORT_WAIT,
+    )?;
+    check_port_free(address, rpc::CURATOR_PORT, "curator", PORT_WAIT)
+}
+
 fn check_etcd_binary(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     match std::fs::metadata(path) {
@@ -284,13 +295,7 @@ fn decide_plan(args: &Args, root: &Root) -> Result<Plan> {
             if join.roles.consensus_member {
                 check_etcd_binary(&args.etcd_binary)?;
                 controlplane::check_member_root(root, &join.sealed)?;
-                check_port_free(
-                    args.address,
-                    consensus::config::PEER_PORT,
-                    "etcd peer",
-                    PORT_WAIT,
-                )?;
-                check_port_free(args.address, rpc::CURATOR_PORT, "curator", PORT_WAIT)?;
+                check_control_plane_ports(args.address)?;
             }
             Ok(Plan::Join(std::sync::Arc::new(join)))
         }
@@ -313,13 +318,7 @@ fn decide_plan(args: &Args, root: &Root) -> Result<Plan> {
                     params_path.display()
                 )
             })?;
-            check_port_free(
-                args.address,
-                consensus::config::PEER_PORT,
-                "etcd peer",
-                PORT_WAIT,
-            )?;
-            check_port_free(args.address, rpc::CURATOR_PORT, "curator", PORT_WAIT)?;
+            check_control_plane_ports(args.address)?;
             Ok(Plan::Bootstrap(b))
         }
         Decision::Register => {

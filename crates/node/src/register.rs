@@ -84,6 +84,51 @@ pub async fn pause(ctx: &supervisor::Context, wait: Duration) -> bool {
     }
 }
 
+/// How [`call_until_answered`] ended.
+pub enum Answer<T> {
+    Ok(T),
+    /// A refusal `permanent` deemed final.
+    Refused(rpc::CallError),
+    Cancelled,
+}
+
+/// Makes `call` through `client` until a curator answers it: failures are retried with
+/// backoff and logged once per change (as `what: …`); those `permanent` says no retry
+/// can fix end it. Follows the endpoints the client holds.
+pub async fn call_until_answered<T, F, Fut>(
+    ctx: &supervisor::Context,
+    client: &rpc::CuratorClient,
+    what: &str,
+    permanent: impl Fn(&rpc::CallError) -> bool,
+    call: F,
+) -> Answer<T>
+where
+    F: Fn(tonic::transport::Channel) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let mut problems = ProblemLog::default();
+    let mut backoff = Backoff::default();
+    loop {
+        let outcome = tokio::select! {
+            r = client.call(&call) => r,
+            _ = ctx.cancelled() => return Answer::Cancelled,
+        };
+        match outcome {
+            Ok(answer) => {
+                problems.resolved(&format!("{what}: a curator answered"));
+                return Answer::Ok(answer);
+            }
+            Err(e) if permanent(&e) => return Answer::Refused(e),
+            Err(e) => {
+                problems.problem(format!("{what}: {e}"));
+                if !pause(ctx, backoff.next()).await {
+                    return Answer::Cancelled;
+                }
+            }
+        }
+    }
+}
+
 /// Whether a failed call can never succeed by retrying: the curator refused this node
 /// (wrong ticket, decommissioned key, bad input) or the parameters pin the wrong CA.
 fn permanent(e: &rpc::CallError) -> bool {
@@ -226,26 +271,15 @@ pub async fn register(
     tracing::info!(node_id, "approved by the owner; committing");
     crash_point("register-trusted");
 
-    let committed = loop {
-        let call = client.call(|channel| async move {
-            api::curator_client::CuratorClient::new(channel)
-                .commit_node(api::CommitNodeRequest {})
-                .await
-        });
-        let outcome = tokio::select! {
-            r = call => r,
-            _ = ctx.cancelled() => return Ok(None),
-        };
-        match outcome {
-            Ok(c) => break c,
-            Err(e) if permanent(&e) => return Err(refusal(e, params_what)),
-            Err(e) => {
-                problems.problem(format!("committing: {e}"));
-                if !pause(ctx, backoff.next()).await {
-                    return Ok(None);
-                }
-            }
-        }
+    let commit = |channel| async move {
+        api::curator_client::CuratorClient::new(channel)
+            .commit_node(api::CommitNodeRequest {})
+            .await
+    };
+    let committed = match call_until_answered(ctx, &client, "committing", permanent, commit).await {
+        Answer::Ok(c) => c,
+        Answer::Refused(e) => return Err(refusal(e, params_what)),
+        Answer::Cancelled => return Ok(None),
     };
     crash_point("register-committed");
     if committed.ca_certificate != params.ca_certificate {

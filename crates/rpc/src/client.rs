@@ -119,6 +119,11 @@ impl CallError {
     }
 }
 
+/// Extra rounds when every curator answered Unavailable, and the pause before each
+/// (growing linearly): together about 1.5 s, enough for a curator election.
+const UNAVAILABLE_ROUNDS: u32 = 3;
+const UNAVAILABLE_PAUSE: Duration = Duration::from_millis(250);
+
 /// A client of a cluster's curators that follows the leader: calls go to the curator
 /// that answered last; a curator that is not the leader answers Unavailable and names
 /// the leader, which is tried next; unreachable curators are skipped. Shared by
@@ -170,8 +175,29 @@ impl CuratorClient {
             .map(|c| c.0)
     }
 
-    /// Runs `call` against the leader (see the type's documentation).
+    /// Runs `call` against the leader (see the type's documentation). When every curator
+    /// answered Unavailable (an election in progress, a leader handing over), the round
+    /// is repeated a few times after a short pause.
     pub async fn call<T, F, Fut>(&self, call: F) -> Result<T, CallError>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut round = 0;
+        loop {
+            match self.call_round(&call).await {
+                Err(CallError::Status(s))
+                    if s.code() == tonic::Code::Unavailable && round < UNAVAILABLE_ROUNDS =>
+                {
+                    round += 1;
+                    tokio::time::sleep(UNAVAILABLE_PAUSE * round).await;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn call_round<T, F, Fut>(&self, call: &F) -> Result<T, CallError>
     where
         F: Fn(Channel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,

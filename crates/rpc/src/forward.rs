@@ -25,6 +25,11 @@ use crate::authz::Identity;
 /// The header that carries a forwarded caller's identity.
 pub const FORWARDED_IDENTITY: &str = "x-polis-forwarded-identity";
 
+/// How the leader's refusal of an untrusted forwarder begins. A curator whose node just
+/// lost its role may still forward for a moment; its client then hears Unavailable
+/// (retry elsewhere), not this final-sounding refusal.
+pub const UNTRUSTED_FORWARDER: &str = "only a consensus member may forward a caller's identity";
+
 /// Encodes an identity for [`FORWARDED_IDENTITY`]; invalid identities are never
 /// forwarded (they were denied before).
 pub fn encode_identity(identity: &Identity) -> Option<String> {
@@ -64,8 +69,15 @@ pub fn decode_identity(text: &str) -> Option<Identity> {
     parts.next().is_none().then_some(identity)
 }
 
-/// Where a call goes: served here, or forwarded over this channel (to the leader).
-pub type ForwardDecision = Option<Channel>;
+/// A call to forward: the channel to the leader, and what to do when it fails (e.g.
+/// drop a cached channel whose connection died).
+pub struct Forward {
+    pub channel: Channel,
+    pub on_failure: Box<dyn FnOnce() + Send>,
+}
+
+/// Where a call goes: served here (`None`), or forwarded.
+pub type ForwardDecision = Option<Forward>;
 
 /// Decides, per method, whether this curator serves a call or forwards it.
 pub type Forwarding =
@@ -128,7 +140,11 @@ where
         let decide = self.decide.clone();
         Box::pin(async move {
             let method = request.uri().path().to_string();
-            let Some(leader) = decide(&method).await else {
+            let Some(Forward {
+                channel: leader,
+                on_failure,
+            }) = decide(&method).await
+            else {
                 return Ok(inner.call(request).await?.map(tonic::body::Body::new));
             };
             let identity = request.extensions().get::<Identity>().cloned();
@@ -150,19 +166,45 @@ where
             tracing::debug!(method, "forwarding to the leader");
             // A Channel must be polled ready before each call: oneshot does both.
             match tower::ServiceExt::oneshot(leader, forwarded).await {
-                Ok(response) => Ok(response),
-                Err(e) => Ok(tonic::Status::unavailable(format!(
-                    "forwarding to the curator leader failed: {e}"
-                ))
+                Ok(response) if refused_as_forwarder(&response) => Ok(tonic::Status::unavailable(
+                    "this curator no longer serves (its node left consensus); retry another",
+                )
                 .into_http()),
+                Ok(response) => Ok(response),
+                Err(e) => {
+                    on_failure();
+                    Ok(tonic::Status::unavailable(format!(
+                        "forwarding to the curator leader failed: {e}"
+                    ))
+                    .into_http())
+                }
             }
         })
     }
 }
 
+/// Whether the leader refused this curator as a forwarder (a trailers-only answer).
+fn refused_as_forwarder<B>(response: &http::Response<B>) -> bool {
+    // The message travels percent-encoded: let tonic decode it.
+    tonic::Status::from_header_map(response.headers()).is_some_and(|s| {
+        s.code() == tonic::Code::PermissionDenied && s.message().starts_with(UNTRUSTED_FORWARDER)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_untrusted_forwarder_refusal_is_recognized_through_encoding() {
+        let refusal =
+            tonic::Status::permission_denied(format!("{UNTRUSTED_FORWARDER}; caller is node x"))
+                .into_http::<tonic::body::Body>();
+        assert!(refused_as_forwarder(&refusal));
+        let other =
+            tonic::Status::permission_denied("requires Manage").into_http::<tonic::body::Body>();
+        assert!(!refused_as_forwarder(&other));
+    }
 
     #[test]
     fn identities_round_trip_and_garbage_is_refused() {

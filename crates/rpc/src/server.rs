@@ -665,7 +665,8 @@ where
                     if !trusted {
                         tracing::warn!(method, %caller, "denied: forged forwarded identity");
                         return Ok(tonic::Status::permission_denied(format!(
-                            "only a consensus member may forward a caller's identity; caller is {caller}"
+                            "{}; caller is {caller}",
+                            crate::forward::UNTRUSTED_FORWARDER
                         ))
                         .into_http());
                     }

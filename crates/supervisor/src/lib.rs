@@ -244,6 +244,22 @@ impl Context {
         F: Fn(Context) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = RunnableResult> + Send + 'static,
     {
+        self.spawn_child(name, runnable, self.cancel.clone())
+            .map(drop)
+    }
+
+    /// Registers and spawns a child supervised under `cancel`; resolves the returned
+    /// receiver once the child (and its subtree) exited.
+    fn spawn_child<F, Fut>(
+        &self,
+        name: &str,
+        runnable: F,
+        cancel: CancellationToken,
+    ) -> Result<(String, tokio::sync::oneshot::Receiver<()>), SupervisorError>
+    where
+        F: Fn(Context) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = RunnableResult> + Send + 'static,
+    {
         validate_name(name)?;
         let dn = format!("{}.{}", self.dn, name);
         let mut children = self.children.lock().expect("children lock poisoned");
@@ -254,14 +270,19 @@ impl Context {
         };
         self.tree.insert_new(&dn)?;
         let runnable: RunnableFn = Arc::new(move |ctx| Box::pin(runnable(ctx)));
-        set.spawn(supervise(
-            dn.into(),
+        let (exited_tx, exited) = tokio::sync::oneshot::channel();
+        let supervised = supervise(
+            dn.clone().into(),
             runnable,
-            self.cancel.clone(),
+            cancel,
             self.tree.clone(),
             self.config.clone(),
-        ));
-        Ok(())
+        );
+        set.spawn(async move {
+            supervised.await;
+            let _ = exited_tx.send(());
+        });
+        Ok((dn, exited))
     }
 }
 
@@ -308,29 +329,8 @@ impl Context {
         F: Fn(Context) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = RunnableResult> + Send + 'static,
     {
-        validate_name(name)?;
-        let dn = format!("{}.{}", self.dn, name);
-        let mut children = self.children.lock().expect("children lock poisoned");
-        let Some(set) = children.as_mut() else {
-            return Err(SupervisorError::ParentGone {
-                dn: self.dn.to_string(),
-            });
-        };
-        self.tree.insert_new(&dn)?;
-        let runnable: RunnableFn = Arc::new(move |ctx| Box::pin(runnable(ctx)));
         let cancel = self.cancel.child_token();
-        let (exited_tx, exited) = tokio::sync::oneshot::channel();
-        let supervised = supervise(
-            dn.clone().into(),
-            runnable,
-            cancel.clone(),
-            self.tree.clone(),
-            self.config.clone(),
-        );
-        set.spawn(async move {
-            supervised.await;
-            let _ = exited_tx.send(());
-        });
+        let (dn, exited) = self.spawn_child(name, runnable, cancel.clone())?;
         Ok(Stoppable {
             dn,
             cancel,

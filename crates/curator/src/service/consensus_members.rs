@@ -195,6 +195,17 @@ pub async fn remove_role(
     leadership: &Leadership,
     id: &str,
 ) -> Result<Node, Status> {
+    if id == shared.config.node_id {
+        // This curator's own etcd member would vanish under the request: hand the
+        // leadership over (the next curator wins at once) and let the caller retry there.
+        let _ = shared.curator.client().lease_revoke(leadership.lease).await;
+        tracing::info!(
+            "asked to remove this curator's own node from consensus: leadership handed over"
+        );
+        return Err(Status::unavailable(
+            "this curator's own node is leaving consensus; leadership was handed over, retry",
+        ));
+    }
     let _guard = shared.membership.clone().lock_owned().await;
     let node = state::load_node(&shared.curator, id)
         .await
@@ -206,7 +217,8 @@ pub async fn remove_role(
         .map_err(|e| etcd_status("listing etcd members", e))?;
     let member = member_of(&members, &node).cloned();
     if let Some(member) = &member {
-        let healthy = |m: &Member| shared.member_is_healthy(m);
+        let answering = shared.answering_members(&members).await;
+        let healthy = |m: &Member| answering.contains(&m.id);
         membership::plan_removal(&members, member.id, healthy).map_err(|refused| {
             Status::failed_precondition(format!(
                 "removing node {id} from consensus is refused: {refused}"
@@ -255,17 +267,56 @@ pub async fn remove_role(
     Ok(node)
 }
 
+/// How long a member's curator gets to answer the health question of a removal.
+const MEMBER_ANSWER: Duration = Duration::from_secs(1);
+
 impl Shared {
-    /// Whether an etcd member counts as healthy for quorum planning: this curator's own
-    /// member (it answers), or a member whose node heartbeats.
-    fn member_is_healthy(&self, member: &Member) -> bool {
-        if member.name == self.config.node_id {
-            return true;
+    /// The etcd members that count as healthy for quorum planning: this curator's own,
+    /// and every other voter whose curator answers (within [`MEMBER_ANSWER`]) that its
+    /// etcd member is a voter that knows a leader. Asked directly, node to node: a new
+    /// leader has seen no heartbeats yet.
+    async fn answering_members(&self, members: &[Member]) -> std::collections::HashSet<u64> {
+        let trust = rpc::ServerTrust::PinnedCa(self.config.ca_certificate.clone());
+        let mut asks = tokio::task::JoinSet::new();
+        let mut healthy = std::collections::HashSet::new();
+        for m in members.iter().filter(|m| !m.is_learner) {
+            if m.name == self.config.node_id {
+                healthy.insert(m.id);
+                continue;
+            }
+            let Some(ip) = m.peer_urls.first().and_then(|u| {
+                u.trim_start_matches("https://")
+                    .rsplit_once(':')
+                    .and_then(|(h, _)| h.trim_matches(['[', ']']).parse::<IpAddr>().ok())
+            }) else {
+                continue;
+            };
+            let (trust, credentials, id) = (trust.clone(), self.config.credentials.clone(), m.id);
+            asks.spawn(async move {
+                let endpoint = std::net::SocketAddr::new(ip, rpc::CURATOR_PORT);
+                let ask = async {
+                    let channel = rpc::connect(endpoint, &trust, Some(&credentials))
+                        .await
+                        .ok()?;
+                    api::curator_local_client::CuratorLocalClient::new(channel)
+                        .get_consensus_status(api::GetConsensusStatusRequest {})
+                        .await
+                        .ok()
+                };
+                let answer = tokio::time::timeout(MEMBER_ANSWER, ask)
+                    .await
+                    .ok()??
+                    .into_inner();
+                (answer.member_id == id && !answer.is_learner && answer.leader_id != 0)
+                    .then_some(id)
+            });
         }
-        let heartbeats = self.heartbeats.lock().expect("heartbeat lock poisoned");
-        heartbeats
-            .get(&member.name)
-            .is_some_and(|t| t.elapsed() <= self.config.heartbeat_timeout)
+        while let Some(answer) = asks.join_next().await {
+            if let Ok(Some(id)) = answer {
+                healthy.insert(id);
+            }
+        }
+        healthy
     }
 }
 

@@ -34,17 +34,34 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
                 // Elected but not yet acting as leader: answer here (Unavailable, retry).
                 return None;
             }
-            let mut cached = cached.lock().await;
-            if let Some((at, channel)) = cached.as_ref()
+            let mut cache = cached.lock().await;
+            // A failed forward drops the channel: the next call connects anew.
+            let forget = {
+                let cached = cached.clone();
+                Box::new(move || {
+                    if let Ok(mut c) = cached.try_lock()
+                        && c.as_ref().is_some_and(|(at, _)| *at == endpoint)
+                    {
+                        *c = None;
+                    }
+                }) as Box<dyn FnOnce() + Send>
+            };
+            if let Some((at, channel)) = cache.as_ref()
                 && *at == endpoint
             {
-                return Some(channel.clone());
+                return Some(rpc::forward::Forward {
+                    channel: channel.clone(),
+                    on_failure: forget,
+                });
             }
             let trust = rpc::ServerTrust::PinnedCa(shared.config.ca_certificate.clone());
             match rpc::connect(endpoint, &trust, Some(&shared.config.credentials)).await {
                 Ok(channel) => {
-                    *cached = Some((endpoint, channel.clone()));
-                    Some(channel)
+                    *cache = Some((endpoint, channel.clone()));
+                    Some(rpc::forward::Forward {
+                        channel,
+                        on_failure: forget,
+                    })
                 }
                 Err(e) => {
                     tracing::warn!(%endpoint, "cannot reach the curator leader to forward: {e}");

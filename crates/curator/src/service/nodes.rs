@@ -64,10 +64,6 @@ where
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-fn node_state(node: &Node) -> NodeState {
-    NodeState::try_from(node.state).unwrap_or(NodeState::Invalid)
-}
-
 #[tonic::async_trait]
 impl api::curator_server::Curator for Services {
     async fn heartbeat(
@@ -186,7 +182,7 @@ impl api::curator_server::Curator for Services {
             };
             Status::new(code, format!("node {id}: {source}"))
         };
-        crate::lifecycle::transition(node.as_ref().map(node_state), Event::Commit)
+        crate::lifecycle::transition(node.as_ref().map(state::node_state), Event::Commit)
             .map_err(transition_status)?;
         let node = node.expect("the transition refuses a missing record");
         if node.public_key != key {
