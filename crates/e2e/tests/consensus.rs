@@ -437,6 +437,53 @@ fn control_plane_grows_fails_over_restarts_and_shrinks() -> Result<()> {
         ))?,
         "a member's own peer certificate is still accepted"
     );
+
+    // 2 → 1: the departing member still votes its own removal through.
+    let w1_id = w1.key_node_id()?;
+    let first_id = first.key_node_id()?;
+    let (ok, out, err) = cluster_ctl(
+        &cluster.config,
+        &[
+            "--endpoints",
+            &two,
+            "node",
+            "remove-role",
+            &w1_id,
+            "ConsensusMember",
+        ],
+    )?;
+    assert!(ok, "{out}{err}");
+    let only = endpoint(&first);
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let (ok, out, _) = cluster_ctl(
+            &cluster.config,
+            &["--endpoints", &only, "cluster", "status", "-o", "json"],
+        )?;
+        let status: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        let voters = status["members"].as_array().map(|m| m.len()).unwrap_or(0);
+        if ok && voters == 1 && !w1.root.join("data/etcd/data").exists() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never 1 voter with the data gone: {out}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The last voter cannot leave.
+    let (ok, _, err) = cluster_ctl(
+        &cluster.config,
+        &[
+            "--endpoints",
+            &only,
+            "node",
+            "remove-role",
+            &first_id,
+            "ConsensusMember",
+        ],
+    )?;
+    assert!(!ok && err.contains("last voting member"), "{err}");
     let _ = (w4, id1);
     Ok(())
 }

@@ -88,23 +88,25 @@ pub fn has_etcd_data(root: &Root) -> bool {
     root.etcd_data().join("member").is_dir()
 }
 
-/// The etcd member this node is, as recorded: the sealed configuration (bootstrap) or
-/// `data/etcd/member.pb` (joined later). `None` when nothing was recorded.
+/// The etcd member this node is, as recorded: `data/etcd/member.pb` (written when it
+/// joined consensus after joining the cluster; all zeros once it left consensus, which
+/// also voids the sealed IDs), else the sealed configuration (bootstrap). `None` when
+/// this node is no recorded member.
 fn recorded_membership(
     root: &Root,
     sealed: Option<&SealedConfiguration>,
 ) -> Result<Option<ConsensusMembership>> {
-    if let Some(s) = sealed.filter(|s| s.etcd_member_id != 0) {
-        return Ok(Some(ConsensusMembership {
-            etcd_cluster_id: s.etcd_cluster_id,
-            etcd_member_id: s.etcd_member_id,
-        }));
-    }
     let path = root.consensus_membership();
     if path.exists() {
-        return read_proto(&path, "consensus membership").map(Some);
+        let recorded: ConsensusMembership = read_proto(&path, "consensus membership")?;
+        return Ok((recorded.etcd_member_id != 0).then_some(recorded));
     }
-    Ok(None)
+    Ok(sealed
+        .filter(|s| s.etcd_member_id != 0)
+        .map(|s| ConsensusMembership {
+            etcd_cluster_id: s.etcd_cluster_id,
+            etcd_member_id: s.etcd_member_id,
+        }))
 }
 
 /// Asks the cluster to make this node an etcd learner; writes the peer files it gets.
@@ -150,30 +152,52 @@ async fn join_consensus(
 }
 
 /// Waits until the local member answers a linearizable read: it is a voter with a
-/// leader. A learner only gets there once the leader promoted it.
-async fn wait_voter(ctx: &supervisor::Context, running: &Running) -> bool {
+/// leader. A learner only gets there once the leader promoted it; while it waits, it asks
+/// again now and then (JoinConsensus is idempotent and resumes a promotion a leader
+/// change or a slow catch-up interrupted).
+async fn wait_voter(
+    ctx: &supervisor::Context,
+    running: &Running,
+    settings: &Settings,
+    values: &NodeValues,
+) -> Result<bool> {
     let mut client = running.client.clone();
     let mut waited = Duration::ZERO;
-    let mut said = false;
+    let mut next_ask = ASK_AGAIN_AFTER;
     loop {
         let probe = tokio::time::timeout(
             Duration::from_secs(2),
             client.get("\0polis-voter-probe", None),
         );
         if let Ok(Ok(_)) = probe.await {
-            return true;
+            return Ok(true);
         }
-        if waited >= Duration::from_secs(5) && !said {
-            tracing::info!("waiting for this etcd member to be promoted to a voter");
-            said = true;
+        if waited >= next_ask {
+            next_ask += ASK_AGAIN_AFTER;
+            tracing::info!("this etcd member is not a voter yet; asking the cluster to promote it");
+            let curators = curator_client(settings, values)?;
+            curators.set_endpoints(values.curators.current().unwrap_or_default());
+            let asked = curators
+                .call(|channel| async move {
+                    api::curator_client::CuratorClient::new(channel)
+                        .join_consensus(api::JoinConsensusRequest {})
+                        .await
+                })
+                .await;
+            if let Err(e) = asked {
+                tracing::warn!("asking for promotion: {e}");
+            }
         }
         let step = Duration::from_millis(25);
         waited += step;
         if !pause(ctx, step).await {
-            return false;
+            return Ok(false);
         }
     }
 }
+
+/// How long a member waits to become a voter before it asks the leader again.
+const ASK_AGAIN_AFTER: Duration = Duration::from_secs(10);
 
 /// The `root.role.controlplane` runnable.
 pub async fn run(
@@ -221,7 +245,9 @@ pub async fn run(
         },
         _ = ctx.cancelled() => return Ok(()),
     };
-    if !matches!(start, EtcdStart::Bootstrap) && !wait_voter(&ctx, &running).await {
+    if !matches!(start, EtcdStart::Bootstrap)
+        && !wait_voter(&ctx, &running, &settings, &values).await?
+    {
         return Ok(());
     }
     let outcome = match (&membership, &start) {
@@ -394,14 +420,13 @@ pub fn forget_consensus(root: &Root) -> Result<()> {
             Err(e) => return Err(e).with_context(|| format!("removing {}", dir.display())),
         }
     }
-    match std::fs::remove_file(root.consensus_membership()) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(e)
-                .with_context(|| format!("removing {}", root.consensus_membership().display()));
-        }
-    }
+    // "No member" — also over a bootstrap node's sealed member ID, so that it can join
+    // consensus again later as a new member.
+    write_proto(
+        &root.consensus_membership(),
+        &ConsensusMembership::default(),
+    )
+    .context("recording that this node left consensus")?;
     crate::storage::ensure_private_dir(&root.etcd_peer_dir())?;
     Ok(())
 }

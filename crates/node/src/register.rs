@@ -296,13 +296,8 @@ pub async fn register(
             .iter()
             .any(|r| r == proto::ROLE_CONSENSUS_MEMBER),
     };
-    if roles.consensus_member {
-        // Joining consensus at commit time needs etcd membership (learner add, peer
-        // certificate), which arrives with live role changes.
-        bail!(
-            "the cluster gave this node the ConsensusMember role at commit time; a node only becomes a consensus member after it joined"
-        );
-    }
+    // A role given between a commit and its retry is fine: the role server starts the
+    // control plane, which joins consensus like for any role change.
     let directory = ClusterDirectory {
         curator_endpoints: if committed.curator_endpoints.is_empty() {
             params.curator_endpoints.clone()

@@ -190,18 +190,23 @@ async fn rolefetch(
     settings: Settings,
     values: NodeValues,
 ) -> supervisor::RunnableResult {
-    let membership = values.membership.watch().get().await?;
-    // A consensus member is Home once its control plane runs; its curator answers then.
-    if membership.consensus_member() && !wait_for_state(&ctx, &values, ClusterState::Home).await? {
-        return Ok(());
-    }
+    // Runs from the start on consensus members too: a member whose role was taken while
+    // it was down learns it here (its own control plane may never come up).
+    values.membership.watch().get().await?;
     let client = curator_client(&settings, &values)?;
     ctx.signal_healthy();
     let mut problems = ProblemLog::default();
     let mut backoff = Backoff::default();
     let own = SocketAddr::new(settings.address, rpc::CURATOR_PORT);
     loop {
-        client.set_endpoints(values.curators.current().unwrap_or_default());
+        // Other curators first: this node's own curator answers from its own etcd
+        // member, which is the one that stops serving when the node leaves consensus.
+        let mut endpoints = values.curators.current().unwrap_or_default();
+        if let Some(at) = endpoints.iter().position(|e| *e == own) {
+            let mine = endpoints.remove(at);
+            endpoints.push(mine);
+        }
+        client.set_endpoints(endpoints);
         let call = client.call(|channel| async move {
             proto::api::curator_client::CuratorClient::new(channel)
                 .watch_node(proto::api::WatchNodeRequest {})

@@ -26,36 +26,38 @@ use crate::state::{self, NodeUpdateError};
 
 /// How long a learner may take to catch up before its promotion is given up (the node
 /// asks again, which resumes it).
-const PROMOTION_PATIENCE: Duration = Duration::from_secs(120);
+const PROMOTION_PATIENCE: Duration = Duration::from_secs(30);
 
 fn etcd_status(what: &str, e: impl std::error::Error + 'static) -> Status {
     Status::unavailable(format!("{what}: {}", supervisor::error_chain(&e)))
 }
 
-/// How long a join waits for etcd to accept a new learner. etcd refuses membership
+/// How long a membership change waits for etcd to accept it. etcd refuses membership
 /// changes ("unhealthy cluster") until its leader has been connected to a quorum of
 /// the voters for 5 s, e.g. right after the previous learner was promoted.
 const ADD_PATIENCE: Duration = Duration::from_secs(20);
 
-/// Adds a learner, retrying while etcd says the cluster is not ready for it yet.
-async fn add_learner_when_accepted(
-    client: &mut etcd_client::Client,
-    url: &str,
-) -> Result<(Member, Vec<Member>), Status> {
+/// Runs a membership change, retrying while etcd says the cluster is not ready for it
+/// yet (its strict reconfiguration check, or a learner still pending).
+async fn when_accepted<T, F, Fut>(what: &str, mut change: F) -> Result<T, Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, consensus::ConsensusError>>,
+{
     let deadline = Instant::now() + ADD_PATIENCE;
     let mut pause = Duration::from_millis(50);
     loop {
-        match membership::add_learner(client, url).await {
-            Ok(added) => return Ok(added),
+        match change().await {
+            Ok(done) => return Ok(done),
             Err(e) => {
                 let text = supervisor::error_chain(&e);
                 let transient = text.contains("unhealthy cluster")
                     || text.contains("too many learner")
                     || text.contains("timed out");
                 if !transient || Instant::now() + pause > deadline {
-                    return Err(etcd_status("adding the etcd learner", e));
+                    return Err(etcd_status(what, e));
                 }
-                tracing::debug!("etcd does not take the learner yet: {text}");
+                tracing::debug!("etcd does not take the change yet ({what}): {text}");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(500));
             }
@@ -88,38 +90,77 @@ pub async fn join(
     leadership: &Leadership,
     node: &Node,
 ) -> Result<api::JoinConsensusResponse, Status> {
+    // Proof that this curator leads: only the leader changes etcd membership.
     let _ = leadership;
-    let guard = shared.membership.clone().lock_owned().await;
     let mut client = shared.curator.client();
     let members = membership::members(&mut client)
         .await
         .map_err(|e| etcd_status("listing etcd members", e))?;
-    let url = peer_url(&node.address)?;
-    let (member, members) = match member_of(&members, node) {
-        Some(m) => (m.clone(), members),
+    // This node asking again (a lost reply, a restart before its etcd ran): its learner
+    // is served without queueing behind the promotion its own answer is needed for.
+    let (member, members, guard) = match member_of(&members, node) {
+        Some(m) => (m.clone(), members, None),
         None => {
-            if let Some(other) = members.iter().find(|m| m.is_learner) {
-                // A learner left behind (its join never finished): its node will ask
-                // again; until it is promoted or removed, etcd takes no second learner.
-                return Err(Status::unavailable(format!(
-                    "etcd member {:x} ({}) is still a learner; retry when it is promoted",
-                    other.id,
-                    if other.name.is_empty() {
-                        "not started"
-                    } else {
-                        &other.name
+            let guard = shared.membership.clone().lock_owned().await;
+            // The role may have been taken away while this call waited.
+            let node = state::load_node(&shared.curator, &node.id)
+                .await
+                .map_err(status_from)?
+                .ok_or_else(|| Status::not_found(format!("node {} has no record", node.id)))?;
+            may_join(&node)?;
+            let members = membership::members(&mut client)
+                .await
+                .map_err(|e| etcd_status("listing etcd members", e))?;
+            if let Some(m) = member_of(&members, &node) {
+                (m.clone(), members, Some(guard))
+            } else {
+                if let Some(other) = members.iter().find(|m| m.is_learner) {
+                    // A learner left behind by a join that never finished: promote it if
+                    // etcd lets us; etcd takes no second learner meanwhile.
+                    let nudge = membership::promote_when_in_sync(
+                        &mut client,
+                        other.id,
+                        Duration::from_secs(2),
+                    )
+                    .await;
+                    if nudge.is_err() {
+                        return Err(Status::unavailable(format!(
+                            "etcd member {:x} ({}) is a learner that has not caught up; its node must \
+                             start it (or remove its role); retry later",
+                            other.id,
+                            if other.name.is_empty() {
+                                "never started"
+                            } else {
+                                &other.name
+                            }
+                        )));
                     }
-                )));
+                }
+                let url = peer_url(&node.address)?;
+                let (added, all) = when_accepted("adding the etcd learner", || {
+                    let mut client = client.clone();
+                    let url = url.clone();
+                    async move { membership::add_learner(&mut client, &url).await }
+                })
+                .await?;
+                tracing::info!(
+                    node = node.id,
+                    member = format!("{:x}", added.id),
+                    "added etcd learner"
+                );
+                (added, all, Some(guard))
             }
-            let (added, all) = add_learner_when_accepted(&mut client, &url).await?;
-            tracing::info!(
-                node = node.id,
-                member = format!("{:x}", added.id),
-                "added etcd learner"
-            );
-            (added, all)
         }
     };
+    if !member.is_learner {
+        // JoinConsensus comes from a node without etcd data: a voter by its name is a
+        // leftover whose data is gone, and starting it empty would break Raft's safety.
+        return Err(Status::failed_precondition(format!(
+            "node {} is still etcd voter {:x} but has no etcd data; take its ConsensusMember role \
+             (polisctl node remove-role) and give it again",
+            node.id, member.id
+        )));
+    }
     let peer_pki = state::etcd_pki(client.clone());
     let peer_ca = peer_pki
         .load_ca()
@@ -160,7 +201,7 @@ pub async fn join(
         let peer_url = m.peer_urls.first().cloned().unwrap_or_default();
         initial_cluster.push(api::InitialMember { name, peer_url });
     }
-    if member.is_learner {
+    {
         // Promote as soon as etcd accepts; the lock is held until then, so the next
         // join (etcd takes one learner at a time) waits its turn instead of failing.
         let (id, node_id) = (member.id, node.id.clone());
@@ -188,24 +229,16 @@ pub async fn join(
 }
 
 /// Takes the ConsensusMember role from node `id`: refused when the remaining voters
-/// could not keep a quorum; otherwise the record loses the role, the node's peer
-/// certificates are revoked, and its etcd member is removed. Returns the record.
+/// could not keep a quorum; otherwise the etcd member is removed first — while the node
+/// still runs it and can vote the change through — then its peer certificates are
+/// revoked and, last, the record loses the role (which makes the node stop etcd and
+/// wipe its data). Every step is idempotent: after a failure, running it again finishes
+/// the job. Returns the record.
 pub async fn remove_role(
     shared: &Arc<Shared>,
     leadership: &Leadership,
     id: &str,
 ) -> Result<Node, Status> {
-    if id == shared.config.node_id {
-        // This curator's own etcd member would vanish under the request: hand the
-        // leadership over (the next curator wins at once) and let the caller retry there.
-        let _ = shared.curator.client().lease_revoke(leadership.lease).await;
-        tracing::info!(
-            "asked to remove this curator's own node from consensus: leadership handed over"
-        );
-        return Err(Status::unavailable(
-            "this curator's own node is leaving consensus; leadership was handed over, retry",
-        ));
-    }
     let _guard = shared.membership.clone().lock_owned().await;
     let node = state::load_node(&shared.curator, id)
         .await
@@ -224,20 +257,29 @@ pub async fn remove_role(
                 "removing node {id} from consensus is refused: {refused}"
             ))
         })?;
+        if id == shared.config.node_id {
+            // This curator's own etcd member would vanish under the request: hand the
+            // leadership over (the next curator wins at once) and let the caller retry
+            // there.
+            let _ = client.lease_revoke(leadership.lease).await;
+            tracing::info!(
+                "asked to remove this curator's own node from consensus: leadership handed over"
+            );
+            return Err(Status::unavailable(
+                "this curator's own node is leaving consensus; leadership was handed over, retry",
+            ));
+        }
+        when_accepted("removing the etcd member", || {
+            let mut client = client.clone();
+            async move { membership::remove(&mut client, member.id).await }
+        })
+        .await?;
+        tracing::info!(
+            node = id,
+            member = format!("{:x}", member.id),
+            "removed etcd member"
+        );
     }
-    let node = state::modify_node(&shared.curator, leadership, id, |current| {
-        let mut node = current
-            .cloned()
-            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
-        let Some(roles) = node.roles.as_mut().filter(|r| r.consensus_member.is_some()) else {
-            return Ok(None);
-        };
-        roles.consensus_member = None;
-        Ok(Some(node))
-    })
-    .await
-    .map_err(super::node_update_status)?
-    .unwrap_or(node);
     let peer_pki = state::etcd_pki(client.clone());
     if let Some(peer_ca) = peer_pki
         .load_ca()
@@ -254,16 +296,19 @@ pub async fn remove_role(
             "revoked the node's etcd peer certificates"
         );
     }
-    if let Some(member) = member {
-        membership::remove(&mut client, member.id)
-            .await
-            .map_err(|e| etcd_status("removing the etcd member", e))?;
-        tracing::info!(
-            node = id,
-            member = format!("{:x}", member.id),
-            "removed etcd member"
-        );
-    }
+    let node = state::modify_node(&shared.curator, leadership, id, |current| {
+        let mut node = current
+            .cloned()
+            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
+        let Some(roles) = node.roles.as_mut().filter(|r| r.consensus_member.is_some()) else {
+            return Ok(None);
+        };
+        roles.consensus_member = None;
+        Ok(Some(node))
+    })
+    .await
+    .map_err(super::node_update_status)?
+    .unwrap_or(node);
     Ok(node)
 }
 

@@ -19,11 +19,14 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 /// curator answers from its own etcd member) to the leader, over one cached channel with
 /// this node's certificate.
 fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
-    let cached: Arc<tokio::sync::Mutex<Option<(SocketAddr, tonic::transport::Channel)>>> =
+    let cached: Arc<std::sync::Mutex<Option<(SocketAddr, tonic::transport::Channel)>>> =
         Arc::default();
     Arc::new(move |method: &str| {
         let (shared, cached) = (shared.clone(), cached.clone());
-        let local = method.starts_with("/polis.api.CuratorLocal/");
+        // Answered from this curator's own etcd member: CuratorLocal, and the long-lived
+        // WatchNode streams (which would otherwise pile up on one forwarding connection).
+        let local = method.starts_with("/polis.api.CuratorLocal/")
+            || method == "/polis.api.Curator/WatchNode";
         Box::pin(async move {
             if local || matches!(shared.role.current(), Some(Role::Leader(_))) {
                 return None;
@@ -34,30 +37,34 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
                 // Elected but not yet acting as leader: answer here (Unavailable, retry).
                 return None;
             }
-            let mut cache = cached.lock().await;
             // A failed forward drops the channel: the next call connects anew.
             let forget = {
                 let cached = cached.clone();
                 Box::new(move || {
-                    if let Ok(mut c) = cached.try_lock()
-                        && c.as_ref().is_some_and(|(at, _)| *at == endpoint)
-                    {
+                    let mut c = cached.lock().expect("forwarding cache lock");
+                    if c.as_ref().is_some_and(|(at, _)| *at == endpoint) {
                         *c = None;
                     }
                 }) as Box<dyn FnOnce() + Send>
             };
-            if let Some((at, channel)) = cache.as_ref()
-                && *at == endpoint
-            {
+            let hit = cached
+                .lock()
+                .expect("forwarding cache lock")
+                .as_ref()
+                .filter(|(at, _)| *at == endpoint)
+                .map(|(_, channel)| channel.clone());
+            if let Some(channel) = hit {
                 return Some(rpc::forward::Forward {
-                    channel: channel.clone(),
+                    channel,
                     on_failure: forget,
                 });
             }
+            // Connected without holding the cache: a slow leader delays only this call.
             let trust = rpc::ServerTrust::PinnedCa(shared.config.ca_certificate.clone());
             match rpc::connect(endpoint, &trust, Some(&shared.config.credentials)).await {
                 Ok(channel) => {
-                    *cache = Some((endpoint, channel.clone()));
+                    *cached.lock().expect("forwarding cache lock") =
+                        Some((endpoint, channel.clone()));
                     Some(rpc::forward::Forward {
                         channel,
                         on_failure: forget,

@@ -86,6 +86,9 @@ pub struct Shared {
     heartbeats: Mutex<HashMap<String, Instant>>,
     /// Node records, fed by one etcd watch (the `nodes` runnable).
     nodes: event::Value<NodeSnapshot>,
+    /// Whether that watch runs: when this curator's etcd member stops serving (e.g. it
+    /// was removed from consensus) the snapshot is stale, and streams fed by it end.
+    nodes_live: event::Value<bool>,
     /// Held while etcd membership changes: etcd 3.4 has at most one learner, so a join
     /// holds it until its learner is promoted, and joins and removals queue behind it.
     membership: Arc<tokio::sync::Mutex<()>>,
@@ -241,6 +244,7 @@ pub async fn run(
         role: role.clone(),
         heartbeats: Mutex::new(HashMap::new()),
         nodes: event::Value::new(),
+        nodes_live: event::Value::new(),
         membership: Arc::new(tokio::sync::Mutex::new(())),
         crl: event::Value::new(),
     });
@@ -297,10 +301,19 @@ pub async fn run(
                         s = snapshots.recv() => match s {
                             Some(Ok(snapshot)) => {
                                 shared.nodes.set(snapshot);
+                                if shared.nodes_live.current() != Some(true) {
+                                    shared.nodes_live.set(true);
+                                }
                                 ctx.signal_healthy();
                             }
-                            Some(Err(e)) => return Err(e.into()),
-                            None => return Err("the node watch stopped".into()),
+                            Some(Err(e)) => {
+                                shared.nodes_live.set(false);
+                                return Err(e.into());
+                            }
+                            None => {
+                                shared.nodes_live.set(false);
+                                return Err("the node watch stopped".into());
+                            }
                         },
                         r = roles.get() => match r {
                             Ok(Role::Leader(l)) if based_as_leader.as_ref() != Some(&l.key) => break,

@@ -39,6 +39,7 @@ where
     T: PartialEq + Clone + Send + 'static,
 {
     let mut snapshots = shared.nodes.watch();
+    let mut live = shared.nodes_live.watch();
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
         let mut last: Option<T> = None;
@@ -48,6 +49,15 @@ where
                     Ok(s) => s,
                     Err(_) => return,
                 },
+                // The snapshot went stale: end the stream, the client goes elsewhere.
+                _ = live.get_matching(|l| !*l) => {
+                    let _ = tx
+                        .send(Err(Status::unavailable(
+                            "this curator's view of the cluster is stale; reconnect to another curator",
+                        )))
+                        .await;
+                    return;
+                }
                 _ = tx.closed() => return,
             };
             let Some(next) = view(&snapshot) else {
@@ -243,7 +253,13 @@ impl api::curator_server::Curator for Services {
         let rpc::Identity::Node { id, .. } = identity(&request) else {
             return Err(Status::permission_denied("only nodes watch their record"));
         };
-        self.0.leadership().await?;
+        // Any curator answers from its own watched snapshot (it is not forwarded), as
+        // long as that snapshot is live.
+        if self.0.nodes_live.current() != Some(true) {
+            return Err(Status::unavailable(
+                "this curator's view of the cluster is not current; use another curator",
+            ));
+        }
         let stream = snapshot_stream(&self.0, move |nodes| {
             let node = nodes.nodes.get(&id)?;
             Some(api::WatchNodeUpdate {
