@@ -1,15 +1,19 @@
 //! Changes of etcd membership, made by the leader for JoinConsensus and UpdateNodeRoles.
 //!
 //! ```text
-//!   JoinConsensus (node with role ConsensusMember)
-//!     membership lock ─▶ member_add(learner) ─▶ peer certificate ─▶ answer the node
-//!                        └─ task: promote as soon as etcd accepts, then release the lock
+//!   JoinConsensus (node with role ConsensusMember, no etcd data)
+//!     its learner exists already ─▶ answer again (no queueing), promotion resumed
+//!     else: membership lock ─▶ role re-checked ─▶ member_add(learner) ─▶ peer
+//!           certificate ─▶ answer the node
+//!           └─ task: promote as soon as etcd accepts, then release the lock
 //!   remove role
-//!     membership lock ─▶ plan_removal (quorum) ─▶ record without the role ─▶ revoke peer
-//!                        certificates ─▶ member_remove
+//!     membership lock ─▶ plan_removal (quorum; members' curators asked) ─▶ own node?
+//!     hand leadership over ─▶ member_remove (while the node still votes) ─▶ revoke peer
+//!     certificates ─▶ record without the role (the node then stops etcd, wipes data)
 //! ```
-//! The lock serializes membership changes within this leader; etcd's own rule (one
-//! learner at a time) covers a change of leader in between.
+//! The lock serializes membership changes within this leader; etcd's own rules (one
+//! learner at a time, no change within 5 s of reconnecting) cover a change of leader in
+//! between, and changes it refuses for now are retried for a while.
 
 use std::net::IpAddr;
 use std::sync::Arc;
