@@ -746,6 +746,71 @@ mod tests {
         assert!(err.to_string().contains("mismatch"));
     }
 
+    fn answer(
+        member: u64,
+        leader: u64,
+        learner: bool,
+        members: &[(u64, bool)],
+    ) -> api::GetConsensusStatusResponse {
+        api::GetConsensusStatusResponse {
+            node_id: format!("n{member}"),
+            member_id: member,
+            cluster_id: 1,
+            leader_id: leader,
+            raft_index: 10,
+            raft_term: 2,
+            is_learner: learner,
+            members: members
+                .iter()
+                .map(|(id, learner)| api::ConsensusMember {
+                    id: *id,
+                    name: format!("n{id}"),
+                    peer_urls: vec![],
+                    is_learner: *learner,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn cluster_status_needs_a_majority_of_voters_agreeing_on_a_leader() {
+        let three = [(1, false), (2, false), (3, false)];
+        // All three answer and agree.
+        let (members, quorum) = summarize(&[
+            answer(1, 1, false, &three),
+            answer(2, 1, false, &three),
+            answer(3, 1, false, &three),
+        ]);
+        assert!(quorum);
+        assert_eq!(
+            members
+                .iter()
+                .filter(|m| m.leader)
+                .map(|m| m.id)
+                .collect::<Vec<_>>(),
+            [1]
+        );
+        // Two of three agree: still a quorum; the silent one shows as not answering.
+        let (members, quorum) =
+            summarize(&[answer(1, 1, false, &three), answer(2, 1, false, &three)]);
+        assert!(quorum);
+        assert!(members.iter().any(|m| m.id == 3 && m.raft.is_none()));
+        // One of three answers: no quorum.
+        assert!(!summarize(&[answer(1, 1, false, &three)]).1);
+        // Nobody knows a leader: no quorum.
+        assert!(!summarize(&[answer(1, 0, false, &three), answer(2, 0, false, &three)]).1);
+        // A learner's answer does not count towards the quorum.
+        let with_learner = [(1, false), (2, false), (3, true)];
+        assert!(
+            !summarize(&[
+                answer(1, 1, false, &with_learner),
+                answer(3, 1, true, &with_learner)
+            ])
+            .1
+        );
+        assert!(summarize(&[]).0.is_empty());
+    }
+
     #[test]
     fn states_parse() {
         assert_eq!(parse_state("up").unwrap(), NodeState::Up as i32);
