@@ -645,7 +645,9 @@ where
                         .authenticator
                         .classify(Some(cert), &crl, UnixTime::now()),
                     Err(e) => {
-                        tracing::warn!(method, "cannot read the cluster CRL: {e}");
+                        // The client hears Unavailable and retries; the CRL's own source
+                        // logs why it has none (e.g. for the first moments after start).
+                        tracing::debug!(method, "cannot read the cluster CRL: {e}");
                         return Ok(tonic::Status::unavailable(format!(
                             "cannot check certificates right now: {e}"
                         ))
