@@ -3,7 +3,6 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use e2e::{TIMEOUT, polisctl, process_alive, wait_until};
@@ -148,6 +147,5 @@ fn launch_stop_relaunch_destroy() -> Result<()> {
     for pid in after {
         assert!(!process_alive(pid));
     }
-    let _ = Duration::ZERO;
     Ok(())
 }

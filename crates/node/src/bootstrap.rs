@@ -50,7 +50,7 @@ pub async fn finish(
     check_only_member(running, &node_id, address).await?;
     let curator_ns = running.namespaced(curator::state::NAMESPACE);
     let cluster_pki = curator::cluster_pki(&curator_ns);
-    let etcd_pki = pki::CaStore::new(running.namespaced("etcd-pki"));
+    let etcd_pki = curator::state::etcd_pki(running.client.clone());
 
     let (cluster_ca, _) = cluster_pki
         .ensure_ca(|| Ok(b.cluster_ca.clone()))

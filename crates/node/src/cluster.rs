@@ -376,6 +376,13 @@ fn warn_if_expiring(root: &Root) {
     }
 }
 
+/// The node's roles from the role names the API uses.
+pub fn roles_from_names(names: &[String]) -> LocalRoles {
+    LocalRoles {
+        consensus_member: names.iter().any(|r| r == proto::ROLE_CONSENSUS_MEMBER),
+    }
+}
+
 /// Where this node looks for curators first: its own (a consensus member runs one),
 /// then the cluster directory.
 fn initial_curators(membership: &Membership, address: IpAddr) -> Vec<SocketAddr> {

@@ -25,7 +25,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow, bail};
 use identity::NodeKey;
 use proto::api::{self, NodeState};
-use proto::config::{ClusterDirectory, ClusterRegister, LocalRoles, SealedConfiguration};
+use proto::config::{ClusterDirectory, ClusterRegister, SealedConfiguration};
 
 use crate::cluster::{JoinData, crash_point};
 use crate::decision::ClusterState;
@@ -56,23 +56,34 @@ impl ProblemLog {
     }
 }
 
-/// Exponential backoff between [`RETRY_MIN`] and [`RETRY_MAX`].
-pub struct Backoff(Duration);
+/// Exponential backoff between [`RETRY_MIN`] and [`RETRY_MAX`]: the supervisor's policy,
+/// with the attempt count kept here.
+pub struct Backoff {
+    policy: supervisor::Backoff,
+    attempt: u32,
+}
 
 impl Default for Backoff {
     fn default() -> Self {
-        Backoff(RETRY_MIN)
+        Backoff {
+            policy: supervisor::Backoff {
+                initial: RETRY_MIN,
+                max: RETRY_MAX,
+                multiplier: 2.0,
+            },
+            attempt: 0,
+        }
     }
 }
 
 impl Backoff {
     pub fn next(&mut self) -> Duration {
-        let wait = self.0;
-        self.0 = (self.0 * 2).min(RETRY_MAX);
+        let wait = self.policy.delay(self.attempt);
+        self.attempt = self.attempt.saturating_add(1);
         wait
     }
     pub fn reset(&mut self) {
-        self.0 = RETRY_MIN;
+        self.attempt = 0;
     }
 }
 
@@ -173,9 +184,7 @@ fn load_or_create_key(root: &Root) -> Result<NodeKey> {
 
 /// Parses curator endpoints as the parameters and the directory hold them.
 pub fn parse_endpoints(raw: &[String]) -> Result<Vec<SocketAddr>> {
-    raw.iter()
-        .map(|e| rpc::parse_endpoint(e).map_err(anyhow::Error::from))
-        .collect()
+    Ok(rpc::parse_endpoints(raw)?)
 }
 
 /// Runs the register path to its end. `None` when cancelled first.
@@ -290,12 +299,7 @@ pub async fn register(
     if certified != key.public_key() {
         bail!("the curator sent a node certificate for another key");
     }
-    let roles = LocalRoles {
-        consensus_member: committed
-            .roles
-            .iter()
-            .any(|r| r == proto::ROLE_CONSENSUS_MEMBER),
-    };
+    let roles = crate::cluster::roles_from_names(&committed.roles);
     // A role given between a commit and its retry is fine: the role server starts the
     // control plane, which joins consensus like for any role change.
     let directory = ClusterDirectory {

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use consensus::RaftTiming;
-use proto::config::{ClusterDirectory, LocalRoles};
+use proto::config::ClusterDirectory;
 
 use crate::cluster::NodeValues;
 use crate::decision::ClusterState;
@@ -251,12 +251,7 @@ async fn rolefetch(
                     values.curators.set(endpoints);
                 }
             }
-            let roles = LocalRoles {
-                consensus_member: update
-                    .roles
-                    .iter()
-                    .any(|r| r == proto::ROLE_CONSENSUS_MEMBER),
-            };
+            let roles = crate::cluster::roles_from_names(&update.roles);
             if values.roles.current().as_ref() != Some(&roles) {
                 // Saved first: a restart starts the services these roles call for.
                 write_proto(&settings.root.local_roles(), &roles)

@@ -55,9 +55,7 @@ fn endpoints_path(config: &Path) -> PathBuf {
 }
 
 fn parse_endpoints(raw: &[String]) -> Result<Vec<SocketAddr>> {
-    raw.iter()
-        .map(|e| rpc::parse_endpoint(e.trim()).map_err(anyhow::Error::from))
-        .collect()
+    Ok(rpc::parse_endpoints(raw)?)
 }
 
 /// The curators to talk to: `--endpoints` when given, else those remembered in the
@@ -950,11 +948,7 @@ async fn consensus_status(
                 // Every member runs a curator on its peer address.
                 for m in &a.members {
                     for url in &m.peer_urls {
-                        let host = url
-                            .trim_start_matches("https://")
-                            .rsplit_once(':')
-                            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'));
-                        if let Some(ip) = host.and_then(|h| h.parse::<std::net::IpAddr>().ok()) {
+                        if let Some(ip) = rpc::url_address(url) {
                             to_ask.push(SocketAddr::new(ip, rpc::CURATOR_PORT));
                         }
                     }

@@ -34,6 +34,21 @@ pub fn parse_endpoint(endpoint: &str) -> Result<SocketAddr, RpcError> {
     })
 }
 
+/// The IP address an `https://IP:PORT` URL names (etcd peer URLs, from which a member's
+/// curator is found); `None` for anything else.
+pub fn url_address(url: &str) -> Option<std::net::IpAddr> {
+    let (host, _port) = url.strip_prefix("https://")?.rsplit_once(':')?;
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()
+}
+
+/// Parses a list of endpoints (see [`parse_endpoint`]), ignoring surrounding spaces.
+pub fn parse_endpoints(raw: &[String]) -> Result<Vec<SocketAddr>, RpcError> {
+    raw.iter().map(|e| parse_endpoint(e.trim())).collect()
+}
+
 /// Connects to a curator at `endpoint` over TLS and HTTP/2.
 pub async fn connect(
     endpoint: SocketAddr,
@@ -287,6 +302,15 @@ mod tests {
             "[::1]:7835".parse().unwrap()
         );
         assert!(parse_endpoint("example.com").is_err());
+        assert_eq!(
+            url_address("https://127.0.0.3:7834"),
+            Some("127.0.0.3".parse().unwrap())
+        );
+        assert_eq!(
+            url_address("https://[fd00::1]:7834"),
+            Some("fd00::1".parse().unwrap())
+        );
+        assert_eq!(url_address("unix://etcd.sock:0"), None);
         assert!(parse_endpoint("").is_err());
     }
 }

@@ -37,6 +37,7 @@ pub mod tls;
 pub use authz::{Identity, Permission};
 pub use client::{
     CURATOR_PORT, CallError, CuratorClient, connect, leader_endpoint, parse_endpoint,
+    parse_endpoints, url_address,
 };
 pub use forward::{ForwardLayer, Forwarding};
 pub use server::{AuthLayer, CrlSource, Forwarders, Limits, PeerInfo, incoming};

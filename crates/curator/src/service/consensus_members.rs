@@ -333,11 +333,7 @@ impl Shared {
                 healthy.insert(m.id);
                 continue;
             }
-            let Some(ip) = m.peer_urls.first().and_then(|u| {
-                u.trim_start_matches("https://")
-                    .rsplit_once(':')
-                    .and_then(|(h, _)| h.trim_matches(['[', ']']).parse::<IpAddr>().ok())
-            }) else {
+            let Some(ip) = m.peer_urls.first().and_then(|u| rpc::url_address(u)) else {
                 continue;
             };
             let (trust, credentials, id) = (trust.clone(), self.config.credentials.clone(), m.id);
