@@ -376,36 +376,20 @@ async fn crl_sync(
     client: etcd_client::Client,
     path: std::path::PathBuf,
 ) -> supervisor::RunnableResult {
-    let store = curator::state::etcd_pki(client.clone());
-    let mut client = client;
-    let key = store.crl_key();
-    let mut watch = client
-        .watch(key, None)
-        .await
-        .map_err(|e| format!("watching the etcd peer CRL: {e}"))?;
+    let mut crls = curator::state::etcd_pki(client).watch_crl();
     ctx.signal_healthy();
     loop {
-        // Read after the watch is established: no change can fall in between.
-        let crl = store
-            .crl()
-            .await
-            .map_err(|e| format!("reading the etcd peer CRL: {e}"))?;
-        let current = std::fs::read(&path).ok();
+        let crl = tokio::select! {
+            c = crls.recv() => c.ok_or("the etcd peer CRL watch ended")?,
+            _ = ctx.cancelled() => return Ok(()),
+        };
         let pem = crate::storage::pem("X509 CRL", &crl);
-        if current.as_deref() != Some(pem.as_slice()) {
+        if std::fs::read(&path).ok().as_deref() != Some(pem.as_slice()) {
             crate::storage::write_atomic(&path, &pem)?;
             tracing::info!(
                 revoked = pki::crl_serials(&crl).map(|s| s.len()).unwrap_or_default(),
                 "etcd peer CRL file updated"
             );
-        }
-        tokio::select! {
-            m = watch.message() => match m {
-                Ok(Some(_)) => {}
-                Ok(None) => return Err("the etcd peer CRL watch ended".into()),
-                Err(e) => return Err(format!("watching the etcd peer CRL: {e}").into()),
-            },
-            _ = ctx.cancelled() => return Ok(()),
         }
     }
 }

@@ -170,11 +170,6 @@ impl CaStore {
         Ok(serials.len())
     }
 
-    /// The etcd key holding the CRL, for watching it.
-    pub fn crl_key(&self) -> String {
-        self.ns.key("ca/crl")
-    }
-
     /// The current CRL (DER).
     pub async fn crl(&self) -> Result<Vec<u8>, PkiError> {
         self.ns
