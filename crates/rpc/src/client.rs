@@ -135,8 +135,9 @@ impl CallError {
 }
 
 /// Extra rounds when every curator answered Unavailable, and the pause before each
-/// (growing linearly): together about 1.5 s, enough for a curator election.
-const UNAVAILABLE_ROUNDS: u32 = 3;
+/// (growing linearly): together about 3.75 s, enough for a curator election (which may
+/// first have to revoke a dead leader's lease; failover target 3 s).
+const UNAVAILABLE_ROUNDS: u32 = 5;
 const UNAVAILABLE_PAUSE: Duration = Duration::from_millis(250);
 
 /// A client of a cluster's curators that follows the leader: calls go to the curator
