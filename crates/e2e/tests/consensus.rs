@@ -416,18 +416,29 @@ fn control_plane_grows_fails_over_restarts_and_shrinks() -> Result<()> {
     // 2 → 1: the departing member still votes its own removal through.
     let w1_id = w1.key_node_id()?;
     let first_id = first.key_node_id()?;
-    let (ok, out, err) = cluster_ctl(
-        &cluster.config,
-        &[
-            "--endpoints",
-            &two,
-            "node",
-            "remove-role",
-            &w1_id,
-            "ConsensusMember",
-        ],
-    )?;
-    assert!(ok, "{out}{err}");
+    // If w1 leads, it hands leadership over and answers Unavailable; the election that
+    // follows can outlast polisctl's own retries, so the operator's "retry" is done here.
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let (ok, out, err) = cluster_ctl(
+            &cluster.config,
+            &[
+                "--endpoints",
+                &two,
+                "node",
+                "remove-role",
+                &w1_id,
+                "ConsensusMember",
+            ],
+        )?;
+        if ok {
+            break;
+        }
+        assert!(
+            err.contains("unavailable") && Instant::now() < deadline,
+            "{out}{err}"
+        );
+    }
     let only = endpoint(&first);
     wait_voters_and_data_gone(&cluster.config, &only, 1, &w1.root)?;
     // The last voter cannot leave.
