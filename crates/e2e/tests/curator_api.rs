@@ -296,7 +296,7 @@ async fn allowed(
             .await
             .err(),
         "Heartbeat" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
-            .heartbeat(api::HeartbeatRequest {})
+            .heartbeat(api::HeartbeatRequest::default())
             .await
             .err(),
         "WatchNode" => api::curator_client::CuratorClient::new(channel_for_curator.clone())

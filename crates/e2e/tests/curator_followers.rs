@@ -26,6 +26,7 @@ fn node_record(key: &identity::NodeKey, address: std::net::IpAddr) -> proto::sta
         }),
         address: address.to_string(),
         labels: Default::default(),
+        ..Default::default()
     }
 }
 
@@ -126,6 +127,7 @@ async fn follower_serves_local_api_and_takes_over() -> Result<()> {
             owner_public_key: owner_key.public_key().to_vec(),
             configuration: proto::config::ClusterConfiguration {
                 cluster_domain: "test".into(),
+                ..Default::default()
             },
         },
     )

@@ -329,7 +329,7 @@ async fn every_registration_call_is_idempotent() -> Result<()> {
     };
     let channel = rpc::connect(endpoint, &trust, Some(&node_credentials)).await?;
     let mut as_node = api::curator_client::CuratorClient::new(channel);
-    as_node.heartbeat(api::HeartbeatRequest {}).await?;
+    as_node.heartbeat(api::HeartbeatRequest::default()).await?;
     let mut watch = as_node
         .watch_node(api::WatchNodeRequest {})
         .await?

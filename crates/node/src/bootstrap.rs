@@ -116,6 +116,7 @@ pub async fn finish(
             }),
             address: address.to_string(),
             labels: b.parameters.labels.clone(),
+            ..Default::default()
         },
         owner_public_key: b.parameters.owner_public_key.clone(),
         configuration: b
@@ -124,6 +125,7 @@ pub async fn finish(
             .clone()
             .unwrap_or_else(|| ClusterConfiguration {
                 cluster_domain: "polis.internal".into(),
+                ..Default::default()
             }),
     };
     match curator::create_bootstrap_records(&curator_ns, &records).await {

@@ -155,7 +155,7 @@ async fn heartbeat(
         let sent = client
             .call(|channel| async move {
                 proto::api::curator_client::CuratorClient::new(channel)
-                    .heartbeat(proto::api::HeartbeatRequest {})
+                    .heartbeat(proto::api::HeartbeatRequest::default())
                     .await
             })
             .await;

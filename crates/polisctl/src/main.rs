@@ -362,6 +362,7 @@ pub(crate) fn write_bootstrap_params(
             owner_public_key: key.public_key().to_vec(),
             initial_cluster_configuration: Some(ClusterConfiguration {
                 cluster_domain: cluster_domain.to_string(),
+                ..Default::default()
             }),
             labels: labels.into_iter().collect(),
         })),

@@ -89,6 +89,9 @@ pub const METHODS: &[(&str, Permission)] = &[
     ),
     ("/polis.api.Management/ApproveNode", Permission::Manage),
     ("/polis.api.Management/UpdateNodeRoles", Permission::Manage),
+    ("/polis.api.Management/DecommissionNode", Permission::Manage),
+    ("/polis.api.Management/DeleteNode", Permission::Manage),
+    ("/polis.api.Management/ListCertificates", Permission::Manage),
     // The handler also requires the ConsensusMember role of the calling node.
     (
         "/polis.api.Curator/JoinConsensus",
@@ -96,6 +99,10 @@ pub const METHODS: &[(&str, Permission)] = &[
     ),
     ("/polis.api.Curator/Heartbeat", Permission::UpdateNodeSelf),
     ("/polis.api.Curator/WatchNode", Permission::UpdateNodeSelf),
+    (
+        "/polis.api.Curator/RenewCertificates",
+        Permission::UpdateNodeSelf,
+    ),
     // A registering node has no certificate but a self-signed one for its key.
     ("/polis.api.Curator/RegisterNode", Permission::ProvenKey),
     ("/polis.api.Curator/CommitNode", Permission::ProvenKey),

@@ -218,4 +218,25 @@ impl api::management_server::Management for Services {
             node: Some(self.0.node_info(node, leadership.since.elapsed())),
         }))
     }
+
+    async fn decommission_node(
+        &self,
+        _request: Request<api::DecommissionNodeRequest>,
+    ) -> Result<Response<api::DecommissionNodeResponse>, Status> {
+        Err(Status::unimplemented("DecommissionNode: in progress"))
+    }
+
+    async fn delete_node(
+        &self,
+        _request: Request<api::DeleteNodeRequest>,
+    ) -> Result<Response<api::DeleteNodeResponse>, Status> {
+        Err(Status::unimplemented("DeleteNode: in progress"))
+    }
+
+    async fn list_certificates(
+        &self,
+        _request: Request<api::ListCertificatesRequest>,
+    ) -> Result<Response<api::ListCertificatesResponse>, Status> {
+        Err(Status::unimplemented("ListCertificates: in progress"))
+    }
 }

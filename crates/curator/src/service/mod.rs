@@ -219,6 +219,9 @@ impl Shared {
             public_key: node.public_key,
             address: node.address,
             labels: node.labels,
+            status: node.status,
+            decommission_progress: String::new(),
+            warnings: Vec::new(),
         }
     }
 }

@@ -145,6 +145,7 @@ impl api::curator_server::Curator for Services {
                 roles: None,
                 address: address.to_string(),
                 labels: labels.clone().into_iter().collect(),
+                ..Default::default()
             },
         )
         .await
@@ -266,6 +267,7 @@ impl api::curator_server::Curator for Services {
                 state: node.state,
                 roles: state::role_names(node),
                 curator_endpoints: state::curator_endpoints(nodes.nodes.values()),
+                cluster_crl: Vec::new(),
             })
         });
         Ok(Response::new(stream))
@@ -286,5 +288,12 @@ impl api::curator_server::Curator for Services {
         super::consensus_members::may_join(&node)?;
         let answer = super::consensus_members::join(&self.0, &leadership, &node).await?;
         Ok(Response::new(answer))
+    }
+
+    async fn renew_certificates(
+        &self,
+        _request: Request<api::RenewCertificatesRequest>,
+    ) -> Result<Response<api::RenewCertificatesResponse>, Status> {
+        Err(Status::unimplemented("RenewCertificates: in progress"))
     }
 }
