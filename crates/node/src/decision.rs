@@ -152,8 +152,7 @@ pub fn decide(
     }
 }
 
-/// The cluster state as seen by this node (DESIGN.md, Lifecycle). Disowning and Split
-/// arrive with the features that enter them.
+/// The cluster state as seen by this node (DESIGN.md, Lifecycle).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClusterState {
     /// Not yet known: the node is starting.
@@ -164,6 +163,11 @@ pub enum ClusterState {
     Trusted,
     /// Full member of its cluster.
     Home,
+    /// A member that has lost every curator for longer than the heartbeat timeout; back
+    /// to Home when contact returns.
+    Split,
+    /// Being decommissioned: leaving its cluster for good. Nothing moves it back.
+    Disowning,
 }
 
 impl fmt::Display for ClusterState {
