@@ -6,9 +6,18 @@
 //!   (none) ───────────▶ NEW ───────────▶ STANDBY ───────────▶ UP
 //!                        ▲ Register        ▲ Register, Approve   ▲ Register, Approve, Commit
 //!                        └─ (no change)    └─ (no change)        └─ (no change)
-//!
-//!   DECOMMISSIONING, DECOMMISSIONED: every event above is refused.
+//!                        │                 │                     │ Decommission (owner)
+//!                        │ Delete          │ Delete              ▼
+//!                        ▼                 ▼               DECOMMISSIONING ◀─ Decommission
+//!                     (tombstone)       (tombstone)              │ Finish (leader: out of
+//!                                                                ▼ consensus, revoked)
+//!                                     (tombstone) ◀── Delete ── DECOMMISSIONED ◀─ Decommission,
+//!                                                                                 Finish
+//!   DECOMMISSIONING, DECOMMISSIONED: Register, Approve and Commit are refused.
+//!   UP, DECOMMISSIONING: Delete is refused (decommission first).
 //! ```
+//! A deleted record leaves a tombstone (see `state::delete_node`): the key never
+//! registers again.
 //!
 //! Every event is idempotent: repeating it after a lost reply gets the same outcome
 //! (`Unchanged` for a state the event already reached), which is what lets nodes and
@@ -25,6 +34,13 @@ pub enum Event {
     Approve,
     /// An approved node asks for its certificate.
     Commit,
+    /// The owner takes an UP node out of the cluster.
+    Decommission,
+    /// The leader has taken the node out of consensus and revoked its certificates.
+    FinishDecommission,
+    /// The owner removes the record of a node that is not (or no longer) part of the
+    /// cluster.
+    Delete,
 }
 
 /// What an allowed event does to the record.
@@ -34,6 +50,8 @@ pub enum Outcome {
     Enter(NodeState),
     /// The event already happened: nothing to write, answer as the first time.
     Unchanged,
+    /// The record must be removed (leaving a tombstone).
+    Remove,
 }
 
 /// Why an event is refused; the text is meant for the caller.
@@ -49,6 +67,17 @@ pub enum TransitionError {
     Decommissioned(&'static str),
     #[error("the node record has an invalid state")]
     InvalidState,
+    #[error(
+        "the node is not UP (state {0}); only UP nodes are decommissioned, a node that never \
+         joined is deleted instead (`polisctl node delete`)"
+    )]
+    NotUp(&'static str),
+    #[error("the node is {0}, not being decommissioned")]
+    NotDecommissioning(&'static str),
+    #[error(
+        "the node is {0}; decommission it first (`polisctl node decommission`), then delete it"
+    )]
+    StillMember(&'static str),
 }
 
 /// The state machine. `current` is the record's state, `None` when there is no record.
@@ -58,9 +87,19 @@ pub fn transition(current: Option<NodeState>, event: Event) -> Result<Outcome, T
     use Outcome::*;
     match (current, event) {
         (None, Register) => Ok(Enter(New)),
-        (None, Approve | Commit) => Err(TransitionError::NotRegistered),
+        (None, _) => Err(TransitionError::NotRegistered),
         (Some(Invalid), _) => Err(TransitionError::InvalidState),
-        (Some(s @ (Decommissioning | Decommissioned)), _) => {
+        (Some(Up), Decommission) => Ok(Enter(Decommissioning)),
+        (Some(Decommissioning | Decommissioned), Decommission) => Ok(Unchanged),
+        (Some(s @ (New | Standby)), Decommission) => Err(TransitionError::NotUp(state_name(s))),
+        (Some(Decommissioning), FinishDecommission) => Ok(Enter(Decommissioned)),
+        (Some(Decommissioned), FinishDecommission) => Ok(Unchanged),
+        (Some(s), FinishDecommission) => Err(TransitionError::NotDecommissioning(state_name(s))),
+        (Some(New | Standby | Decommissioned), Delete) => Ok(Remove),
+        (Some(s @ (Up | Decommissioning)), Delete) => {
+            Err(TransitionError::StillMember(state_name(s)))
+        }
+        (Some(s @ (Decommissioning | Decommissioned)), Register | Approve | Commit) => {
             Err(TransitionError::Decommissioned(state_name(s)))
         }
         (Some(New), Register) => Ok(Unchanged),
@@ -121,17 +160,65 @@ mod tests {
                 check(Some(s), e, Err("decommissioned"));
             }
         }
-        for e in [Register, Approve, Commit] {
+        check(Some(Up), Decommission, Ok(Enter(Decommissioning)));
+        check(Some(Decommissioning), Decommission, Ok(Unchanged));
+        check(Some(Decommissioned), Decommission, Ok(Unchanged));
+        check(Some(New), Decommission, Err("deleted instead"));
+        check(Some(Standby), Decommission, Err("not UP (state STANDBY)"));
+        check(None, Decommission, Err("not registered"));
+        check(
+            Some(Decommissioning),
+            FinishDecommission,
+            Ok(Enter(Decommissioned)),
+        );
+        check(Some(Decommissioned), FinishDecommission, Ok(Unchanged));
+        check(Some(Up), FinishDecommission, Err("not being decommissioned"));
+        check(None, FinishDecommission, Err("not registered"));
+        for s in [New, Standby, Decommissioned] {
+            check(Some(s), Delete, Ok(Remove));
+        }
+        for s in [Up, Decommissioning] {
+            check(Some(s), Delete, Err("decommission it first"));
+        }
+        check(None, Delete, Err("not registered"));
+        for e in ALL {
             check(Some(Invalid), e, Err("invalid state"));
+        }
+    }
+
+    const ALL: [Event; 6] = [
+        Register,
+        Approve,
+        Commit,
+        Decommission,
+        FinishDecommission,
+        Delete,
+    ];
+
+    #[test]
+    fn a_decommissioned_node_never_comes_back() {
+        // No event leads out of DECOMMISSIONED except its removal.
+        for e in ALL {
+            match transition(Some(Decommissioned), e) {
+                Ok(Enter(s)) => panic!("{e:?} leads from DECOMMISSIONED to {s:?}"),
+                Ok(Unchanged | Remove) | Err(_) => {}
+            }
         }
     }
 
     #[test]
     fn every_event_is_idempotent() {
         // Applying an allowed event to the state it leads to changes nothing more.
-        let states = [None, Some(New), Some(Standby), Some(Up)];
+        let states = [
+            None,
+            Some(New),
+            Some(Standby),
+            Some(Up),
+            Some(Decommissioning),
+            Some(Decommissioned),
+        ];
         for s in states {
-            for e in [Register, Approve, Commit] {
+            for e in ALL {
                 if let Ok(Enter(next)) = transition(s, e) {
                     assert_eq!(transition(Some(next), e), Ok(Unchanged), "{s:?} {e:?}");
                 }

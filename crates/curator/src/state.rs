@@ -58,11 +58,26 @@ pub fn etcd_pki(client: etcd_client::Client) -> pki::CaStore {
 /// Name under which a node's peer certificate for one etcd membership is stored; the
 /// member ID makes a re-joining node get a fresh certificate (the old one is revoked).
 pub fn peer_certificate_name(node_id: &str, member_id: u64) -> String {
-    format!("peer-{node_id}-{member_id:x}")
+    format!("{}-{member_id:x}", peer_certificate_prefix(node_id))
 }
 
 pub fn node_key(id: &str) -> String {
     format!("nodes/{id}")
+}
+
+/// Where a deleted node's record stays, as a tombstone: its key never registers again.
+pub fn tombstone_key(id: &str) -> String {
+    format!("deleted/{id}")
+}
+
+/// Prefix of the names under which the cluster CA records a node's certificates.
+pub fn node_certificate_prefix(node_id: &str) -> String {
+    format!("node-{node_id}")
+}
+
+/// Prefix of the names under which the etcd peer CA records a node's certificates.
+pub fn peer_certificate_prefix(node_id: &str) -> String {
+    format!("peer-{node_id}")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -344,6 +359,10 @@ pub async fn apply_event(
         }
         match transition(current.map(node_state), event).map_err(transition_error)? {
             Outcome::Unchanged => Ok(None),
+            Outcome::Remove => Err(CuratorError::Protocol(
+                "a removal is written by delete_node, not as a state change",
+            )
+            .into()),
             Outcome::Enter(state) => {
                 let mut node = current.cloned().unwrap_or_else(&create);
                 node.state = state as i32;
@@ -353,6 +372,77 @@ pub async fn apply_event(
     })
     .await?
     .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))
+}
+
+/// Whether `id` was deleted (its tombstone exists).
+pub async fn is_deleted(curator: &Namespaced, id: &str) -> Result<bool, CuratorError> {
+    Ok(curator.get(&tombstone_key(id)).await?.is_some())
+}
+
+/// Deletes the record of `id` as the lifecycle allows (`Event::Delete`), leaving the
+/// record as it was under [`tombstone_key`]: one transaction guarded by leadership and
+/// by the record's revision, repeated when the record changed in between. Returns the
+/// deleted record.
+pub async fn delete_node(
+    curator: &Namespaced,
+    leadership: &crate::election::Leadership,
+    id: &str,
+) -> Result<Node, NodeUpdateError> {
+    let key = curator.key(&node_key(id));
+    for _ in 0..CAS_ATTEMPTS {
+        let response = curator
+            .client()
+            .get(key.clone(), None)
+            .await
+            .map_err(CuratorError::from)?;
+        let Some(kv) = response.kvs().first() else {
+            return Err(NodeUpdateError::NotFound(id.to_string()));
+        };
+        let node = decode_node(id, kv.value())?;
+        match transition(Some(node_state(&node)), Event::Delete).map_err(|source| {
+            NodeUpdateError::Transition {
+                id: id.to_string(),
+                source,
+            }
+        })? {
+            Outcome::Remove => {}
+            Outcome::Unchanged | Outcome::Enter(_) => {
+                return Err(CuratorError::Protocol("delete without removal").into());
+            }
+        }
+        let txn = Txn::new()
+            .when([
+                crate::election::guard(leadership),
+                Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision()),
+            ])
+            .and_then([
+                TxnOp::delete(key.clone(), None),
+                TxnOp::put(curator.key(&tombstone_key(id)), kv.value(), None),
+            ])
+            .or_else([TxnOp::get(leadership.key.clone(), None)]);
+        let response = curator
+            .client()
+            .txn(txn)
+            .await
+            .map_err(CuratorError::from)?;
+        if response.succeeded() {
+            if let Some(header) = response.header() {
+                crate::writes::record_written(leadership, header.revision());
+            }
+            return Ok(node);
+        }
+        let still_leader = response.op_responses().first().is_some_and(|op| match op {
+            etcd_client::TxnOpResponse::Get(g) => g
+                .kvs()
+                .first()
+                .is_some_and(|kv| kv.create_revision() == leadership.revision),
+            _ => false,
+        });
+        if !still_leader {
+            return Err(CuratorError::NotLeader.into());
+        }
+    }
+    Err(CuratorError::Protocol("node record kept changing").into())
 }
 
 /// The register ticket, if one was ever created.

@@ -46,7 +46,7 @@ static WRITTEN: LazyLock<Mutex<HashMap<Tenure, i64>>> = LazyLock::new(Default::d
 /// A leadership tenure: the election key and its create revision.
 type Tenure = (Vec<u8>, i64);
 
-fn record_written(leadership: &Leadership, revision: i64) {
+pub(crate) fn record_written(leadership: &Leadership, revision: i64) {
     let mut written = WRITTEN.lock().expect("written lock poisoned");
     // Tenures rarely change: forget old ones instead of tracking their end.
     if written.len() > 64 {

@@ -24,7 +24,6 @@ use proto::config::{ConsensusMembership, SealedConfiguration};
 
 use crate::bootstrap::Step;
 use crate::cluster::{Membership, NodeValues, write_peer_files};
-use crate::decision::ClusterState;
 use crate::register::{Answer, call_until_answered, pause};
 use crate::roleserver::{HEARTBEAT_TIMEOUT, Settings, curator_client, node_credentials};
 use crate::storage::{Root, read_file, read_proto, write_proto};
@@ -285,9 +284,7 @@ pub async fn run(
     ctx.run("curator", move |ctx| {
         curator::service::run(ctx, curator_config.clone(), curator_ns.clone())
     })?;
-    if values.cluster_state.current() != Some(ClusterState::Home) {
-        values.cluster_state.set(ClusterState::Home);
-    }
+    crate::roleserver::set_home(&values);
     ctx.signal_healthy();
     ctx.cancelled().await;
     Ok(())

@@ -33,6 +33,9 @@
 //! - SIGTERM/SIGINT cancel the whole tree; etcd gets SIGTERM (SIGKILL after 10 s), the
 //!   curator resigns its leadership, and the process exits 0 once every runnable stopped.
 //! - SIGUSR1 logs the supervisor tree.
+//! - A decommissioned node stops every runnable, then wipes `data/` (keys, etcd data),
+//!   its sealed configuration and directory, leaves `esp/decommissioned` saying so, and
+//!   exits 0; a root holding that note refuses to start.
 
 mod bootstrap;
 mod cluster;
@@ -236,6 +239,16 @@ fn preflight(args: &Args, root: &Root) -> Result<(RootLock, Plan)> {
         bail!("node root {} is not a directory", root.root.display());
     }
     let lock = root.lock()?;
+    let marker = root.decommissioned_marker();
+    if marker.exists() {
+        let note = std::fs::read_to_string(&marker).unwrap_or_default();
+        bail!(
+            "{}; this root holds nothing of it any more. To use this machine in a cluster again, \
+             remove {} and start it with new register parameters",
+            note.trim_end_matches(['.', '\n']),
+            marker.display()
+        );
+    }
     Ok((lock, decide_plan(args, root)?))
 }
 
@@ -385,6 +398,7 @@ async fn run(args: Args) -> Result<()> {
     };
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
     let address = args.address;
+    let node_root = root.clone();
     let supervisor = supervisor::Supervisor::start(supervisor::Config::default(), move |ctx| {
         let (root, plan, values, settings, fatal) = (
             root.clone(),
@@ -428,7 +442,16 @@ async fn run(args: Args) -> Result<()> {
     };
     supervisor.shutdown().await;
     tracing::info!("all runnables stopped");
-    outcome
+    match outcome {
+        Err(e) if e.downcast_ref::<roleserver::LeftCluster>().is_some() => {
+            // Every service has stopped: nothing uses the data any more.
+            node_root.wipe_after_decommission(&e.to_string())?;
+            tracing::info!("{e}: its data was wiped");
+            eprintln!("polis-node: {e}; its data was wiped");
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 #[cfg(test)]

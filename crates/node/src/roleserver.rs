@@ -48,8 +48,16 @@ pub struct Settings {
 pub const HEARTBEAT_PERIOD: Duration = Duration::from_secs(5);
 pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Where a fatal (not retryable) error goes: main stops the node with it.
+/// Where a fatal (not retryable) error goes: main stops the node with it. A
+/// [`LeftCluster`] error is the one good ending: main wipes the node's data and exits 0.
 pub type FatalSender = tokio::sync::mpsc::UnboundedSender<anyhow::Error>;
+
+/// The node was decommissioned: it has left its cluster for good.
+#[derive(Debug, thiserror::Error)]
+#[error("node {node_id} was decommissioned and left its cluster")]
+pub struct LeftCluster {
+    pub node_id: String,
+}
 
 pub async fn run(
     ctx: supervisor::Context,
@@ -63,9 +71,15 @@ pub async fn run(
         m = membership_watcher.get() => { m?; }
         _ = ctx.cancelled() => return Ok(()),
     };
-    let (fetch_settings, fetch_values) = (settings.clone(), values.clone());
+    let (fetch_settings, fetch_values, fetch_fatal) =
+        (settings.clone(), values.clone(), fatal.clone());
     ctx.run("rolefetch", move |ctx| {
-        rolefetch(ctx, fetch_settings.clone(), fetch_values.clone())
+        rolefetch(
+            ctx,
+            fetch_settings.clone(),
+            fetch_values.clone(),
+            fetch_fatal.clone(),
+        )
     })?;
     let (heartbeat_settings, heartbeat_values) = (settings.clone(), values.clone());
     ctx.run("heartbeat", move |ctx| {
@@ -184,11 +198,15 @@ async fn heartbeat(
 }
 
 /// Watches this node's record and the curator list (Curator.WatchNode): keeps the
-/// cluster directory current, and makes a worker Home once a curator answers for it.
+/// cluster directory current, makes a worker Home once a curator answers for it, and
+/// carries out a decommission: DECOMMISSIONING makes the node Disowning; DECOMMISSIONED,
+/// or its certificate refused as revoked while Disowning, ends the node
+/// ([`LeftCluster`]).
 async fn rolefetch(
     ctx: supervisor::Context,
     settings: Settings,
     values: NodeValues,
+    fatal: FatalSender,
 ) -> supervisor::RunnableResult {
     // Runs from the start on consensus members too: a member whose role was taken while
     // it was down learns it here (its own control plane may never come up).
@@ -215,6 +233,25 @@ async fn rolefetch(
         let mut stream = tokio::select! {
             r = call => match r {
                 Ok(s) => s,
+                Err(rpc::CallError::Status(status)) if rpc::is_revoked(&status) => {
+                    // Node certificates are revoked only when the node is decommissioned
+                    // or deleted.
+                    let node_id = node_id(&values).await?;
+                    if disowning(&settings, &values) {
+                        tracing::info!("this node's certificate was revoked: decommission complete");
+                        let _ = fatal.send(LeftCluster { node_id }.into());
+                    } else {
+                        let _ = fatal.send(anyhow::anyhow!(
+                            "the cluster refuses this node's certificate as revoked: node {node_id} was \
+                             decommissioned or deleted while it was down, and cannot rejoin its cluster. \
+                             Its data is kept in {}; to use this machine in a cluster again, remove it \
+                             and register the machine anew",
+                            settings.root.root.display()
+                        ));
+                    }
+                    ctx.cancelled().await;
+                    return Ok(());
+                }
                 Err(e) => {
                     problems.problem(format!("watching this node's record: {e}"));
                     if !pause(&ctx, backoff.next()).await {
@@ -251,6 +288,17 @@ async fn rolefetch(
                     values.curators.set(endpoints);
                 }
             }
+            match proto::api::NodeState::try_from(update.state) {
+                Ok(proto::api::NodeState::Decommissioning) => enter_disowning(&settings, &values)?,
+                Ok(proto::api::NodeState::Decommissioned) => {
+                    enter_disowning(&settings, &values)?;
+                    let node_id = node_id(&values).await?;
+                    let _ = fatal.send(LeftCluster { node_id }.into());
+                    ctx.cancelled().await;
+                    return Ok(());
+                }
+                _ => {}
+            }
             let roles = crate::cluster::roles_from_names(&update.roles);
             if values.roles.current().as_ref() != Some(&roles) {
                 // Saved first: a restart starts the services these roles call for.
@@ -259,16 +307,45 @@ async fn rolefetch(
                 tracing::info!(consensus_member = roles.consensus_member, "roles changed");
                 values.roles.set(roles);
             }
-            if values.cluster_state.current() != Some(ClusterState::Home)
-                && !roles_need_control_plane(&values)
-            {
-                values.cluster_state.set(ClusterState::Home);
+            if !roles_need_control_plane(&values) {
+                set_home(&values);
             }
         }
         if !pause(&ctx, backoff.next()).await {
             return Ok(());
         }
     }
+}
+
+/// Makes the node Home, unless it is leaving its cluster (Disowning is final).
+pub fn set_home(values: &NodeValues) {
+    match values.cluster_state.current() {
+        Some(ClusterState::Home | ClusterState::Disowning) => {}
+        _ => values.cluster_state.set(ClusterState::Home),
+    }
+}
+
+/// The node is being decommissioned: Disowning, recorded in the root (so that a restart
+/// before the end still knows it), logged once.
+fn enter_disowning(settings: &Settings, values: &NodeValues) -> Result<()> {
+    if values.cluster_state.current() == Some(ClusterState::Disowning) {
+        return Ok(());
+    }
+    crate::storage::write_atomic(&settings.root.disowning_marker(), b"")
+        .context("recording that this node is being decommissioned")?;
+    tracing::info!("this node is being decommissioned: leaving the cluster");
+    values.cluster_state.set(ClusterState::Disowning);
+    Ok(())
+}
+
+/// Whether this node knows it is being decommissioned (now or before a restart).
+fn disowning(settings: &Settings, values: &NodeValues) -> bool {
+    values.cluster_state.current() == Some(ClusterState::Disowning)
+        || settings.root.disowning_marker().exists()
+}
+
+async fn node_id(values: &NodeValues) -> Result<String> {
+    Ok(values.membership.watch().get().await?.key().node_id())
 }
 
 /// Whether the node's current roles call for a control plane (whose curator is local).

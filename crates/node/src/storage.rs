@@ -5,6 +5,8 @@
 //!   <root>/esp/parameters.pb             node parameters (operator-provided)
 //!   <root>/esp/sealed_configuration.pb   written last; present = "join on start"
 //!   <root>/esp/directory.pb              known curator endpoints (ClusterDirectory)
+//!   <root>/esp/decommissioned            left when the node was decommissioned and wiped
+//!   <root>/data/node/disowning           present while the node is being decommissioned
 //!   <root>/data/node/roles.pb            roles as last seen from the cluster (LocalRoles)
 //!   <root>/data/node/key.der             node Ed25519 key (PKCS#8)       0600
 //!   <root>/data/node/cert.der            node certificate (cluster CA)
@@ -89,6 +91,43 @@ impl Root {
     }
     pub fn consensus_run_dir(&self) -> PathBuf {
         self.ephemeral().join("consensus")
+    }
+    /// Present while the node is being decommissioned (removed with `data/`).
+    pub fn disowning_marker(&self) -> PathBuf {
+        self.node_dir().join("disowning")
+    }
+    /// Left by a node that was decommissioned and wiped: it refuses to start.
+    pub fn decommissioned_marker(&self) -> PathBuf {
+        self.esp().join("decommissioned")
+    }
+
+    /// After a decommission, with every service stopped: leaves `note` in
+    /// [`Root::decommissioned_marker`] (first, so that an interrupted wipe still refuses
+    /// to start), then removes `data/` (keys, certificates, etcd data), `ephemeral/`, the
+    /// sealed configuration and the cluster directory. Node parameters stay.
+    pub fn wipe_after_decommission(&self, note: &str) -> Result<()> {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        let note = format!("{note} (at {stamp} seconds since the Unix epoch)\n");
+        write_atomic(&self.decommissioned_marker(), note.as_bytes())
+            .context("recording that this node was decommissioned")?;
+        for dir in [self.data(), self.ephemeral()] {
+            match fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("removing {}", dir.display())),
+            }
+        }
+        for file in [self.sealed_configuration(), self.directory()] {
+            match fs::remove_file(&file) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).with_context(|| format!("removing {}", file.display())),
+            }
+        }
+        Ok(())
     }
 
     /// Locks the root for this process's lifetime (the lock goes with the returned

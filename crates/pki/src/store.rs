@@ -150,8 +150,9 @@ impl CaStore {
     }
 
     /// Revokes every certificate stored under a name starting with `prefix` (e.g. all
-    /// etcd peer certificates of one node); returns how many were listed. Revoking an
-    /// already revoked certificate changes nothing.
+    /// etcd peer certificates of one node) that has not expired yet (an expired one is
+    /// refused anyway; leaving it out keeps the CRL short); returns how many that were.
+    /// Revoking an already revoked certificate changes nothing.
     pub async fn revoke_issued(&self, ca: &Ca, prefix: &str) -> Result<usize, PkiError> {
         let key = self.ns.key(&format!("issued/{prefix}"));
         let response = self
@@ -159,11 +160,12 @@ impl CaStore {
             .client()
             .get(key, Some(GetOptions::new().with_prefix()))
             .await?;
-        let serials: Vec<Vec<u8>> = response
-            .kvs()
-            .iter()
-            .map(|kv| certificate_serial(kv.value()))
-            .collect::<Result<_, _>>()?;
+        let mut serials = Vec::new();
+        for kv in response.kvs() {
+            if crate::issue::time_to_expiry(kv.value())?.is_some() {
+                serials.push(certificate_serial(kv.value())?);
+            }
+        }
         for serial in &serials {
             self.revoke(ca, serial).await?;
         }

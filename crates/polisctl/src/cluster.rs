@@ -268,14 +268,14 @@ pub async fn take_ownership(
 }
 
 /// The owner's connection to the cluster: pinned CA, owner certificate and key, endpoints.
-struct OwnerSession {
+pub(crate) struct OwnerSession {
     client: rpc::CuratorClient,
     config: PathBuf,
 }
 
 /// Loads the owner's credentials, refusing early with a useful message when they are
 /// missing or expired.
-fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<OwnerSession> {
+pub(crate) fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<OwnerSession> {
     let endpoints = endpoints(config, raw_endpoints)?;
     let ca = read_pem(&ca_path(config), "CERTIFICATE", "pinned CA")?.ok_or_else(|| {
         anyhow!(
@@ -319,7 +319,7 @@ fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<OwnerSession
 
 impl OwnerSession {
     /// A Management call, following the leader (see [`rpc::CuratorClient`]).
-    async fn management<T, F, Fut>(&self, what: &str, call: F) -> Result<T>
+    pub(crate) async fn management<T, F, Fut>(&self, what: &str, call: F) -> Result<T>
     where
         F: Fn(api::management_client::ManagementClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -353,7 +353,7 @@ fn call_failure(what: &str, failure: rpc::CallError) -> anyhow::Error {
     }
 }
 
-fn state_name(state: i32) -> String {
+pub(crate) fn state_name(state: i32) -> String {
     NodeState::try_from(state)
         .map(|s| {
             s.as_str_name()
@@ -399,6 +399,7 @@ fn node_json(n: &api::NodeInfo) -> Value {
         "labels": labels,
         "public_key": hex_encode(&n.public_key),
         "time_since_heartbeat_ms": n.time_since_heartbeat_ms,
+        "decommission_progress": n.decommission_progress,
     })
 }
 
@@ -421,9 +422,14 @@ pub fn print_node_list(nodes: &[api::NodeInfo], format: Format) {
                     let mut labels: Vec<String> =
                         n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
                     labels.sort();
+                    let state = if n.decommission_progress.is_empty() {
+                        state_name(n.state)
+                    } else {
+                        format!("{} ({})", state_name(n.state), n.decommission_progress)
+                    };
                     vec![
                         n.id.clone(),
-                        state_name(n.state),
+                        state,
                         health_name(n.health),
                         n.address.clone(),
                         n.roles.join(","),
@@ -515,6 +521,9 @@ fn print_node(node: &api::NodeInfo, format: Format) {
             println!("Roles:       {}", node.roles.join(", "));
             println!("Labels:      {}", labels.join(", "));
             println!("Public key:  {}", hex_encode(&node.public_key));
+            if !node.decommission_progress.is_empty() {
+                println!("Decommission: {}", node.decommission_progress);
+            }
         }
     }
 }

@@ -17,6 +17,7 @@
 //! file readable by others is refused, as ssh does.
 
 mod cluster;
+mod decommission;
 mod launch;
 mod output;
 
@@ -178,6 +179,27 @@ enum NodeCommand {
         #[arg(long)]
         all_new: bool,
     },
+    /// Take UP nodes out of the cluster for good: out of consensus (refused when the
+    /// remaining voters could not keep a quorum), roles removed, certificates revoked;
+    /// a running node wipes its data and exits. Waits until each is DECOMMISSIONED.
+    Decommission {
+        /// Node IDs.
+        #[arg(required = true)]
+        ids: Vec<String>,
+        /// Return once the decommission has started.
+        #[arg(long)]
+        no_wait: bool,
+        /// Longest wait for each node, in seconds.
+        #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+        timeout: u64,
+    },
+    /// Delete the records of DECOMMISSIONED nodes, or of NEW/STANDBY nodes that should
+    /// never join. A deleted node's key can never register again.
+    Delete {
+        /// Node IDs.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Set labels (KEY=VALUE) and remove them (KEY-) on a node.
     Label {
         id: String,
@@ -312,6 +334,17 @@ async fn run(cli: Cli) -> Result<()> {
                 }
                 NodeCommand::Approve { ids, all_new } => {
                     cluster::node_approve(&config, &cli.endpoints, ids, *all_new).await
+                }
+                NodeCommand::Decommission {
+                    ids,
+                    no_wait,
+                    timeout,
+                } => {
+                    let wait = (!no_wait).then(|| std::time::Duration::from_secs(*timeout));
+                    decommission::node_decommission(&config, &cli.endpoints, ids, wait).await
+                }
+                NodeCommand::Delete { ids } => {
+                    decommission::node_delete(&config, &cli.endpoints, ids).await
                 }
                 NodeCommand::Label { id, changes } => {
                     cluster::node_label(&config, &cli.endpoints, cli.output, id, changes).await

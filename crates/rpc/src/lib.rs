@@ -35,6 +35,16 @@ pub mod server;
 pub mod tls;
 
 pub use authz::{Identity, Permission};
+
+/// How the curator says that a client certificate is on the CRL (in the status message
+/// of an Unauthenticated refusal). Node certificates are revoked only when their node
+/// is decommissioned or deleted, so for a node this means it left the cluster.
+pub const REVOKED: &str = "the certificate is revoked";
+
+/// Whether `status` refuses the caller because its certificate is revoked.
+pub fn is_revoked(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Unauthenticated && status.message().contains(REVOKED)
+}
 pub use client::{
     CURATOR_PORT, CallError, CuratorClient, connect, leader_endpoint, parse_endpoint,
     parse_endpoints, url_address,

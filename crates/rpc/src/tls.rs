@@ -395,6 +395,11 @@ impl Authenticator {
                 tracing::trace!("not a cluster certificate ({e}); treating as self-signed");
                 Identity::SelfSigned { public_key }
             }
+            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked)) => {
+                Identity::Invalid {
+                    reason: crate::REVOKED.to_string(),
+                }
+            }
             Err(e) => Identity::Invalid {
                 reason: e.to_string(),
             },
@@ -553,6 +558,13 @@ mod tests {
         check("expired owner", Some(expired), &crl, Want::Invalid);
         let c = Some(revoked.der.clone());
         check("revoked owner", c, &crl_with_revoked, Want::Invalid);
+        // Revocation is named as such: a node learns from it that it left the cluster.
+        let leaf = CertificateDer::from(revoked.der.clone());
+        let got = authenticator.classify(Some(&leaf), &crl_with_revoked, UnixTime::now());
+        assert!(
+            matches!(&got, Identity::Invalid { reason } if reason.contains(crate::REVOKED)),
+            "{got:?}"
+        );
         let c = Some(revoked.der);
         check("owner before revocation", c, &crl, Want::User("owner"));
         let c = issue(&foreign, &pk, "owner", owner);

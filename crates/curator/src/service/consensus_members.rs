@@ -254,13 +254,7 @@ pub async fn remove_role(
         .map_err(|e| etcd_status("listing etcd members", e))?;
     let member = member_of(&members, &node).cloned();
     if let Some(member) = &member {
-        let answering = shared.answering_members(&members).await;
-        let healthy = |m: &Member| answering.contains(&m.id);
-        membership::plan_removal(&members, member.id, healthy).map_err(|refused| {
-            Status::failed_precondition(format!(
-                "removing node {id} from consensus is refused: {refused}"
-            ))
-        })?;
+        check_removal(shared, &members, member, id).await?;
         if id == shared.config.node_id {
             // This curator's own etcd member would vanish under the request: hand the
             // leadership over (the next curator wins at once) and let the caller retry
@@ -291,7 +285,7 @@ pub async fn remove_role(
         .map_err(|e| etcd_status("loading the etcd peer CA", e))?
     {
         let revoked = peer_pki
-            .revoke_issued(&peer_ca, &format!("peer-{id}"))
+            .revoke_issued(&peer_ca, &state::peer_certificate_prefix(id))
             .await
             .map_err(|e| etcd_status("revoking the etcd peer certificates", e))?;
         tracing::info!(
@@ -314,6 +308,38 @@ pub async fn remove_role(
     .map_err(super::node_update_status)?
     .unwrap_or(node);
     Ok(node)
+}
+
+/// Refuses the removal of `member` (node `id`) when the remaining voters could not keep
+/// a quorum (see `membership::plan_removal`; members' curators are asked whether their
+/// etcd member is healthy).
+async fn check_removal(
+    shared: &Arc<Shared>,
+    members: &[Member],
+    member: &Member,
+    id: &str,
+) -> Result<(), Status> {
+    let answering = shared.answering_members(members).await;
+    let healthy = |m: &Member| answering.contains(&m.id);
+    membership::plan_removal(members, member.id, healthy).map_err(|refused| {
+        Status::failed_precondition(format!(
+            "removing node {id} from consensus is refused: {refused}"
+        ))
+    })
+}
+
+/// Whether node `node` could leave consensus now without costing the quorum: `Ok` when
+/// it is no etcd member or its removal is safe. Checked before a decommission starts,
+/// so that an unsafe one is refused up front instead of hanging half-done.
+pub async fn may_leave(shared: &Arc<Shared>, node: &Node) -> Result<(), Status> {
+    let mut client = shared.curator.client();
+    let members = membership::members(&mut client)
+        .await
+        .map_err(|e| etcd_status("listing etcd members", e))?;
+    match member_of(&members, node) {
+        Some(member) => check_removal(shared, &members, member, &node.id).await,
+        None => Ok(()),
+    }
 }
 
 /// How long a member's curator gets to answer the health question of a removal.

@@ -221,16 +221,33 @@ impl api::management_server::Management for Services {
 
     async fn decommission_node(
         &self,
-        _request: Request<api::DecommissionNodeRequest>,
+        request: Request<api::DecommissionNodeRequest>,
     ) -> Result<Response<api::DecommissionNodeResponse>, Status> {
-        Err(Status::unimplemented("DecommissionNode: in progress"))
+        let id = request.get_ref().id.clone();
+        check_node_id(&id)?;
+        let leadership = self.0.leadership().await?;
+        let node = super::decommission::start(&self.0, &leadership, &id).await?;
+        tracing::info!(node = id, caller = %identity(&request), "decommissioning node");
+        Ok(Response::new(api::DecommissionNodeResponse {
+            node: Some(self.0.node_info(node, leadership.since.elapsed())),
+        }))
     }
 
     async fn delete_node(
         &self,
-        _request: Request<api::DeleteNodeRequest>,
+        request: Request<api::DeleteNodeRequest>,
     ) -> Result<Response<api::DeleteNodeResponse>, Status> {
-        Err(Status::unimplemented("DeleteNode: in progress"))
+        let id = request.get_ref().id.clone();
+        check_node_id(&id)?;
+        let leadership = self.0.leadership().await?;
+        let node = super::decommission::delete(&self.0, &leadership, &id).await?;
+        tracing::info!(
+            node = id,
+            state = crate::lifecycle::state_name(state::node_state(&node)),
+            caller = %identity(&request),
+            "deleted node; its key cannot register again"
+        );
+        Ok(Response::new(api::DeleteNodeResponse {}))
     }
 
     async fn list_certificates(

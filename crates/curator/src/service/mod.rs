@@ -6,6 +6,7 @@
 //!   ├── election     campaign → Role (Follower | Leader(Leadership))
 //!   ├── nodes        one etcd watch on nodes/ → Shared::nodes (snapshot per change)
 //!   ├── crl          one etcd watch on the cluster CRL → Shared::crl (see `crl`)
+//!   ├── decommission leader: finishes DECOMMISSIONING nodes (see `decommission`)
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
 //! ```
 //! Handlers that change state take a [`Leadership`] from [`Shared::leadership`] and write
@@ -16,6 +17,7 @@
 mod aaa;
 mod consensus_members;
 mod crl;
+mod decommission;
 mod listener;
 mod local;
 mod management;
@@ -94,6 +96,8 @@ pub struct Shared {
     membership: Arc<tokio::sync::Mutex<()>>,
     /// The cluster CRL (DER), fed by one etcd watch (the `crl` runnable).
     crl: event::Value<Arc<Vec<u8>>>,
+    /// What holds up each DECOMMISSIONING node, by node ID (the `decommission` runnable).
+    decommission_problems: Mutex<HashMap<String, String>>,
 }
 
 /// The gRPC status for a curator error: Unavailable only for what a retry elsewhere or
@@ -209,6 +213,7 @@ impl Shared {
             .get(&node.id)
             .map(|t| t.elapsed());
         let up = node.state == proto::state::NodeState::Up as i32;
+        let decommission_progress = decommission::progress(self, &node);
         api::NodeInfo {
             roles: state::role_names(&node),
             health: health(up, since, tenure, self.config.heartbeat_timeout) as i32,
@@ -220,7 +225,7 @@ impl Shared {
             address: node.address,
             labels: node.labels,
             status: node.status,
-            decommission_progress: String::new(),
+            decommission_progress,
             warnings: Vec::new(),
         }
     }
@@ -250,6 +255,7 @@ pub async fn run(
         nodes_live: event::Value::new(),
         membership: Arc::new(tokio::sync::Mutex::new(())),
         crl: event::Value::new(),
+        decommission_problems: Mutex::new(HashMap::new()),
     });
 
     let election_config = ElectionConfig {
@@ -332,6 +338,11 @@ pub async fn run(
 
     let crl_shared = shared.clone();
     ctx.run("crl", move |ctx| crl::run(ctx, crl_shared.clone()))?;
+
+    let decommission_shared = shared.clone();
+    ctx.run("decommission", move |ctx| {
+        decommission::run(ctx, decommission_shared.clone())
+    })?;
 
     let listener_shared = shared.clone();
     ctx.run("listener", move |ctx| {

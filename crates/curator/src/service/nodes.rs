@@ -121,6 +121,16 @@ impl api::curator_server::Curator for Services {
         // The ticket authorizes creating a record. A node that already registered this
         // key may repeat the call (a lost reply, a restart) even after the ticket was
         // rotated: it only learns its own state.
+        if existing.is_none()
+            && state::is_deleted(&self.0.curator, &id)
+                .await
+                .map_err(status_from)?
+        {
+            tracing::warn!(node = id, "registration refused: the node was deleted");
+            return Err(Status::permission_denied(format!(
+                "node {id} was deleted from this cluster; its key cannot register again"
+            )));
+        }
         if existing.is_none() {
             let stored = state::register_ticket(&self.0.curator)
                 .await
