@@ -172,7 +172,11 @@ mod tests {
             Ok(Enter(Decommissioned)),
         );
         check(Some(Decommissioned), FinishDecommission, Ok(Unchanged));
-        check(Some(Up), FinishDecommission, Err("not being decommissioned"));
+        check(
+            Some(Up),
+            FinishDecommission,
+            Err("not being decommissioned"),
+        );
         check(None, FinishDecommission, Err("not registered"));
         for s in [New, Standby, Decommissioned] {
             check(Some(s), Delete, Ok(Remove));

@@ -175,11 +175,14 @@ async fn finish(shared: &Arc<Shared>, leadership: &Leadership, node: &Node) -> R
         let Some(current) = current else {
             return Err(state::NodeUpdateError::NotFound(id.to_string()));
         };
-        match crate::lifecycle::transition(Some(state::node_state(current)), Event::FinishDecommission)
-            .map_err(|source| state::NodeUpdateError::Transition {
-                id: id.to_string(),
-                source,
-            })? {
+        match crate::lifecycle::transition(
+            Some(state::node_state(current)),
+            Event::FinishDecommission,
+        )
+        .map_err(|source| state::NodeUpdateError::Transition {
+            id: id.to_string(),
+            source,
+        })? {
             crate::lifecycle::Outcome::Enter(next) => {
                 let mut node = current.clone();
                 node.state = next as i32;
@@ -201,7 +204,10 @@ async fn finish(shared: &Arc<Shared>, leadership: &Leadership, node: &Node) -> R
 
 /// The `decommission` runnable: while this curator leads, finishes every
 /// DECOMMISSIONING node of the node snapshot, retrying what fails.
-pub(super) async fn run(ctx: supervisor::Context, shared: Arc<Shared>) -> supervisor::RunnableResult {
+pub(super) async fn run(
+    ctx: supervisor::Context,
+    shared: Arc<Shared>,
+) -> supervisor::RunnableResult {
     let mut roles = shared.role.watch();
     let mut snapshots = shared.nodes.watch();
     ctx.signal_healthy();
