@@ -223,6 +223,9 @@ async fn identities(node: &Node, owner_key: &identity::NodeKey) -> Result<Identi
     })
 }
 
+/// A well-formed node ID no node has.
+const ABSENT_NODE: &str = "polis-00000000000000000000000000000000";
+
 /// Calls `method` as the holder of `credentials`; true if authorization let it through
 /// (the handler may still refuse, e.g. a commit before approval).
 async fn allowed(
@@ -295,6 +298,19 @@ async fn allowed(
             })
             .await
             .err(),
+        // Of a node that does not exist: a NotFound answer means the call got through.
+        "DecommissionNode" => management
+            .decommission_node(api::DecommissionNodeRequest {
+                id: ABSENT_NODE.to_string(),
+            })
+            .await
+            .err(),
+        "DeleteNode" => management
+            .delete_node(api::DeleteNodeRequest {
+                id: ABSENT_NODE.to_string(),
+            })
+            .await
+            .err(),
         "Heartbeat" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
             .heartbeat(api::HeartbeatRequest::default())
             .await
@@ -333,6 +349,12 @@ async fn allowed(
             Ok(false)
         }
         Some(s) if method == "CommitNode" && s.code() == tonic::Code::FailedPrecondition => {
+            Ok(true)
+        }
+        Some(s)
+            if ["DecommissionNode", "DeleteNode"].contains(&method)
+                && s.code() == tonic::Code::NotFound =>
+        {
             Ok(true)
         }
         Some(s) => anyhow::bail!("{method}: unexpected error {s:?}"),
@@ -417,6 +439,8 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         ("UpdateNodeLabels", &["owner"]),
         ("GetRegisterTicket", &["owner"]),
         ("ApproveNode", &["owner"]),
+        ("DecommissionNode", &["owner"]),
+        ("DeleteNode", &["owner"]),
         ("Heartbeat", &["node"]),
         ("WatchNode", &["node"]),
         ("RegisterNode", &["self-signed"]),
