@@ -70,6 +70,69 @@ impl Saved {
     }
 }
 
+/// A TLS server at `address` presenting a removed node's certificate, as someone posing
+/// as a curator would. Serves on a thread of its own until dropped.
+struct Impostor {
+    attempts: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Impostor {
+    fn serve(address: SocketAddr, credentials: rpc::Credentials) -> Result<Impostor> {
+        let listener = std::net::TcpListener::bind(address)?;
+        listener.set_nonblocking(true)?;
+        let config = rpc::tls::server_config(&credentials)?;
+        let attempts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let counter = attempts.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                let acceptor = tokio_rustls::TlsAcceptor::from(config);
+                let serve = async {
+                    loop {
+                        let Ok((tcp, _)) = listener.accept().await else {
+                            return;
+                        };
+                        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let _ = acceptor.accept(tcp).await;
+                    }
+                };
+                tokio::select! {
+                    _ = serve => {}
+                    _ = stopped => {}
+                    _ = tokio::time::sleep(TIMEOUT) => {}
+                }
+            });
+        });
+        Ok(Impostor {
+            attempts,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    fn handshakes_attempted(&self) -> usize {
+        self.attempts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Impostor {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// A heartbeat with `credentials` straight to the curator at `at`.
 async fn heartbeat(at: &Node, ca: &[u8], credentials: &rpc::Credentials) -> Result<tonic::Status> {
     let channel = rpc::connect(
@@ -215,6 +278,27 @@ fn nodes_leave_the_cluster_for_good() -> Result<()> {
     assert!(rpc::is_revoked(&refused), "{refused:?}");
     let node = cluster.node(&id_m2)?.context("listed")?;
     assert_eq!(node["roles"].as_array().map(Vec::len), Some(0), "{node}");
+
+    // A removed node cannot pose as a curator: the remaining nodes and polisctl hold the
+    // CRL that lists its certificate, and check curators against it.
+    let m2_serial = pki::certificate_serial(&saved_m2.credentials()?.certificate)?;
+    e2e::wait_until("m1 saves the CRL revoking m2", TIMEOUT, || {
+        std::fs::read(m1.root.join("data/node/crl.der"))
+            .ok()
+            .and_then(|crl| pki::crl_serials(&crl).ok())
+            .is_some_and(|serials| serials.contains(&m2_serial))
+    })?;
+    let impostor = Impostor::serve(
+        SocketAddr::new(m2.address, rpc::CURATOR_PORT),
+        saved_m2.credentials()?,
+    )?;
+    let (ok, _, err) = cluster.ctl(&["--endpoints", &m2.address.to_string(), "node", "list"])?;
+    assert!(!ok && err.contains("revoked"), "{err}");
+    assert!(
+        impostor.handshakes_attempted() > 0,
+        "polisctl did dial the impostor"
+    );
+    drop(impostor);
 
     // A node that is down is decommissioned by the curator alone; when it comes back it
     // is refused and says so.

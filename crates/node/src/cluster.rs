@@ -96,6 +96,9 @@ pub struct NodeValues {
     pub curators: event::Value<Vec<SocketAddr>>,
     /// The node's roles: from the root at start, then as the cluster changes them.
     pub roles: event::Value<LocalRoles>,
+    /// The newest cluster CRL seen (saved in `data/node/crl.der`): every call to a
+    /// curator checks the curator's certificate against it.
+    pub crl: rpc::CrlSlot,
 }
 
 /// Names the crash-point variable (see [`crash_point`]).

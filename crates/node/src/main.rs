@@ -383,6 +383,7 @@ async fn run(args: Args) -> Result<()> {
         cluster_state: event::Value::new(),
         curators: event::Value::new(),
         roles: event::Value::new(),
+        crl: rpc::CrlSlot::new(),
     };
     values.cluster_state.set(ClusterState::Unknown);
     let settings = roleserver::Settings {

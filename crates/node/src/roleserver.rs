@@ -30,7 +30,7 @@ use proto::config::ClusterDirectory;
 use crate::cluster::NodeValues;
 use crate::decision::ClusterState;
 use crate::register::{Backoff, ProblemLog, pause};
-use crate::storage::{Root, read_file, write_proto};
+use crate::storage::{Root, read_file, write_atomic, write_proto};
 
 /// Node settings the role server needs.
 #[derive(Debug, Clone)]
@@ -71,6 +71,11 @@ pub async fn run(
         m = membership_watcher.get() => { m?; }
         _ = ctx.cancelled() => return Ok(()),
     };
+    let saved_crl = settings.root.cluster_crl();
+    if saved_crl.exists() {
+        let crl = read_file(&saved_crl, "cluster CRL")?;
+        offer_crl(&settings, &values, &crl, false)?;
+    }
     let (fetch_settings, fetch_values, fetch_fatal) =
         (settings.clone(), values.clone(), fatal.clone());
     ctx.run("rolefetch", move |ctx| {
@@ -128,15 +133,37 @@ pub fn node_credentials(root: &Root) -> Result<rpc::Credentials> {
     })
 }
 
-/// A client of the cluster's curators with this node's certificate.
+/// A client of the cluster's curators with this node's certificate, checking theirs
+/// against the cluster CA and the newest CRL this node has seen.
 pub fn curator_client(settings: &Settings, values: &NodeValues) -> Result<rpc::CuratorClient> {
     let credentials = node_credentials(&settings.root)?;
     let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
     Ok(rpc::CuratorClient::new(
         values.curators.current().unwrap_or_default(),
-        rpc::ServerTrust::PinnedCa(ca),
+        rpc::ServerTrust::ClusterCa {
+            ca,
+            crl: values.crl.clone(),
+        },
         Some(credentials),
     ))
+}
+
+/// Takes `crl` (from a curator, or the saved copy) into the node's CRL slot when it is
+/// the cluster CA's and newer than the one held; saves it when it was new.
+fn offer_crl(settings: &Settings, values: &NodeValues, crl: &[u8], save: bool) -> Result<()> {
+    let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
+    match values.crl.offer(&ca, crl) {
+        Ok(true) if save => {
+            write_atomic(&settings.root.cluster_crl(), crl).context("saving the cluster CRL")?;
+            tracing::info!(
+                revoked = pki::crl_serials(crl).map(|s| s.len()).unwrap_or_default(),
+                "cluster CRL updated"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("ignoring a cluster CRL: {e}"),
+    }
+    Ok(())
 }
 
 /// Waits for the cluster state `want`; false when cancelled first.
@@ -287,6 +314,9 @@ async fn rolefetch(
                     tracing::info!(curators = ?endpoints, "curator directory updated");
                     values.curators.set(endpoints);
                 }
+            }
+            if !update.cluster_crl.is_empty() {
+                offer_crl(&settings, &values, &update.cluster_crl, true)?;
             }
             match proto::api::NodeState::try_from(update.state) {
                 Ok(proto::api::NodeState::Decommissioning) => enter_disowning(&settings, &values)?,

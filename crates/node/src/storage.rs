@@ -11,6 +11,7 @@
 //!   <root>/data/node/key.der             node Ed25519 key (PKCS#8)       0600
 //!   <root>/data/node/cert.der            node certificate (cluster CA)
 //!   <root>/data/node/ca.der              cluster CA certificate
+//!   <root>/data/node/crl.der             newest cluster CRL seen (checks curators)
 //!   <root>/data/etcd/data/               etcd's data directory
 //!   <root>/data/etcd/peer/               etcd peer cert, key, CA, CRL (PEM)
 //!   <root>/data/etcd/member.pb           etcd member this node became by joining later
@@ -78,6 +79,10 @@ impl Root {
     }
     pub fn cluster_ca(&self) -> PathBuf {
         self.node_dir().join("ca.der")
+    }
+    /// The newest cluster CRL this node has seen.
+    pub fn cluster_crl(&self) -> PathBuf {
+        self.node_dir().join("crl.der")
     }
     pub fn etcd_data(&self) -> PathBuf {
         self.data().join("etcd").join("data")

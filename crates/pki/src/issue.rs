@@ -309,6 +309,39 @@ pub fn time_to_expiry(cert_der: &[u8]) -> Result<Option<Duration>, PkiError> {
         .map(Duration::from_secs))
 }
 
+/// The CRL number of a DER CRL, once its signature is checked against the CA
+/// certificate `ca_der` (Ed25519) and its issuer is that CA: what a client needs before
+/// it trusts a CRL that reached it over the network.
+pub fn verified_crl_number(crl_der: &[u8], ca_der: &[u8]) -> Result<u64, PkiError> {
+    let invalid = |reason: String| PkiError::Invalid {
+        what: "CRL",
+        reason,
+    };
+    let (_, crl) = x509_parser::parse_x509_crl(crl_der).map_err(|e| invalid(e.to_string()))?;
+    let (_, ca) = x509_parser::parse_x509_certificate(ca_der).map_err(|e| PkiError::Invalid {
+        what: "CA certificate",
+        reason: e.to_string(),
+    })?;
+    if crl.issuer().as_raw() != ca.subject().as_raw() {
+        return Err(invalid("it was not issued by the cluster CA".into()));
+    }
+    ring::signature::UnparsedPublicKey::new(
+        &ring::signature::ED25519,
+        &ca.public_key().subject_public_key.data,
+    )
+    .verify(crl.tbs_cert_list.as_ref(), &crl.signature_value.data)
+    .map_err(|_| invalid("its signature does not verify against the cluster CA".into()))?;
+    let number = crl
+        .crl_number()
+        .ok_or_else(|| invalid("it carries no CRL number".into()))?;
+    let digits = number.to_u64_digits();
+    match digits.as_slice() {
+        [] => Ok(0),
+        [n] => Ok(*n),
+        _ => Err(invalid("its CRL number is out of range".into())),
+    }
+}
+
 /// The serial numbers a DER CRL lists.
 pub fn crl_serials(crl_der: &[u8]) -> Result<Vec<Vec<u8>>, PkiError> {
     let (_, crl) = x509_parser::parse_x509_crl(crl_der).map_err(|e| PkiError::Invalid {
@@ -325,6 +358,22 @@ pub fn crl_serials(crl_der: &[u8]) -> Result<Vec<Vec<u8>>, PkiError> {
 mod tests {
     use super::*;
     use x509_parser::prelude::*;
+
+    #[test]
+    fn crls_are_checked_against_their_ca() {
+        let ca = Ca::generate("ca", CA_LIFETIME).unwrap();
+        let other = Ca::generate("ca", CA_LIFETIME).unwrap();
+        let crl = ca.crl(&[vec![1, 2, 3]], 7).unwrap();
+        assert_eq!(verified_crl_number(&crl, &ca.cert_der).unwrap(), 7);
+        // Same name, other key: the signature decides.
+        let err = verified_crl_number(&crl, &other.cert_der).unwrap_err();
+        assert!(err.to_string().contains("signature"), "{err}");
+        let mut tampered = crl.clone();
+        let at = tampered.len() / 2;
+        tampered[at] ^= 1;
+        assert!(verified_crl_number(&tampered, &ca.cert_der).is_err());
+        assert!(verified_crl_number(b"garbage", &ca.cert_der).is_err());
+    }
 
     fn node_key() -> [u8; 32] {
         identity::NodeKey::generate().unwrap().public_key()

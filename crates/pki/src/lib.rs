@@ -35,7 +35,7 @@ mod store;
 pub use issue::{
     BACKDATE, CA_LIFETIME, CERTIFICATE_LIFETIME, Ca, CertificateKind, Issued,
     MIN_CERTIFICATE_LIFETIME, Template, Usage, certificate_public_key, crl_serials, random_serial,
-    time_to_expiry,
+    time_to_expiry, verified_crl_number,
 };
 pub use store::{CaStore, certificate_serial};
 

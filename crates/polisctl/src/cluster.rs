@@ -27,6 +27,26 @@ fn ca_path(config: &Path) -> PathBuf {
     config.join("ca.pem")
 }
 
+/// The newest cluster CRL polisctl has seen: curators' certificates are checked
+/// against it, so that a removed node cannot pose as one.
+fn crl_path(config: &Path) -> PathBuf {
+    config.join("crl.pem")
+}
+
+/// A CRL slot holding the saved CRL, if it checks out against `ca`.
+fn saved_crl(config: &Path, ca: &[u8]) -> Result<rpc::CrlSlot> {
+    let slot = rpc::CrlSlot::new();
+    if let Some(crl) = read_pem(&crl_path(config), "X509 CRL", "cluster CRL")? {
+        slot.offer(ca, &crl).with_context(|| {
+            format!(
+                "the saved cluster CRL {} is not this cluster's; remove it",
+                crl_path(config).display()
+            )
+        })?;
+    }
+    Ok(slot)
+}
+
 fn read_pem(path: &Path, tag: &str, what: &str) -> Result<Option<Vec<u8>>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
@@ -247,17 +267,15 @@ pub async fn take_ownership(
         &response.owner_certificate,
     )?;
     // Remember the cluster's curators, so that later commands need no --endpoints.
-    let session = OwnerSession {
-        client: rpc::CuratorClient::new(
-            endpoints,
-            trust,
-            Some(rpc::Credentials {
-                certificate: response.owner_certificate.clone(),
-                key_pkcs8: key.pkcs8_der().to_vec(),
-            }),
-        ),
-        config: config.to_path_buf(),
-    };
+    let session = OwnerSession::new(
+        config,
+        endpoints,
+        ca.clone(),
+        rpc::Credentials {
+            certificate: response.owner_certificate.clone(),
+            key_pkcs8: key.pkcs8_der().to_vec(),
+        },
+    )?;
     session.cluster_info().await?;
     println!("Took ownership of the cluster (CA SHA256:{fingerprint}).");
     println!(
@@ -267,10 +285,15 @@ pub async fn take_ownership(
     Ok(())
 }
 
-/// The owner's connection to the cluster: pinned CA, owner certificate and key, endpoints.
+/// The owner's connection to the cluster: pinned CA, CRL, owner certificate and key,
+/// endpoints.
 pub(crate) struct OwnerSession {
     client: rpc::CuratorClient,
     config: PathBuf,
+    ca: Vec<u8>,
+    crl: rpc::CrlSlot,
+    /// Whether this session fetched the current CRL yet (once per command).
+    crl_refreshed: std::sync::atomic::AtomicBool,
 }
 
 /// Loads the owner's credentials, refusing early with a useful message when they are
@@ -304,30 +327,81 @@ pub(crate) fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<O
         );
     }
     let key = load_owner_key(&owner_key_path(config))?;
-    Ok(OwnerSession {
-        client: rpc::CuratorClient::new(
-            endpoints,
-            rpc::ServerTrust::PinnedCa(ca),
-            Some(rpc::Credentials {
-                certificate,
-                key_pkcs8: key.pkcs8_der().to_vec(),
-            }),
-        ),
-        config: config.to_path_buf(),
-    })
+    OwnerSession::new(
+        config,
+        endpoints,
+        ca,
+        rpc::Credentials {
+            certificate,
+            key_pkcs8: key.pkcs8_der().to_vec(),
+        },
+    )
 }
 
 impl OwnerSession {
+    fn new(
+        config: &Path,
+        endpoints: Vec<SocketAddr>,
+        ca: Vec<u8>,
+        credentials: rpc::Credentials,
+    ) -> Result<OwnerSession> {
+        let crl = saved_crl(config, &ca)?;
+        let trust = rpc::ServerTrust::ClusterCa {
+            ca: ca.clone(),
+            crl: crl.clone(),
+        };
+        Ok(OwnerSession {
+            client: rpc::CuratorClient::new(endpoints, trust, Some(credentials)),
+            config: config.to_path_buf(),
+            ca,
+            crl,
+            crl_refreshed: Default::default(),
+        })
+    }
+
+    /// Fetches the cluster's current CRL from the curator that answered (once per
+    /// session) and saves it when it is newer than the saved one. A failure only costs
+    /// freshness: it is reported, not fatal.
+    async fn refresh_crl(&self) {
+        use std::sync::atomic::Ordering;
+        if self.crl_refreshed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let fetched = self
+            .client
+            .call(|channel| async move {
+                api::curator_local_client::CuratorLocalClient::new(channel)
+                    .get_ca_certificate(api::GetCaCertificateRequest {})
+                    .await
+            })
+            .await;
+        let outcome = match fetched {
+            Ok(answer) if answer.crl.is_empty() => Ok(()),
+            Ok(answer) => match self.crl.offer(&self.ca, &answer.crl) {
+                Ok(true) => write_pem(&crl_path(&self.config), "X509 CRL", &answer.crl),
+                Ok(false) => Ok(()),
+                Err(e) => Err(e.into()),
+            },
+            Err(e) => Err(anyhow!("{e}")),
+        };
+        if let Err(e) = outcome {
+            eprintln!("polisctl: warning: refreshing the cluster CRL: {e:#}");
+        }
+    }
+
     /// A Management call, following the leader (see [`rpc::CuratorClient`]).
     pub(crate) async fn management<T, F, Fut>(&self, what: &str, call: F) -> Result<T>
     where
         F: Fn(api::management_client::ManagementClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        self.client
+        let answer = self
+            .client
             .call(|channel| call(api::management_client::ManagementClient::new(channel)))
             .await
-            .map_err(|f| call_failure(what, f))
+            .map_err(|f| call_failure(what, f))?;
+        self.refresh_crl().await;
+        Ok(answer)
     }
 
     /// Cluster information; refreshes the remembered curator endpoints on the way.
@@ -345,6 +419,10 @@ impl OwnerSession {
 /// One-line description of a failed call through the curator client.
 fn call_failure(what: &str, failure: rpc::CallError) -> anyhow::Error {
     match failure {
+        rpc::CallError::Unreachable(_) if failure.revoked_server() => anyhow!(
+            "{what}: {failure}; a revoked certificate belongs to a node removed from the cluster: \
+             name the cluster's current curators with --endpoints"
+        ),
         rpc::CallError::Unreachable(_) if failure.all_untrusted() => anyhow!(
             "{what}: {failure}; the pinned CA is not this cluster's (another cluster at these endpoints?)"
         ),

@@ -125,6 +125,13 @@ fn list(errors: &[RpcError]) -> String {
 }
 
 impl CallError {
+    /// Some curator presented a certificate the client's CRL lists: a node removed from
+    /// the cluster (or someone holding its key) answering at a curator's endpoint.
+    pub fn revoked_server(&self) -> bool {
+        matches!(self, CallError::Unreachable(errors)
+            if errors.iter().any(|e| matches!(e, RpcError::UntrustedServer { reason, .. } if reason == "Revoked")))
+    }
+
     /// Every curator was reached, and none presented a certificate of the trusted CA:
     /// the caller pins the wrong CA (a configuration error, not an outage).
     pub fn all_untrusted(&self) -> bool {

@@ -51,7 +51,7 @@ pub use client::{
 };
 pub use forward::{ForwardLayer, Forwarding};
 pub use server::{AuthLayer, CrlSource, Forwarders, Limits, PeerInfo, incoming};
-pub use tls::{Authenticator, Credentials, ServerTrust, self_signed};
+pub use tls::{Authenticator, Credentials, CrlSlot, ServerTrust, self_signed};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {

@@ -164,11 +164,56 @@ pub fn server_config(credentials: &Credentials) -> Result<Arc<rustls::ServerConf
     Ok(Arc::new(config))
 }
 
+/// The newest cluster CRL a client has seen, shared by all its connections: a server
+/// whose certificate it lists is refused at the handshake, so that a node removed from
+/// the cluster cannot pose as a curator. CRLs are accepted only when signed by the
+/// cluster CA and not older (by CRL number) than the one held, so it does not matter
+/// which server delivered them.
+#[derive(Debug, Clone, Default)]
+pub struct CrlSlot(Arc<Mutex<Option<HeldCrl>>>);
+
+/// A CRL (DER) and its CRL number.
+type HeldCrl = (Vec<u8>, u64);
+
+impl CrlSlot {
+    pub fn new() -> CrlSlot {
+        CrlSlot::default()
+    }
+
+    /// The CRL held (DER), if any.
+    pub fn current(&self) -> Option<Vec<u8>> {
+        self.0
+            .lock()
+            .expect("CRL slot lock poisoned")
+            .as_ref()
+            .map(|(der, _)| der.clone())
+    }
+
+    /// Offers `crl_der`: kept when signed by `ca_der` and at least as new as the CRL
+    /// held. Returns whether it replaced that CRL (false: the same or an older one).
+    pub fn offer(&self, ca_der: &[u8], crl_der: &[u8]) -> Result<bool, RpcError> {
+        let number = pki::verified_crl_number(crl_der, ca_der)
+            .map_err(|e| RpcError::Certificate(format!("cluster CRL: {e}")))?;
+        let mut held = self.0.lock().expect("CRL slot lock poisoned");
+        match held.as_ref() {
+            Some((der, n)) if *n > number || (*n == number && der == crl_der) => Ok(false),
+            _ => {
+                *held = Some((crl_der.to_vec(), number));
+                Ok(true)
+            }
+        }
+    }
+}
+
 /// How a client checks the server it talks to.
 #[derive(Debug, Clone)]
 pub enum ServerTrust {
     /// The server certificate must chain to this CA (DER) and name the address dialed.
     PinnedCa(Vec<u8>),
+    /// As `PinnedCa`, and the certificate must not be on the CRL in `crl` (as it is
+    /// when the connection is made): what nodes and owners use once they belong to the
+    /// cluster.
+    ClusterCa { ca: Vec<u8>, crl: CrlSlot },
     /// Accept any server certificate: only for fetching the CA to pin (trust on first
     /// use, confirmed by the operator through its fingerprint).
     FirstUse,
@@ -201,14 +246,30 @@ pub fn client_config(
     let provider = provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?;
+    let pinned = |ca: &Vec<u8>| -> Result<Arc<rustls::RootCertStore>, RpcError> {
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from(ca.clone()))
+            .map_err(|e| RpcError::Certificate(format!("pinned CA: {e}")))?;
+        Ok(Arc::new(roots))
+    };
     let builder = match trust {
-        ServerTrust::PinnedCa(ca) => {
-            let mut roots = rustls::RootCertStore::empty();
-            roots
-                .add(CertificateDer::from(ca.clone()))
-                .map_err(|e| RpcError::Certificate(format!("pinned CA: {e}")))?;
-            builder.with_root_certificates(roots)
-        }
+        ServerTrust::PinnedCa(ca) => builder.with_root_certificates(pinned(ca)?),
+        ServerTrust::ClusterCa { ca, crl } => match crl.current() {
+            None => builder.with_root_certificates(pinned(ca)?),
+            Some(crl) => {
+                let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                    pinned(ca)?,
+                    provider,
+                )
+                .with_crls([CertificateRevocationListDer::from(crl)])
+                .build()
+                .map_err(|e| RpcError::Certificate(format!("cluster CRL: {e}")))?;
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(verifier)
+            }
+        },
         ServerTrust::FirstUse => builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AcceptAnyServer {
@@ -431,6 +492,72 @@ mod tests {
             kind,
         };
         ca.issue(&template, key).unwrap().der
+    }
+
+    /// One TLS handshake with a server presenting `server` (at 127.0.0.1), as a client
+    /// trusting `trust`.
+    async fn handshake(server: &Credentials, trust: &ServerTrust) -> Result<(), String> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(server_config(server).unwrap());
+        let serving = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let _ = acceptor.accept(tcp).await;
+        });
+        let connector = tokio_rustls::TlsConnector::from(client_config(trust, None).unwrap());
+        let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+        let name = ServerName::IpAddress(address.ip().into());
+        let outcome = connector
+            .connect(name, tcp)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string());
+        serving.abort();
+        outcome
+    }
+
+    #[tokio::test]
+    async fn a_revoked_server_is_refused_by_clients_holding_the_crl() {
+        let (ca, empty_crl, _) = cluster();
+        let key = identity::NodeKey::generate().unwrap();
+        let issued = ca
+            .issue(
+                &Template {
+                    common_name: key.node_id(),
+                    dns_names: vec![key.node_id()],
+                    ip_addresses: vec![[127, 0, 0, 1].into()],
+                    usage: Usage::ServerAndClient,
+                    lifetime: Duration::from_secs(3600),
+                    kind: CertificateKind::Node,
+                },
+                &key.public_key(),
+            )
+            .unwrap();
+        let server = Credentials {
+            certificate: issued.der.clone(),
+            key_pkcs8: key.pkcs8_der().to_vec(),
+        };
+        let revoking = ca.crl(std::slice::from_ref(&issued.serial), 2).unwrap();
+        let slot = CrlSlot::new();
+        let trust = ServerTrust::ClusterCa {
+            ca: ca.cert_der.clone(),
+            crl: slot.clone(),
+        };
+        handshake(&server, &trust).await.expect("no CRL yet");
+        assert!(slot.offer(&ca.cert_der, &empty_crl).unwrap());
+        handshake(&server, &trust).await.expect("not revoked");
+        assert!(slot.offer(&ca.cert_der, &revoking).unwrap());
+        let refused = handshake(&server, &trust).await.unwrap_err();
+        assert!(refused.contains("Revoked"), "{refused}");
+        // An older CRL does not undo the revocation; a CRL of another CA is refused.
+        assert!(!slot.offer(&ca.cert_der, &empty_crl).unwrap());
+        assert!(handshake(&server, &trust).await.is_err());
+        let foreign = pki::Ca::generate("Polis Cluster CA", pki::CA_LIFETIME).unwrap();
+        let foreign_crl = foreign.crl(&[], 9).unwrap();
+        assert!(slot.offer(&ca.cert_der, &foreign_crl).is_err());
+        // Without the CRL, the same server passes: it is the CRL that refuses it.
+        let pinned = ServerTrust::PinnedCa(ca.cert_der.clone());
+        handshake(&server, &pinned).await.expect("pinned CA only");
     }
 
     /// A certificate from the cluster CA with no role mark at all (as issued before

@@ -351,7 +351,7 @@ impl Shared {
     /// etcd member is a voter that knows a leader. Asked directly, node to node: a new
     /// leader has seen no heartbeats yet.
     async fn answering_members(&self, members: &[Member]) -> std::collections::HashSet<u64> {
-        let trust = rpc::ServerTrust::PinnedCa(self.config.ca_certificate.clone());
+        let trust = self.server_trust();
         let mut asks = tokio::task::JoinSet::new();
         let mut healthy = std::collections::HashSet::new();
         for m in members.iter().filter(|m| !m.is_learner) {

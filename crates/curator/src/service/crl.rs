@@ -5,6 +5,9 @@
 //!                                                                      │ every call
 //!   AuthLayer ◀── CrlSource (reads the cache; no etcd call) ◀──────────┘
 //! ```
+//! The same CRL checks the curators this one calls (`Shared::crl_slot`), and reaches
+//! nodes with their WatchNode stream, for their own calls.
+//!
 //! A revocation takes effect on this curator with the watch event that carries it
 //! (etcd delivers it after the revision is committed, usually within a millisecond).
 //! Until the first CRL has arrived, calls with client certificates answer Unavailable:
@@ -26,6 +29,10 @@ pub(super) async fn run(
         tokio::select! {
             crl = crls.recv() => match crl {
                 Some(crl) => {
+                    if let Err(e) = shared.crl_slot.offer(&shared.config.ca_certificate, &crl) {
+                        // The per-call check below still uses it: etcd is the authority.
+                        tracing::error!("the cluster CRL in etcd does not check out: {e}");
+                    }
                     shared.crl.set(Arc::new(crl));
                     ctx.signal_healthy();
                 }

@@ -60,7 +60,7 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
                 });
             }
             // Connected without holding the cache: a slow leader delays only this call.
-            let trust = rpc::ServerTrust::PinnedCa(shared.config.ca_certificate.clone());
+            let trust = shared.server_trust();
             match rpc::connect(endpoint, &trust, Some(&shared.config.credentials)).await {
                 Ok(channel) => {
                     *cached.lock().expect("forwarding cache lock") =

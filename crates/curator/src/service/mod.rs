@@ -96,6 +96,9 @@ pub struct Shared {
     membership: Arc<tokio::sync::Mutex<()>>,
     /// The cluster CRL (DER), fed by one etcd watch (the `crl` runnable).
     crl: event::Value<Arc<Vec<u8>>>,
+    /// The same CRL for this curator's own calls to other curators (forwarding, quorum
+    /// questions): a removed node cannot pose as one.
+    crl_slot: rpc::CrlSlot,
     /// What holds up each DECOMMISSIONING node, by node ID (the `decommission` runnable).
     decommission_problems: Mutex<HashMap<String, String>>,
 }
@@ -192,6 +195,14 @@ impl Shared {
             .ok()
     }
 
+    /// How this curator checks the curators it calls: the cluster CA and the CRL.
+    fn server_trust(&self) -> rpc::ServerTrust {
+        rpc::ServerTrust::ClusterCa {
+            ca: self.config.ca_certificate.clone(),
+            crl: self.crl_slot.clone(),
+        }
+    }
+
     /// Whether `id` is a curator's node: UP with the ConsensusMember role. Only such
     /// nodes may forward a caller's identity.
     fn is_curator_node(&self, id: &str) -> bool {
@@ -255,6 +266,7 @@ pub async fn run(
         nodes_live: event::Value::new(),
         membership: Arc::new(tokio::sync::Mutex::new(())),
         crl: event::Value::new(),
+        crl_slot: rpc::CrlSlot::new(),
         decommission_problems: Mutex::new(HashMap::new()),
     });
 

@@ -40,14 +40,22 @@ where
 {
     let mut snapshots = shared.nodes.watch();
     let mut live = shared.nodes_live.watch();
+    let mut crls = shared.crl.watch();
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
         let mut last: Option<T> = None;
+        let mut current: Option<NodeSnapshot> = None;
         loop {
             let snapshot = tokio::select! {
                 s = snapshots.get() => match s {
                     Ok(s) => s,
                     Err(_) => return,
+                },
+                // Views may show the CRL too: look again when it changes.
+                c = crls.get() => match (c, current.clone()) {
+                    (Ok(_), Some(s)) => s,
+                    (Ok(_), None) => continue,
+                    (Err(_), _) => return,
                 },
                 // The snapshot went stale: end the stream, the client goes elsewhere.
                 _ = live.get_matching(|l| !*l) => {
@@ -60,6 +68,7 @@ where
                 }
                 _ = tx.closed() => return,
             };
+            current = Some(snapshot.clone());
             let Some(next) = view(&snapshot) else {
                 continue;
             };
@@ -271,13 +280,17 @@ impl api::curator_server::Curator for Services {
                 "this curator's view of the cluster is not current; use another curator",
             ));
         }
+        let crl = self.0.crl.clone();
         let stream = snapshot_stream(&self.0, move |nodes| {
             let node = nodes.nodes.get(&id)?;
             Some(api::WatchNodeUpdate {
                 state: node.state,
                 roles: state::role_names(node),
                 curator_endpoints: state::curator_endpoints(nodes.nodes.values()),
-                cluster_crl: Vec::new(),
+                cluster_crl: crl
+                    .current()
+                    .map(|c| c.as_ref().clone())
+                    .unwrap_or_default(),
             })
         });
         Ok(Response::new(stream))
