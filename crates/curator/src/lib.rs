@@ -20,6 +20,7 @@
 //! Layout inside `namespaced:curator/`:
 //! ```text
 //!   nodes/<node id>            state::Node (protobuf)
+//!   deleted/<node id>          the record of a deleted node (tombstone: never registers again)
 //!   global/initial_owner       raw Ed25519 public key of the owner named at bootstrap
 //!   global/register_ticket     32 random bytes, created on first request
 //!   cluster/configuration      config::ClusterConfiguration (protobuf)
@@ -44,6 +45,9 @@
 //! - A campaigning curator revokes the lease of a leader whose endpoint refuses
 //!   connections (its process is gone); guarded writes make this safe even when wrong.
 //! - Register tickets are compared in constant time (`state::ticket_matches`).
+//! - A node leaves for good: decommissioning takes it out of consensus (quorum-checked
+//!   up front), revokes its certificates and marks it DECOMMISSIONED, a state no event
+//!   leads out of; deleting leaves a tombstone. RegisterNode refuses both keys.
 
 pub mod election;
 pub mod lifecycle;
