@@ -6,6 +6,8 @@
 //!   ├── election     campaign → Role (Follower | Leader(Leadership))
 //!   ├── nodes        one etcd watch on nodes/ → Shared::nodes (snapshot per change)
 //!   ├── crl          one etcd watch on the cluster CRL → Shared::crl (see `crl`)
+//!   ├── certificates every issued certificate, refreshed → Shared::certificates
+//!   │                (expiry warnings in NodeInfo; see `certificates`)
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
 //! ```
 //! Handlers that change state take a [`Leadership`] from [`Shared::leadership`] and write
@@ -14,6 +16,7 @@
 //! watch per client.
 
 mod aaa;
+pub mod certificates;
 mod consensus_members;
 mod crl;
 mod listener;
@@ -40,11 +43,11 @@ use crate::state::{self, NodeUpdateError};
 pub struct CuratorConfig {
     pub node_id: String,
     pub listen: SocketAddr,
-    /// This node's certificate and key, served to clients.
-    pub credentials: rpc::Credentials,
+    /// This node's certificate and key: served to clients (from the next handshake on
+    /// after a renewal replaced them) and presented when forwarding or asking peers.
+    pub credentials: rpc::CredentialSlot,
     pub ca_certificate: Vec<u8>,
     pub lease_ttl: Duration,
-    pub owner_certificate_lifetime: Duration,
     pub heartbeat_timeout: Duration,
 }
 
@@ -94,6 +97,10 @@ pub struct Shared {
     membership: Arc<tokio::sync::Mutex<()>>,
     /// The cluster CRL (DER), fed by one etcd watch (the `crl` runnable).
     crl: event::Value<Arc<Vec<u8>>>,
+    /// Current certificates per node, for expiry warnings (the `certificates` runnable).
+    certificates: event::Value<Arc<certificates::CertificateView>>,
+    /// Wakes the `certificates` runnable early: a certificate was just issued here.
+    certificates_changed: tokio::sync::Notify,
 }
 
 /// The gRPC status for a curator error: Unavailable only for what a retry elsewhere or
@@ -155,6 +162,14 @@ fn self_signed_key<T>(request: &Request<T>) -> Result<[u8; 32], Status> {
 }
 
 impl Shared {
+    /// The cluster configuration (certificate lifetimes); the default when none is stored.
+    async fn configuration(&self) -> Result<proto::config::ClusterConfiguration, Status> {
+        Ok(state::cluster_configuration(&self.curator)
+            .await
+            .map_err(status_from)?
+            .unwrap_or_default())
+    }
+
     /// The current leadership, or Unavailable naming the leader.
     async fn leadership(&self) -> Result<Leadership, Status> {
         if let Some(Role::Leader(l)) = self.role.current() {
@@ -209,6 +224,10 @@ impl Shared {
             .get(&node.id)
             .map(|t| t.elapsed());
         let up = node.state == proto::state::NodeState::Up as i32;
+        let warnings = match self.certificates.current() {
+            Some(view) => certificates::warnings(&node, view.nodes.get(&node.id), pki::unix_now()),
+            None => Vec::new(),
+        };
         api::NodeInfo {
             roles: state::role_names(&node),
             health: health(up, since, tenure, self.config.heartbeat_timeout) as i32,
@@ -221,7 +240,7 @@ impl Shared {
             labels: node.labels,
             status: node.status,
             decommission_progress: String::new(),
-            warnings: Vec::new(),
+            warnings,
         }
     }
 }
@@ -250,6 +269,8 @@ pub async fn run(
         nodes_live: event::Value::new(),
         membership: Arc::new(tokio::sync::Mutex::new(())),
         crl: event::Value::new(),
+        certificates: event::Value::new(),
+        certificates_changed: tokio::sync::Notify::new(),
     });
 
     let election_config = ElectionConfig {
@@ -332,6 +353,11 @@ pub async fn run(
 
     let crl_shared = shared.clone();
     ctx.run("crl", move |ctx| crl::run(ctx, crl_shared.clone()))?;
+
+    let certificates_shared = shared.clone();
+    ctx.run("certificates", move |ctx| {
+        certificates::run(ctx, certificates_shared.clone())
+    })?;
 
     let listener_shared = shared.clone();
     ctx.run("listener", move |ctx| {
