@@ -88,14 +88,12 @@ fn certificates_rotate_online_without_failed_calls_or_restarts() -> Result<()> {
     let id0 = cluster.first.key_node_id()?;
 
     // Every process that must survive: polis-node and etcd.
-    let mut pids = vec![
-        cluster.first.proc().pid(),
-        n1.proc().pid(),
-        w2.proc().pid(),
-    ];
+    let mut pids = vec![cluster.first.proc().pid(), n1.proc().pid(), w2.proc().pid()];
     pids.push(cluster.first.etcd_pid()?);
     pids.push(n1.etcd_pid()?);
-    let first_peer = node_certificates(&n1)?.1.context("n1 has a peer certificate")?;
+    let first_peer = node_certificates(&n1)?
+        .1
+        .context("n1 has a peer certificate")?;
     let first_peer_expiry = pki::Validity::of(&first_peer)?.not_after;
     let owner_path = cluster.config.join("owner.pem");
 
@@ -160,13 +158,25 @@ fn certificates_rotate_online_without_failed_calls_or_restarts() -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    println!("{calls} owner calls in {:?}; serials seen: {seen:#?}", started.elapsed());
-    assert!(cut, "the loop never got past the first peer certificate's expiry");
+    println!(
+        "{calls} owner calls in {:?}; serials seen: {seen:#?}",
+        started.elapsed()
+    );
+    assert!(
+        cut,
+        "the loop never got past the first peer certificate's expiry"
+    );
     assert!(failures.is_empty(), "failed calls: {failures:#?}");
-    assert!(warnings.is_empty(), "expiry warnings while renewing: {warnings:#?}");
+    assert!(
+        warnings.is_empty(),
+        "expiry warnings while renewing: {warnings:#?}"
+    );
     for (what, serials) in &seen {
         // Over 3 node lifetimes each certificate is replaced at least twice.
-        assert!(serials.len() >= 3, "{what} was not rotated twice: {serials:?}");
+        assert!(
+            serials.len() >= 3,
+            "{what} was not rotated twice: {serials:?}"
+        );
     }
     for pid in &pids {
         assert!(e2e::process_alive(*pid), "process {pid} is gone");
@@ -200,7 +210,10 @@ fn certificates_rotate_online_without_failed_calls_or_restarts() -> Result<()> {
             .count()
     };
     for id in [&id0, &id1, &id2] {
-        assert!(count("node", id) >= 3, "node certificates of {id}: {list:#?}");
+        assert!(
+            count("node", id) >= 3,
+            "node certificates of {id}: {list:#?}"
+        );
     }
     for id in [&id0, &id1] {
         assert!(count("etcd-peer", id) >= 3, "peer certificates of {id}");
@@ -229,7 +242,10 @@ fn certificates_rotate_online_without_failed_calls_or_restarts() -> Result<()> {
     );
     let (ok, table, err) = cluster.ctl(&["cluster", "certificates"])?;
     assert!(ok, "{err}");
-    assert!(table.contains("KIND") && table.contains("expired"), "{table}");
+    assert!(
+        table.contains("KIND") && table.contains("expired"),
+        "{table}"
+    );
     println!("{table}");
     Ok(())
 }

@@ -190,7 +190,9 @@ async fn renew(
         // Only while the node still is a member (its peer files are there): the control
         // plane may have been stopped and its files wiped meanwhile.
         if !values.roles.current().is_some_and(|r| r.consensus_member) || !peer_file.exists() {
-            tracing::info!("not a consensus member any more: the renewed peer certificate is unused");
+            tracing::info!(
+                "not a consensus member any more: the renewed peer certificate is unused"
+            );
             return Ok(());
         }
         write_atomic(peer_file, &pem("CERTIFICATE", &answer.peer_certificate))

@@ -321,12 +321,13 @@ async fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<OwnerS
         )
     })?;
     let path = owner_certificate_path(config);
-    let mut certificate = read_pem(&path, "CERTIFICATE", "owner certificate")?.ok_or_else(|| {
-        anyhow!(
-            "no owner certificate in {}; run `polisctl takeownership` first",
-            config.display()
-        )
-    })?;
+    let mut certificate =
+        read_pem(&path, "CERTIFICATE", "owner certificate")?.ok_or_else(|| {
+            anyhow!(
+                "no owner certificate in {}; run `polisctl takeownership` first",
+                config.display()
+            )
+        })?;
     let key_path = owner_key_path(config);
     let key = load_owner_key(&key_path)?;
     let validity = pki::Validity::of(&certificate)
@@ -503,7 +504,8 @@ pub fn print_node_list(nodes: &[api::NodeInfo], format: Format) {
 
 /// Every node, as the cluster lists it.
 pub async fn list_nodes(config: &Path, raw_endpoints: &[String]) -> Result<Vec<api::NodeInfo>> {
-    Ok(owner_session(config, raw_endpoints).await?
+    Ok(owner_session(config, raw_endpoints)
+        .await?
         .management("listing nodes", |mut m| async move {
             m.list_nodes(api::ListNodesRequest::default()).await
         })
@@ -539,7 +541,8 @@ pub async fn node_list(
         role: role.unwrap_or_default().to_string(),
         labels: labels.iter().cloned().collect(),
     };
-    let nodes = owner_session(config, raw_endpoints).await?
+    let nodes = owner_session(config, raw_endpoints)
+        .await?
         .management("listing nodes", |mut m| {
             let request = request.clone();
             async move { m.list_nodes(request).await }
@@ -587,7 +590,8 @@ pub async fn node_describe(
     format: Format,
     id: &str,
 ) -> Result<()> {
-    let node = owner_session(config, raw_endpoints).await?
+    let node = owner_session(config, raw_endpoints)
+        .await?
         .management(&format!("describing node {id}"), |mut m| async move {
             m.describe_node(api::DescribeNodeRequest { id: id.to_string() })
                 .await
@@ -642,7 +646,8 @@ pub async fn node_label(
         upsert: upsert.into_iter().collect(),
         delete,
     };
-    let response = owner_session(config, raw_endpoints).await?
+    let response = owner_session(config, raw_endpoints)
+        .await?
         .management(&format!("labelling node {id}"), |mut m| {
             let request = request.clone();
             async move { m.update_node_labels(request).await }
@@ -655,7 +660,10 @@ pub async fn node_label(
 }
 
 pub async fn cluster_info(config: &Path, raw_endpoints: &[String], format: Format) -> Result<()> {
-    let info = owner_session(config, raw_endpoints).await?.cluster_info().await?;
+    let info = owner_session(config, raw_endpoints)
+        .await?
+        .cluster_info()
+        .await?;
     let fingerprint = rpc::fingerprint(&info.ca_certificate);
     let domain = info
         .cluster_configuration
@@ -709,7 +717,8 @@ pub async fn register_parameters(
 
 /// `cluster rotate-ticket`.
 pub async fn rotate_ticket(config: &Path, raw_endpoints: &[String]) -> Result<()> {
-    owner_session(config, raw_endpoints).await?
+    owner_session(config, raw_endpoints)
+        .await?
         .management("rotating the register ticket", |mut m| async move {
             m.rotate_register_ticket(api::RotateRegisterTicketRequest {})
                 .await
@@ -1008,7 +1017,8 @@ pub async fn node_roles(
         add,
         remove,
     };
-    let response = owner_session(config, raw_endpoints).await?
+    let response = owner_session(config, raw_endpoints)
+        .await?
         .management(&format!("changing the roles of node {id}"), |mut m| {
             let request = request.clone();
             async move { m.update_node_roles(request).await }
@@ -1082,7 +1092,11 @@ pub async fn cluster_status(config: &Path, raw_endpoints: &[String], format: For
         match list_nodes(config, raw_endpoints).await {
             Ok(nodes) => nodes
                 .iter()
-                .flat_map(|n| n.warnings.iter().map(move |w| format!("node {}: {w}", n.id)))
+                .flat_map(|n| {
+                    n.warnings
+                        .iter()
+                        .map(move |w| format!("node {}: {w}", n.id))
+                })
                 .collect(),
             Err(e) => vec![format!("could not list nodes for their warnings: {e:#}")],
         }

@@ -212,7 +212,11 @@ fn parse_lifetime(s: &str) -> Result<u64, String> {
         "h" => 3600,
         "d" => 86400,
         "y" => 365 * 86400,
-        other => return Err(format!("unknown unit {other:?} in {s:?}; use s, m, h, d or y")),
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {s:?}; use s, m, h, d or y"
+            ));
+        }
     };
     let secs = number
         .checked_mul(unit_secs)

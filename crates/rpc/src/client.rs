@@ -279,13 +279,15 @@ impl CuratorClient {
             *n += 1;
             let channel = match channel {
                 Some(c) => c,
-                None => match connect_with(endpoint, &self.trust, self.credentials.as_ref()).await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        unreachable.push(e);
-                        continue;
+                None => {
+                    match connect_with(endpoint, &self.trust, self.credentials.as_ref()).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            unreachable.push(e);
+                            continue;
+                        }
                     }
-                },
+                }
             };
             match call(channel.clone()).await {
                 Ok(response) => {

@@ -39,8 +39,8 @@ pub mod tls;
 
 pub use authz::{Identity, Permission};
 pub use client::{
-    CURATOR_PORT, CallError, CuratorClient, connect, connect_with, leader_endpoint,
-    parse_endpoint, parse_endpoints, url_address,
+    CURATOR_PORT, CallError, CuratorClient, connect, connect_with, leader_endpoint, parse_endpoint,
+    parse_endpoints, url_address,
 };
 pub use forward::{ForwardLayer, Forwarding};
 pub use server::{AuthLayer, CrlSource, Forwarders, Limits, PeerInfo, incoming};

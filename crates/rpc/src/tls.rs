@@ -84,7 +84,10 @@ impl CredentialSlot {
     }
 
     fn loaded(&self) -> Arc<Loaded> {
-        self.0.read().expect("credential slot lock poisoned").clone()
+        self.0
+            .read()
+            .expect("credential slot lock poisoned")
+            .clone()
     }
 
     /// Replaces the credentials for every later handshake; refuses (and keeps the old

@@ -249,6 +249,8 @@ impl api::management_server::Management for Services {
                 &b.name,
             ))
         });
-        Ok(Response::new(api::ListCertificatesResponse { certificates }))
+        Ok(Response::new(api::ListCertificatesResponse {
+            certificates,
+        }))
     }
 }

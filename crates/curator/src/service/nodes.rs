@@ -331,10 +331,10 @@ impl api::curator_server::Curator for Services {
         let mut answer = api::RenewCertificatesResponse::default();
         if peer {
             // Checked before anything is issued: a refused call issues nothing.
-            if !node
+            if node
                 .roles
                 .as_ref()
-                .is_some_and(|r| r.consensus_member.is_some())
+                .is_none_or(|r| r.consensus_member.is_none())
             {
                 return Err(Status::failed_precondition(format!(
                     "node {id} is not a consensus member; it has no etcd peer certificate to renew"
