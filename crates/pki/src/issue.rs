@@ -553,7 +553,7 @@ mod tests {
             ((1000, 1010), (1010, 1010, 1010)),
         ];
         for ((not_before, not_after), expected) in cases {
-            let v = Validity {
+            let v = super::Validity {
                 not_before,
                 not_after,
             };
@@ -563,7 +563,7 @@ mod tests {
         let mut t = template(Usage::Client);
         t.lifetime = Duration::from_secs(30);
         let now = unix_now();
-        let v = Validity::of(&ca.issue(&t, &node_key()).unwrap().der).unwrap();
+        let v = super::Validity::of(&ca.issue(&t, &node_key()).unwrap().der).unwrap();
         assert!(v.issued().abs_diff(now) <= 1, "{v:?} {now}");
         assert_eq!(v.lifetime(), 30);
     }
