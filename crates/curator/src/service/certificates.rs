@@ -140,11 +140,16 @@ pub fn view(all: &[CertificateInfo]) -> CertificateView {
             not_before: c.not_before_unix,
             not_after: c.not_after_unix,
         };
-        let entry = view.nodes.entry(c.node_id.clone()).or_default();
-        match c.kind.as_str() {
-            "node" => entry.node = Some(validity),
-            "etcd-peer" => entry.peer = Some(validity),
+        let is_node = match c.kind.as_str() {
+            "node" => true,
+            "etcd-peer" => false,
             _ => continue,
+        };
+        let entry = view.nodes.entry(c.node_id.clone()).or_default();
+        if is_node {
+            entry.node = Some(validity);
+        } else {
+            entry.peer = Some(validity);
         }
         let lifetime = validity.lifetime();
         if lifetime > 0 && (view.shortest_lifetime == 0 || lifetime < view.shortest_lifetime) {
