@@ -8,6 +8,8 @@
 //!   <config>/ca.pem           the pinned cluster CA certificate               0600
 //!   <config>/endpoints        the cluster's curators, one per line            0600
 //! ```
+//! `owner.pem` is renewed before any command once 2/3 of its lifetime have passed (or it
+//! expired): AAA.Escrow with the owner key returns a new one, saved atomically.
 //! `endpoints` is written by `takeownership` and refreshed whenever polisctl reads the
 //! cluster's information (`cluster info`, `params register`); `--endpoints` overrides it.
 //! Every call to a curator is mutual TLS: the curator's certificate must chain to the
