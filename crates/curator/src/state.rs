@@ -17,13 +17,17 @@ pub const CLUSTER_CONFIGURATION_KEY: &str = "cluster/configuration";
 
 /// The node certificate a node gets from the cluster CA: names its ID (DNS) and its
 /// address (IP); it serves the curator and authenticates the node as a client.
-pub fn node_certificate_template(node_id: &str, address: std::net::IpAddr) -> pki::Template {
+pub fn node_certificate_template(
+    node_id: &str,
+    address: std::net::IpAddr,
+    lifetime: std::time::Duration,
+) -> pki::Template {
     pki::Template {
         common_name: node_id.to_string(),
         dns_names: vec![node_id.to_string()],
         ip_addresses: vec![address],
         usage: pki::Usage::ServerAndClient,
-        lifetime: pki::CERTIFICATE_LIFETIME,
+        lifetime,
         kind: pki::CertificateKind::Node,
     }
 }
@@ -31,7 +35,11 @@ pub fn node_certificate_template(node_id: &str, address: std::net::IpAddr) -> pk
 /// The certificate etcd peers know a node by, from the etcd peer CA. Loopback addresses
 /// also get 127.0.0.1: Linux sources connections between 127.0.0.x aliases from
 /// 127.0.0.1, and etcd checks the dialing peer's SAN against the source address.
-pub fn peer_certificate_template(node_id: &str, address: std::net::IpAddr) -> pki::Template {
+pub fn peer_certificate_template(
+    node_id: &str,
+    address: std::net::IpAddr,
+    lifetime: std::time::Duration,
+) -> pki::Template {
     let mut ips = vec![address];
     let localhost: std::net::IpAddr = [127, 0, 0, 1].into();
     if address.is_loopback() && address != localhost {
@@ -42,9 +50,54 @@ pub fn peer_certificate_template(node_id: &str, address: std::net::IpAddr) -> pk
         dns_names: vec![node_id.to_string()],
         ip_addresses: ips,
         usage: pki::Usage::ServerAndClient,
-        lifetime: pki::CERTIFICATE_LIFETIME,
+        lifetime,
         kind: pki::CertificateKind::EtcdPeer,
     }
+}
+
+/// Lifetime of node and etcd peer certificates under `configuration` (0 or absent: the
+/// default, a year).
+pub fn node_certificate_lifetime(
+    configuration: Option<&ClusterConfiguration>,
+) -> std::time::Duration {
+    match configuration.map(|c| c.node_certificate_lifetime_seconds) {
+        None | Some(0) => pki::CERTIFICATE_LIFETIME,
+        Some(s) => std::time::Duration::from_secs(s),
+    }
+}
+
+/// Lifetime of owner certificates under `configuration` (0 or absent: 30 days).
+pub fn owner_certificate_lifetime(
+    configuration: Option<&ClusterConfiguration>,
+) -> std::time::Duration {
+    match configuration.map(|c| c.owner_certificate_lifetime_seconds) {
+        None | Some(0) => pki::OWNER_CERTIFICATE_LIFETIME,
+        Some(s) => std::time::Duration::from_secs(s),
+    }
+}
+
+/// Checks the certificate lifetimes a cluster configuration asks for (bootstrap
+/// parameters are refused before anything is written when they fail this).
+pub fn check_configuration(configuration: &ClusterConfiguration) -> Result<(), pki::PkiError> {
+    pki::check_lifetime(node_certificate_lifetime(Some(configuration)))?;
+    pki::check_lifetime(owner_certificate_lifetime(Some(configuration)))
+}
+
+/// Name of a node certificate issued by renewal: keeps the `node-<id>` prefix that
+/// CommitNode's first certificate is recorded under, so that revoking a node's
+/// certificates by prefix catches every one.
+pub fn renewed_node_certificate_name(node_id: &str, serial: &[u8]) -> String {
+    format!("node-{node_id}-{}", hex::encode(serial))
+}
+
+/// Name of an etcd peer certificate issued by renewal (prefix `peer-<id>`, see
+/// [`peer_certificate_name`]).
+pub fn renewed_peer_certificate_name(node_id: &str, member_id: u64, serial: &[u8]) -> String {
+    format!(
+        "{}-{}",
+        peer_certificate_name(node_id, member_id),
+        hex::encode(serial)
+    )
 }
 
 /// The consensus user holding the etcd peer CA: `namespaced:etcd-pki/`.
@@ -96,6 +149,12 @@ pub enum CuratorError {
     NotLeader,
     #[error("the election lease was lost")]
     LeaseLost,
+    #[error("{what}")]
+    Pki {
+        what: String,
+        #[source]
+        source: pki::PkiError,
+    },
     #[error("unexpected etcd response: {0}")]
     Protocol(&'static str),
     #[error(

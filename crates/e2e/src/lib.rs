@@ -281,16 +281,24 @@ impl Node {
 
     /// Writes bootstrap parameters with a fresh owner key; returns the parameters path.
     pub fn bootstrap_params(&self) -> Result<PathBuf> {
+        self.bootstrap_params_with(&[])
+    }
+
+    /// [`Node::bootstrap_params`] with extra `polisctl params bootstrap` flags (e.g.
+    /// certificate lifetimes).
+    pub fn bootstrap_params_with(&self, extra: &[&str]) -> Result<PathBuf> {
         let params = self.dir.join("params.pb");
         let config = self.dir.join("config");
-        let (status, _, stderr) = polisctl(&[
+        let mut args = vec![
             "--config",
             config.to_str().context("utf-8 path")?,
             "params",
             "bootstrap",
             "--out",
             params.to_str().context("utf-8 path")?,
-        ])?;
+        ];
+        args.extend_from_slice(extra);
+        let (status, _, stderr) = polisctl(&args)?;
         if !status.success() {
             bail!("polisctl params bootstrap failed: {stderr}");
         }
@@ -584,10 +592,15 @@ pub struct Cluster {
 impl Cluster {
     /// Bootstraps a first node in `dir/n0` and takes ownership with `dir/config`.
     pub fn bootstrap(dir: &Path) -> Result<Cluster> {
+        Cluster::bootstrap_with(dir, &[])
+    }
+
+    /// [`Cluster::bootstrap`] with extra `polisctl params bootstrap` flags.
+    pub fn bootstrap_with(dir: &Path, params_extra: &[&str]) -> Result<Cluster> {
         let first_dir = dir.join("n0");
         std::fs::create_dir_all(&first_dir)?;
         let mut first = Node::new(&first_dir);
-        let params = first.bootstrap_params()?;
+        let params = first.bootstrap_params_with(params_extra)?;
         first.start(&["--params", params.to_str().context("utf-8 path")?])?;
         first.wait_home()?;
         let cluster = Cluster {
@@ -723,7 +736,7 @@ impl Cluster {
                 certificate: read_pem("owner.pem")?,
                 key_pkcs8: key.pkcs8_der().to_vec(),
             }),
-        ))
+        )?)
     }
 }
 

@@ -52,13 +52,12 @@ fn start_curator(
     let config = curator::service::CuratorConfig {
         node_id: node_id.clone(),
         listen: endpoint,
-        credentials: rpc::Credentials {
+        credentials: rpc::CredentialSlot::new(rpc::Credentials {
             certificate: cert.der,
             key_pkcs8: key.pkcs8_der().to_vec(),
-        },
+        })?,
         ca_certificate: ca.cert_der.clone(),
         lease_ttl: Duration::from_secs(2),
-        owner_certificate_lifetime: Duration::from_secs(3600),
         heartbeat_timeout: Duration::from_secs(15),
     };
     let ns = ns.clone();

@@ -91,10 +91,13 @@ pub async fn finish(
         .ensure_certificate(&format!("peer-{node_id}"), || Ok(peer_certificate.clone()))
         .await
         .context("recording the etcd peer certificate")?;
+    let lifetime = curator::state::node_certificate_lifetime(
+        b.parameters.initial_cluster_configuration.as_ref(),
+    );
     let node_certificate = cluster_pki
         .ensure_certificate(&format!("node-{node_id}"), || {
             cluster_ca.issue(
-                &curator::state::node_certificate_template(&node_id, address),
+                &curator::state::node_certificate_template(&node_id, address, lifetime),
                 &b.key.public_key(),
             )
         })

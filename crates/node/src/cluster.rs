@@ -99,6 +99,32 @@ pub struct NodeValues {
     /// The newest cluster CRL seen (saved in `data/node/crl.der`): every call to a
     /// curator checks the curator's certificate against it.
     pub crl: rpc::CrlSlot,
+    /// The node certificate and key every curator client and the curator's server use,
+    /// loaded from the root once it holds them; replaced live on renewal (see
+    /// `crate::renew`).
+    pub credentials: NodeCredentials,
+}
+
+/// The node's credentials, shared by every user in the process: loaded from the root on
+/// first use (a bootstrapping node writes its certificate only in `bootstrap::finish`).
+#[derive(Clone, Default)]
+pub struct NodeCredentials(std::sync::Arc<std::sync::Mutex<Option<rpc::CredentialSlot>>>);
+
+impl NodeCredentials {
+    /// The slot, loading it from `root` the first time.
+    pub fn slot(&self, root: &crate::storage::Root) -> Result<rpc::CredentialSlot> {
+        let mut loaded = self.0.lock().expect("credentials lock poisoned");
+        if let Some(slot) = loaded.as_ref() {
+            return Ok(slot.clone());
+        }
+        let slot = rpc::CredentialSlot::new(rpc::Credentials {
+            certificate: read_file(&root.node_certificate(), "node certificate")?,
+            key_pkcs8: read_file(&root.node_key(), "node key")?,
+        })
+        .context("loading the node certificate and key")?;
+        *loaded = Some(slot.clone());
+        Ok(slot)
+    }
 }
 
 /// Names the crash-point variable (see [`crash_point`]).
@@ -236,6 +262,13 @@ pub fn prepare_bootstrap(
     address: IpAddr,
     parameters: ClusterBootstrap,
 ) -> Result<BootstrapData> {
+    let configuration = parameters
+        .initial_cluster_configuration
+        .clone()
+        .unwrap_or_default();
+    curator::state::check_configuration(&configuration)
+        .context("the bootstrap parameters' cluster configuration is unusable")?;
+    let lifetime = curator::state::node_certificate_lifetime(Some(&configuration));
     let record = root.bootstrap_record();
     let resumed = record.exists();
     if !resumed {
@@ -267,7 +300,7 @@ pub fn prepare_bootstrap(
         Ca::generate("Polis etcd Peer CA", CA_LIFETIME).context("creating the etcd peer CA")?;
     let peer_certificate = peer_ca
         .issue(
-            &curator::state::peer_certificate_template(&node_id, address),
+            &curator::state::peer_certificate_template(&node_id, address, lifetime),
             &key.public_key(),
         )
         .context("issuing the etcd peer certificate")?;

@@ -25,7 +25,7 @@ use proto::config::{ConsensusMembership, SealedConfiguration};
 use crate::bootstrap::Step;
 use crate::cluster::{Membership, NodeValues, write_peer_files};
 use crate::register::{Answer, call_until_answered, pause};
-use crate::roleserver::{HEARTBEAT_TIMEOUT, Settings, curator_client, node_credentials};
+use crate::roleserver::{HEARTBEAT_TIMEOUT, Settings, curator_client};
 use crate::storage::{Root, read_file, read_proto, write_proto};
 
 /// How this start brings up the local etcd member.
@@ -274,10 +274,9 @@ pub async fn run(
     let curator_config = curator::service::CuratorConfig {
         node_id: node_id.clone(),
         listen: SocketAddr::new(settings.address, rpc::CURATOR_PORT),
-        credentials: node_credentials(&settings.root)?,
+        credentials: values.credentials.slot(&settings.root)?,
         ca_certificate: read_file(&settings.root.cluster_ca(), "cluster CA certificate")?,
         lease_ttl: settings.curator_lease_ttl,
-        owner_certificate_lifetime: settings.owner_certificate_lifetime,
         heartbeat_timeout: HEARTBEAT_TIMEOUT,
     };
     let curator_ns = running.namespaced(curator::state::NAMESPACE);

@@ -42,6 +42,7 @@ mod cluster;
 mod controlplane;
 mod decision;
 mod register;
+mod renew;
 mod roleserver;
 mod storage;
 
@@ -95,10 +96,6 @@ struct Args {
     /// failover.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=60))]
     curator_lease_ttl: u64,
-    /// Lifetime of owner certificates issued by this node's curator, in seconds (at least
-    /// 60). Certificates are valid for all of it from the moment they are issued.
-    #[arg(long, default_value_t = 30 * 24 * 3600, value_parser = clap::value_parser!(u64).range(pki::MIN_CERTIFICATE_LIFETIME.as_secs()..=5 * 365 * 24 * 3600))]
-    owner_certificate_lifetime: u64,
 }
 
 fn init_logging(format: LogFormat) {
@@ -384,6 +381,7 @@ async fn run(args: Args) -> Result<()> {
         curators: event::Value::new(),
         roles: event::Value::new(),
         crl: rpc::CrlSlot::new(),
+        credentials: Default::default(),
     };
     values.cluster_state.set(ClusterState::Unknown);
     let settings = roleserver::Settings {
@@ -395,7 +393,6 @@ async fn run(args: Args) -> Result<()> {
             election_timeout: Duration::from_millis(args.etcd_election_timeout_ms),
         },
         curator_lease_ttl: Duration::from_secs(args.curator_lease_ttl),
-        owner_certificate_lifetime: Duration::from_secs(args.owner_certificate_lifetime),
     };
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
     let address = args.address;
@@ -486,24 +483,6 @@ mod tests {
             err.contains(&format!("curator port 127.0.0.1:{port}")),
             "{err}"
         );
-    }
-
-    #[test]
-    fn owner_certificate_lifetime_below_the_minimum_is_refused() {
-        let parse = |secs: &str| {
-            Args::try_parse_from([
-                "polis-node",
-                "--root",
-                "r",
-                "--address",
-                "127.0.0.2",
-                "--owner-certificate-lifetime",
-                secs,
-            ])
-        };
-        let err = parse("59").unwrap_err().to_string();
-        assert!(err.contains("60"), "{err}");
-        assert_eq!(parse("60").unwrap().owner_certificate_lifetime, 60);
     }
 
     #[test]

@@ -203,7 +203,8 @@ pub async fn register(
         parse_endpoints(&params.curator_endpoints)?,
         rpc::ServerTrust::PinnedCa(params.ca_certificate.clone()),
         Some(rpc::self_signed(&key).context("creating the self-signed registration certificate")?),
-    );
+    )
+    .context("loading the self-signed registration certificate")?;
     let request = api::RegisterNodeRequest {
         register_ticket: params.register_ticket.clone(),
         address: address.to_string(),

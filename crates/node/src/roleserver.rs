@@ -10,7 +10,9 @@
 //!                                     │                 own state and roles, curator list →
 //!                                     │                 cluster directory (esp/directory.pb);
 //!                                     │                 a worker is Home once a curator answers
-//!                                     └─▶ heartbeat ── waits for Home ── Curator.Heartbeat every 5 s
+//!                                     ├─▶ heartbeat ── waits for Home ── Curator.Heartbeat every 5 s
+//!                                     └─▶ renew ── node (and etcd peer) certificate renewed at
+//!                                                  2/3 of its lifetime, applied live (see renew)
 //! ```
 //! Every call to the cluster goes through one leader-aware `rpc::CuratorClient` over the
 //! curators this node knows (`NodeValues::curators`: its own first, then the directory).
@@ -40,7 +42,6 @@ pub struct Settings {
     pub etcd_binary: PathBuf,
     pub raft_timing: RaftTiming,
     pub curator_lease_ttl: Duration,
-    pub owner_certificate_lifetime: Duration,
 }
 
 /// How often a node tells the curator it is alive, and after how long without a
@@ -90,6 +91,10 @@ pub async fn run(
     ctx.run("heartbeat", move |ctx| {
         heartbeat(ctx, heartbeat_settings.clone(), heartbeat_values.clone())
     })?;
+    let (renew_settings, renew_values) = (settings.clone(), values.clone());
+    ctx.run("renew", move |ctx| {
+        crate::renew::run(ctx, renew_settings.clone(), renew_values.clone())
+    })?;
     ctx.signal_healthy();
 
     // The control plane follows the ConsensusMember role, live.
@@ -125,20 +130,13 @@ pub async fn run(
     }
 }
 
-/// The node's own certificate and key, for serving and for calling the curator.
-pub fn node_credentials(root: &Root) -> Result<rpc::Credentials> {
-    Ok(rpc::Credentials {
-        certificate: read_file(&root.node_certificate(), "node certificate")?,
-        key_pkcs8: read_file(&root.node_key(), "node key")?,
-    })
-}
-
-/// A client of the cluster's curators with this node's certificate, checking theirs
+/// A client of the cluster's curators with this node's certificate (the current one:
+/// after a renewal its next call connects with the new certificate), checking theirs
 /// against the cluster CA and the newest CRL this node has seen.
 pub fn curator_client(settings: &Settings, values: &NodeValues) -> Result<rpc::CuratorClient> {
-    let credentials = node_credentials(&settings.root)?;
+    let credentials = values.credentials.slot(&settings.root)?;
     let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
-    Ok(rpc::CuratorClient::new(
+    Ok(rpc::CuratorClient::with_slot(
         values.curators.current().unwrap_or_default(),
         rpc::ServerTrust::ClusterCa {
             ca,

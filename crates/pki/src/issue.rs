@@ -14,12 +14,94 @@ use crate::PkiError;
 
 /// Lifetime of a CA certificate.
 pub const CA_LIFETIME: Duration = Duration::from_secs(20 * 365 * 24 * 3600);
-/// Lifetime of node, peer and user certificates.
+/// Default lifetime of node and etcd peer certificates.
 pub const CERTIFICATE_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Default lifetime of owner certificates.
+pub const OWNER_CERTIFICATE_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// Shortest lifetime a certificate may be issued with: below this, clock skew and the
-/// time a client needs to fetch and use a certificate eat most of its life.
-pub const MIN_CERTIFICATE_LIFETIME: Duration = Duration::from_secs(60);
+/// Shortest lifetime a certificate may be issued with. Holders renew at 2/3 of the
+/// lifetime, so this leaves a renewal a few seconds: enough for tests on one machine,
+/// never sensible in production (where lifetimes are days to a year).
+pub const MIN_CERTIFICATE_LIFETIME: Duration = Duration::from_secs(5);
+/// Longest lifetime a certificate may be issued with: well inside the CAs' lifetime.
+pub const MAX_CERTIFICATE_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// Refuses certificate lifetimes outside [`MIN_CERTIFICATE_LIFETIME`] ..=
+/// [`MAX_CERTIFICATE_LIFETIME`].
+pub fn check_lifetime(lifetime: Duration) -> Result<(), PkiError> {
+    if lifetime < MIN_CERTIFICATE_LIFETIME {
+        return Err(PkiError::LifetimeTooShort {
+            lifetime,
+            minimum: MIN_CERTIFICATE_LIFETIME,
+        });
+    }
+    if lifetime > MAX_CERTIFICATE_LIFETIME {
+        return Err(PkiError::LifetimeTooLong {
+            lifetime,
+            maximum: MAX_CERTIFICATE_LIFETIME,
+        });
+    }
+    Ok(())
+}
+
+/// When a certificate was issued and when it expires (seconds since the Unix epoch),
+/// read from its validity: issued = `not_before + BACKDATE` (see [`BACKDATE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    pub not_before: u64,
+    pub not_after: u64,
+}
+
+impl Validity {
+    /// The validity of a DER certificate.
+    pub fn of(cert_der: &[u8]) -> Result<Validity, PkiError> {
+        let (_, cert) =
+            x509_parser::parse_x509_certificate(cert_der).map_err(|e| PkiError::Invalid {
+                what: "certificate",
+                reason: e.to_string(),
+            })?;
+        let v = cert.validity();
+        let secs = |t: x509_parser::time::ASN1Time| u64::try_from(t.timestamp()).unwrap_or(0);
+        Ok(Validity {
+            not_before: secs(v.not_before),
+            not_after: secs(v.not_after),
+        })
+    }
+
+    /// When it was issued: its lifetime starts here.
+    pub fn issued(&self) -> u64 {
+        (self.not_before + BACKDATE.as_secs()).min(self.not_after)
+    }
+
+    pub fn lifetime(&self) -> u64 {
+        self.not_after - self.issued()
+    }
+
+    /// The point `num/den` of the way through its lifetime.
+    fn fraction(&self, num: u64, den: u64) -> u64 {
+        self.issued() + self.lifetime() * num / den
+    }
+
+    /// When its holder renews it: once 2/3 of its lifetime have passed.
+    pub fn renew_at(&self) -> u64 {
+        self.fraction(2, 3)
+    }
+
+    /// From when a certificate that was not replaced yet deserves an operator's
+    /// attention: 5/6 of its lifetime (half of the time its holder had to renew it
+    /// has gone by without success).
+    pub fn warn_at(&self) -> u64 {
+        self.fraction(5, 6)
+    }
+}
+
+/// Seconds since the Unix epoch, now.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
 
 /// Tolerance for clocks that are slightly behind the issuer's: `not_before` lies this
 /// much before the issue time, *outside* the lifetime, so a certificate is valid for its
@@ -207,19 +289,14 @@ impl Ca {
     }
 
     /// Issues a certificate as if at `issued`: valid from `issued - BACKDATE` until
-    /// `issued + lifetime`. Refuses lifetimes below [`MIN_CERTIFICATE_LIFETIME`].
+    /// `issued + lifetime`. Refuses lifetimes outside [`check_lifetime`]'s bounds.
     pub fn issue_at(
         &self,
         template: &Template,
         subject_key: &[u8; 32],
         issued: OffsetDateTime,
     ) -> Result<Issued, PkiError> {
-        if template.lifetime < MIN_CERTIFICATE_LIFETIME {
-            return Err(PkiError::LifetimeTooShort {
-                lifetime: template.lifetime,
-                minimum: MIN_CERTIFICATE_LIFETIME,
-            });
-        }
+        check_lifetime(template.lifetime)?;
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params
@@ -419,7 +496,7 @@ mod tests {
         t.lifetime = MIN_CERTIFICATE_LIFETIME - Duration::from_secs(1);
         let err = ca.issue(&t, &node_key()).unwrap_err();
         assert!(matches!(err, PkiError::LifetimeTooShort { .. }), "{err}");
-        assert!(err.to_string().contains("at least 60s"), "{err}");
+        assert!(err.to_string().contains("at least 5s"), "{err}");
         t.lifetime = MIN_CERTIFICATE_LIFETIME;
         ca.issue(&t, &node_key()).unwrap();
     }
@@ -487,6 +564,57 @@ mod tests {
             )
             .unwrap();
         assert_eq!(time_to_expiry(&old.der).unwrap(), None);
+    }
+
+    #[test]
+    fn lifetimes_are_bounded() {
+        let s = Duration::from_secs;
+        for (lifetime, ok) in [
+            (s(4), false),
+            (s(5), true),
+            (s(3600), true),
+            (MAX_CERTIFICATE_LIFETIME, true),
+            (MAX_CERTIFICATE_LIFETIME + s(1), false),
+        ] {
+            assert_eq!(check_lifetime(lifetime).is_ok(), ok, "{lifetime:?}");
+        }
+        let ca = Ca::generate("ca", CA_LIFETIME).unwrap();
+        let mut t = template(Usage::Client);
+        t.lifetime = s(4);
+        assert!(matches!(
+            ca.issue(&t, &node_key()),
+            Err(PkiError::LifetimeTooShort { .. })
+        ));
+    }
+
+    #[test]
+    fn renewal_and_warning_points() {
+        let b = BACKDATE.as_secs();
+        // (not_before, not_after) → (issued, renew_at, warn_at)
+        let cases = [
+            ((1000 - b, 1030), (1000, 1020, 1025)),
+            ((1000 - b, 1015), (1000, 1010, 1012)),
+            (
+                (0, 365 * 86400 + b),
+                (b, b + 243 * 86400 + 28800, b + 304 * 86400 + 14400),
+            ),
+            // A certificate shorter than the backdate (not ours): issued = not_after.
+            ((1000, 1010), (1010, 1010, 1010)),
+        ];
+        for ((not_before, not_after), expected) in cases {
+            let v = super::Validity {
+                not_before,
+                not_after,
+            };
+            assert_eq!((v.issued(), v.renew_at(), v.warn_at()), expected, "{v:?}");
+        }
+        let ca = Ca::generate("ca", CA_LIFETIME).unwrap();
+        let mut t = template(Usage::Client);
+        t.lifetime = Duration::from_secs(30);
+        let now = unix_now();
+        let v = super::Validity::of(&ca.issue(&t, &node_key()).unwrap().der).unwrap();
+        assert!(v.issued().abs_diff(now) <= 1, "{v:?} {now}");
+        assert_eq!(v.lifetime(), 30);
     }
 
     #[test]

@@ -21,9 +21,13 @@
 //! - Every certificate has a random serial number (not derived from the key, so re-issues
 //!   for the same key differ), recorded under `serials/` when stored; etcd's CRL check
 //!   compares serials only, so they must be unique across CAs.
-//! - Every certificate has a finite lifetime of at least `MIN_CERTIFICATE_LIFETIME`, and
-//!   is valid for all of it from the moment it is issued (the clock-skew allowance,
-//!   `BACKDATE`, lies before the issue time, outside the lifetime).
+//! - Every certificate has a finite lifetime between `MIN_CERTIFICATE_LIFETIME` (5 s, for
+//!   tests) and `MAX_CERTIFICATE_LIFETIME`, and is valid for all of it from the moment it
+//!   is issued (the clock-skew allowance, `BACKDATE`, lies before the issue time, outside
+//!   the lifetime). Holders renew at 2/3 of it (`Validity::renew_at`); a certificate not
+//!   replaced by 5/6 of it is worth a warning (`Validity::warn_at`).
+//! - Renewal never revokes: a certificate stays recorded under its name (renewals get new
+//!   names with the same prefix, e.g. `node-<id>-<serial>`) and valid until it expires.
 //! - Every certificate the CAs issue carries its kind (`CertificateKind`: node, owner,
 //!   etcd peer) as the subject's organizational unit `polis:<kind>`; what a certificate
 //!   may do is decided from that mark, never from its common name alone.
@@ -34,8 +38,9 @@ mod store;
 
 pub use issue::{
     BACKDATE, CA_LIFETIME, CERTIFICATE_LIFETIME, Ca, CertificateKind, Issued,
-    MIN_CERTIFICATE_LIFETIME, Template, Usage, certificate_public_key, crl_serials, random_serial,
-    time_to_expiry, verified_crl_number,
+    MAX_CERTIFICATE_LIFETIME, MIN_CERTIFICATE_LIFETIME, OWNER_CERTIFICATE_LIFETIME, Template,
+    Usage, Validity, certificate_public_key, check_lifetime, crl_serials, random_serial,
+    time_to_expiry, unix_now, verified_crl_number,
 };
 pub use store::{CaStore, certificate_serial};
 
@@ -53,6 +58,11 @@ pub enum PkiError {
     LifetimeTooShort {
         lifetime: std::time::Duration,
         minimum: std::time::Duration,
+    },
+    #[error("certificate lifetime {lifetime:?} is too long: it must be at most {maximum:?}")]
+    LifetimeTooLong {
+        lifetime: std::time::Duration,
+        maximum: std::time::Duration,
     },
     #[error("PKI store is inconsistent: {0}")]
     Inconsistent(String),

@@ -172,6 +172,30 @@ impl CaStore {
         Ok(serials.len())
     }
 
+    /// Every certificate recorded under a name starting with `prefix` ("" for all), as
+    /// (name, DER), in name order. One etcd range read.
+    pub async fn list_issued(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, PkiError> {
+        let base = self.ns.key("issued/");
+        let response = self
+            .ns
+            .client()
+            .get(
+                format!("{base}{prefix}"),
+                Some(GetOptions::new().with_prefix()),
+            )
+            .await?;
+        response
+            .kvs()
+            .iter()
+            .map(|kv| {
+                let key = std::str::from_utf8(kv.key())
+                    .map_err(|_| PkiError::Inconsistent("non-UTF-8 certificate name".into()))?;
+                let name = key.strip_prefix(base.as_str()).unwrap_or(key);
+                Ok((name.to_string(), kv.value().to_vec()))
+            })
+            .collect()
+    }
+
     /// The current CRL (DER).
     pub async fn crl(&self) -> Result<Vec<u8>, PkiError> {
         self.ns

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
+use identity::NodeKey;
 use proto::api::{self, NodeHealth, NodeState};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
@@ -236,30 +237,7 @@ pub async fn take_ownership(
     }
 
     // Now with the CA pinned: prove the owner key and receive a certificate.
-    let self_signed = rpc::self_signed(&key)?;
-    let trust = rpc::ServerTrust::PinnedCa(ca.clone());
-    let public_key = key.public_key().to_vec();
-    let client = rpc::CuratorClient::new(endpoints.clone(), trust.clone(), Some(self_signed));
-    let response = client
-        .call(|channel| {
-            let public_key = public_key.clone();
-            async move {
-                api::aaa_client::AaaClient::new(channel)
-                    .escrow(api::EscrowRequest { public_key })
-                    .await
-            }
-        })
-        .await
-        .map_err(|f| match f {
-            rpc::CallError::Status(s) if s.code() == tonic::Code::PermissionDenied => anyhow!(
-                "taking ownership: permission denied: the key in {} is not this cluster's owner key",
-                key_path.display()
-            ),
-            other => call_failure("taking ownership", other),
-        })?;
-    if response.ca_certificate != ca {
-        bail!("the curator answered with a different CA than it presented; refusing");
-    }
+    let response = escrow(&endpoints, &ca, &key, &key_path, "taking ownership").await?;
     write_pem(&ca_path(config), "CERTIFICATE", &ca)?;
     write_pem(
         &owner_certificate_path(config),
@@ -296,9 +274,67 @@ pub(crate) struct OwnerSession {
     crl_refreshed: std::sync::atomic::AtomicBool,
 }
 
+/// Proves the owner key (self-signed certificate) and receives a new owner certificate:
+/// taking ownership, and renewing the owner certificate.
+async fn escrow(
+    endpoints: &[SocketAddr],
+    ca: &[u8],
+    key: &NodeKey,
+    key_path: &Path,
+    what: &str,
+) -> Result<api::EscrowResponse> {
+    let self_signed = rpc::self_signed(key)?;
+    let trust = rpc::ServerTrust::PinnedCa(ca.to_vec());
+    let public_key = key.public_key().to_vec();
+    let client = rpc::CuratorClient::new(endpoints.to_vec(), trust, Some(self_signed))?;
+    let response = client
+        .call(|channel| {
+            let public_key = public_key.clone();
+            async move {
+                api::aaa_client::AaaClient::new(channel)
+                    .escrow(api::EscrowRequest { public_key })
+                    .await
+            }
+        })
+        .await
+        .map_err(|f| match f {
+            rpc::CallError::Status(s) if s.code() == tonic::Code::PermissionDenied => anyhow!(
+                "{what}: permission denied: the key in {} is not this cluster's owner key",
+                key_path.display()
+            ),
+            other => call_failure(what, other),
+        })?;
+    if response.ca_certificate != ca {
+        bail!("the curator answered with a different CA than it presented; refusing");
+    }
+    Ok(response)
+}
+
+/// What to do with the stored owner certificate at `now` (Unix seconds): renew it once
+/// 2/3 of its lifetime have passed (as nodes do), and refuse to go on without a
+/// renewal once it has expired.
+#[derive(Debug, PartialEq, Eq)]
+enum OwnerCertificate {
+    Fresh,
+    RenewDue,
+    Expired,
+}
+
+fn owner_certificate_state(validity: pki::Validity, now: u64) -> OwnerCertificate {
+    if now >= validity.not_after {
+        OwnerCertificate::Expired
+    } else if now >= validity.renew_at() {
+        OwnerCertificate::RenewDue
+    } else {
+        OwnerCertificate::Fresh
+    }
+}
+
 /// Loads the owner's credentials, refusing early with a useful message when they are
-/// missing or expired.
-pub(crate) fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<OwnerSession> {
+/// missing. An owner certificate past 2/3 of its lifetime is renewed first (AAA.Escrow
+/// with the owner key) and saved atomically; when that fails, a still valid one is used
+/// (with a warning), an expired one is an error.
+pub(crate) async fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<OwnerSession> {
     let endpoints = endpoints(config, raw_endpoints)?;
     let ca = read_pem(&ca_path(config), "CERTIFICATE", "pinned CA")?.ok_or_else(|| {
         anyhow!(
@@ -306,27 +342,44 @@ pub(crate) fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<O
             config.display()
         )
     })?;
-    let certificate = read_pem(
-        &owner_certificate_path(config),
-        "CERTIFICATE",
-        "owner certificate",
-    )?
-    .ok_or_else(|| {
-        anyhow!(
-            "no owner certificate in {}; run `polisctl takeownership` first",
-            config.display()
+    let path = owner_certificate_path(config);
+    let mut certificate =
+        read_pem(&path, "CERTIFICATE", "owner certificate")?.ok_or_else(|| {
+            anyhow!(
+                "no owner certificate in {}; run `polisctl takeownership` first",
+                config.display()
+            )
+        })?;
+    let key_path = owner_key_path(config);
+    let key = load_owner_key(&key_path)?;
+    let validity = pki::Validity::of(&certificate)
+        .with_context(|| format!("owner certificate {}", path.display()))?;
+    let state = owner_certificate_state(validity, pki::unix_now());
+    if state != OwnerCertificate::Fresh {
+        match escrow(
+            &endpoints,
+            &ca,
+            &key,
+            &key_path,
+            "renewing the owner certificate",
         )
-    })?;
-    if let Ok((_, parsed)) = x509_parser::parse_x509_certificate(&certificate)
-        && !parsed.validity().is_valid()
-    {
-        bail!(
-            "the owner certificate {} expired on {}; run `polisctl takeownership` again",
-            owner_certificate_path(config).display(),
-            parsed.validity().not_after
-        );
+        .await
+        {
+            Ok(response) => {
+                write_pem(&path, "CERTIFICATE", &response.owner_certificate)?;
+                certificate = response.owner_certificate;
+            }
+            Err(e) if state == OwnerCertificate::RenewDue => {
+                eprintln!("polisctl: warning: {e:#}; using the current owner certificate");
+            }
+            Err(e) => {
+                return Err(e.context(format!(
+                    "the owner certificate {} has expired",
+                    path.display()
+                )));
+            }
+        }
     }
-    let key = load_owner_key(&owner_key_path(config))?;
     OwnerSession::new(
         config,
         endpoints,
@@ -351,7 +404,7 @@ impl OwnerSession {
             crl: crl.clone(),
         };
         Ok(OwnerSession {
-            client: rpc::CuratorClient::new(endpoints, trust, Some(credentials)),
+            client: rpc::CuratorClient::new(endpoints, trust, Some(credentials))?,
             config: config.to_path_buf(),
             ca,
             crl,
@@ -478,6 +531,7 @@ fn node_json(n: &api::NodeInfo) -> Value {
         "public_key": hex_encode(&n.public_key),
         "time_since_heartbeat_ms": n.time_since_heartbeat_ms,
         "decommission_progress": n.decommission_progress,
+        "warnings": n.warnings,
     })
 }
 
@@ -522,13 +576,19 @@ pub fn print_node_list(nodes: &[api::NodeInfo], format: Format) {
                     &rows
                 )
             );
+            for n in nodes {
+                for w in &n.warnings {
+                    println!("warning: node {}: {w}", n.id);
+                }
+            }
         }
     }
 }
 
 /// Every node, as the cluster lists it.
 pub async fn list_nodes(config: &Path, raw_endpoints: &[String]) -> Result<Vec<api::NodeInfo>> {
-    Ok(owner_session(config, raw_endpoints)?
+    Ok(owner_session(config, raw_endpoints)
+        .await?
         .management("listing nodes", |mut m| async move {
             m.list_nodes(api::ListNodesRequest::default()).await
         })
@@ -564,7 +624,8 @@ pub async fn node_list(
         role: role.unwrap_or_default().to_string(),
         labels: labels.iter().cloned().collect(),
     };
-    let nodes = owner_session(config, raw_endpoints)?
+    let nodes = owner_session(config, raw_endpoints)
+        .await?
         .management("listing nodes", |mut m| {
             let request = request.clone();
             async move { m.list_nodes(request).await }
@@ -602,6 +663,9 @@ fn print_node(node: &api::NodeInfo, format: Format) {
             if !node.decommission_progress.is_empty() {
                 println!("Decommission: {}", node.decommission_progress);
             }
+            for w in &node.warnings {
+                println!("Warning:     {w}");
+            }
         }
     }
 }
@@ -612,7 +676,8 @@ pub async fn node_describe(
     format: Format,
     id: &str,
 ) -> Result<()> {
-    let node = owner_session(config, raw_endpoints)?
+    let node = owner_session(config, raw_endpoints)
+        .await?
         .management(&format!("describing node {id}"), |mut m| async move {
             m.describe_node(api::DescribeNodeRequest { id: id.to_string() })
                 .await
@@ -667,7 +732,8 @@ pub async fn node_label(
         upsert: upsert.into_iter().collect(),
         delete,
     };
-    let response = owner_session(config, raw_endpoints)?
+    let response = owner_session(config, raw_endpoints)
+        .await?
         .management(&format!("labelling node {id}"), |mut m| {
             let request = request.clone();
             async move { m.update_node_labels(request).await }
@@ -680,7 +746,10 @@ pub async fn node_label(
 }
 
 pub async fn cluster_info(config: &Path, raw_endpoints: &[String], format: Format) -> Result<()> {
-    let info = owner_session(config, raw_endpoints)?.cluster_info().await?;
+    let info = owner_session(config, raw_endpoints)
+        .await?
+        .cluster_info()
+        .await?;
     let fingerprint = rpc::fingerprint(&info.ca_certificate);
     let domain = info
         .cluster_configuration
@@ -712,7 +781,7 @@ pub async fn register_parameters(
     raw_endpoints: &[String],
     labels: Vec<(String, String)>,
 ) -> Result<proto::config::ClusterRegister> {
-    let session = owner_session(config, raw_endpoints)?;
+    let session = owner_session(config, raw_endpoints).await?;
     let ticket = session
         .management("reading the register ticket", |mut m| async move {
             m.get_register_ticket(api::GetRegisterTicketRequest {})
@@ -734,7 +803,8 @@ pub async fn register_parameters(
 
 /// `cluster rotate-ticket`.
 pub async fn rotate_ticket(config: &Path, raw_endpoints: &[String]) -> Result<()> {
-    owner_session(config, raw_endpoints)?
+    owner_session(config, raw_endpoints)
+        .await?
         .management("rotating the register ticket", |mut m| async move {
             m.rotate_register_ticket(api::RotateRegisterTicketRequest {})
                 .await
@@ -755,7 +825,7 @@ pub async fn node_approve(
     ids: &[String],
     all_new: bool,
 ) -> Result<()> {
-    let session = owner_session(config, raw_endpoints)?;
+    let session = owner_session(config, raw_endpoints).await?;
     let mut ids = ids.to_vec();
     if all_new {
         let new = session
@@ -897,10 +967,124 @@ mod tests {
     }
 
     #[test]
+    fn owner_certificates_renew_at_two_thirds() {
+        let b = pki::BACKDATE.as_secs();
+        let v = pki::Validity {
+            not_before: 1000 - b,
+            not_after: 1030,
+        };
+        for (now, expected) in [
+            (1000, OwnerCertificate::Fresh),
+            (1019, OwnerCertificate::Fresh),
+            (1020, OwnerCertificate::RenewDue),
+            (1029, OwnerCertificate::RenewDue),
+            (1030, OwnerCertificate::Expired),
+        ] {
+            assert_eq!(owner_certificate_state(v, now), expected, "{now}");
+        }
+    }
+
+    #[test]
+    fn short_durations() {
+        for (secs, text) in [
+            (5, "5s"),
+            (119, "119s"),
+            (600, "10m"),
+            (3 * 3600, "3h"),
+            (30 * 86400, "30d"),
+            (3 * 365 * 86400, "3y"),
+        ] {
+            assert_eq!(short_duration(secs), text);
+        }
+    }
+
+    #[test]
     fn states_parse() {
         assert_eq!(parse_state("up").unwrap(), NodeState::Up as i32);
         assert!(parse_state("sideways").is_err());
         assert_eq!(state_name(NodeState::Up as i32), "UP");
+    }
+}
+
+/// `cluster certificates`: every certificate the cluster's CAs issued.
+pub async fn certificates(config: &Path, raw_endpoints: &[String], format: Format) -> Result<()> {
+    let list = owner_session(config, raw_endpoints)
+        .await?
+        .management("listing certificates", |mut m| async move {
+            m.list_certificates(api::ListCertificatesRequest {}).await
+        })
+        .await?
+        .certificates;
+    print_certificates(&list, pki::unix_now(), format);
+    Ok(())
+}
+
+/// Seconds as a short human duration: "45s", "12m", "5h", "3d", "2y".
+fn short_duration(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 2 * 3600 => format!("{}m", s / 60),
+        s if s < 2 * 86400 => format!("{}h", s / 3600),
+        s if s < 2 * 365 * 86400 => format!("{}d", s / 86400),
+        s => format!("{}y", s / (365 * 86400)),
+    }
+}
+
+fn certificate_json(c: &api::CertificateInfo) -> Value {
+    json!({
+        "name": c.name,
+        "kind": c.kind,
+        "node": c.node_id,
+        "serial": c.serial,
+        "not_before_unix": c.not_before_unix,
+        "not_after_unix": c.not_after_unix,
+        "revoked": c.revoked,
+        "current": c.current,
+    })
+}
+
+fn print_certificates(list: &[api::CertificateInfo], now: u64, format: Format) {
+    match format {
+        Format::Quiet => {}
+        Format::Json => println!(
+            "{}",
+            Value::Array(list.iter().map(certificate_json).collect())
+        ),
+        Format::Yaml => print!(
+            "{}",
+            output::yaml(&Value::Array(list.iter().map(certificate_json).collect()))
+        ),
+        Format::Table => {
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|c| {
+                    let expiry = if c.not_after_unix > now {
+                        format!("in {}", short_duration(c.not_after_unix - now))
+                    } else {
+                        format!("expired {} ago", short_duration(now - c.not_after_unix))
+                    };
+                    vec![
+                        c.kind.clone(),
+                        if c.node_id.is_empty() {
+                            "-".into()
+                        } else {
+                            c.node_id.clone()
+                        },
+                        c.serial.clone(),
+                        expiry,
+                        if c.revoked { "yes" } else { "no" }.into(),
+                        if c.current { "*" } else { "" }.into(),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                output::table(
+                    &["KIND", "NODE", "SERIAL", "EXPIRES", "REVOKED", "CURRENT"],
+                    &rows
+                )
+            );
+        }
     }
 }
 
@@ -919,7 +1103,8 @@ pub async fn node_roles(
         add,
         remove,
     };
-    let response = owner_session(config, raw_endpoints)?
+    let response = owner_session(config, raw_endpoints)
+        .await?
         .management(&format!("changing the roles of node {id}"), |mut m| {
             let request = request.clone();
             async move { m.update_node_roles(request).await }
@@ -988,7 +1173,23 @@ pub fn summarize(answers: &[api::GetConsensusStatusResponse]) -> (Vec<MemberStat
 /// shows the members, and fails when there is no quorum.
 pub async fn cluster_status(config: &Path, raw_endpoints: &[String], format: Format) -> Result<()> {
     let (members, quorum, unreachable) = consensus_status(config, raw_endpoints).await?;
-    print_status(&members, quorum, &unreachable, format);
+    // Node warnings need the leader, so only with a quorum; their absence is no error.
+    let warnings: Vec<String> = if quorum {
+        match list_nodes(config, raw_endpoints).await {
+            Ok(nodes) => nodes
+                .iter()
+                .flat_map(|n| {
+                    n.warnings
+                        .iter()
+                        .map(move |w| format!("node {}: {w}", n.id))
+                })
+                .collect(),
+            Err(e) => vec![format!("could not list nodes for their warnings: {e:#}")],
+        }
+    } else {
+        Vec::new()
+    };
+    print_status(&members, quorum, &unreachable, &warnings, format);
     if !quorum {
         bail!("the cluster has no etcd quorum");
     }
@@ -1010,7 +1211,7 @@ async fn consensus_status(
     config: &Path,
     raw_endpoints: &[String],
 ) -> Result<(Vec<MemberStatus>, bool, Vec<String>)> {
-    let session = owner_session(config, raw_endpoints)?;
+    let session = owner_session(config, raw_endpoints).await?;
     let mut to_ask: Vec<SocketAddr> = session.client.endpoints();
     let mut asked = Vec::new();
     let mut answers: Vec<api::GetConsensusStatusResponse> = Vec::new();
@@ -1021,7 +1222,7 @@ async fn consensus_status(
         }
         asked.push(endpoint);
         let answer = async {
-            let channel = rpc::connect(endpoint, session.trust(), Some(session.credentials()))
+            let channel = rpc::connect(endpoint, session.trust(), Some(&session.credentials()))
                 .await
                 .map_err(|e| e.to_string())?;
             api::curator_local_client::CuratorLocalClient::new(channel)
@@ -1050,7 +1251,13 @@ async fn consensus_status(
     Ok((members, quorum, unreachable))
 }
 
-fn print_status(members: &[MemberStatus], quorum: bool, unreachable: &[String], format: Format) {
+fn print_status(
+    members: &[MemberStatus],
+    quorum: bool,
+    unreachable: &[String],
+    warnings: &[String],
+    format: Format,
+) {
     let rows: Vec<Value> = members
         .iter()
         .map(|m| {
@@ -1065,7 +1272,12 @@ fn print_status(members: &[MemberStatus], quorum: bool, unreachable: &[String], 
             })
         })
         .collect();
-    let value = json!({ "quorum": quorum, "members": rows, "unreachable": unreachable });
+    let value = json!({
+        "quorum": quorum,
+        "members": rows,
+        "unreachable": unreachable,
+        "warnings": warnings,
+    });
     match format {
         Format::Quiet => {}
         Format::Json => println!("{value}"),
@@ -1101,6 +1313,9 @@ fn print_status(members: &[MemberStatus], quorum: bool, unreachable: &[String], 
                 println!("unreachable: {u}");
             }
             println!("quorum: {}", if quorum { "yes" } else { "NO" });
+            for w in warnings {
+                println!("warning: {w}");
+            }
         }
     }
 }
@@ -1109,7 +1324,7 @@ impl OwnerSession {
     fn trust(&self) -> &rpc::ServerTrust {
         self.client.trust()
     }
-    fn credentials(&self) -> &rpc::Credentials {
+    fn credentials(&self) -> rpc::Credentials {
         self.client
             .credentials()
             .expect("an owner session always has credentials")

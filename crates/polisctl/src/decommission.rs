@@ -19,7 +19,7 @@ pub async fn node_decommission(
     ids: &[String],
     wait: Option<Duration>,
 ) -> Result<()> {
-    let session = owner_session(config, raw_endpoints)?;
+    let session = owner_session(config, raw_endpoints).await?;
     for id in ids {
         identity::validate_node_id(id)?;
     }
@@ -83,7 +83,7 @@ fn report(id: &str, node: &api::NodeInfo) {
 /// `node delete`: deletes each node's record (DECOMMISSIONED, NEW or STANDBY nodes);
 /// every ID is tried, and the command fails if any deletion failed.
 pub async fn node_delete(config: &Path, raw_endpoints: &[String], ids: &[String]) -> Result<()> {
-    let session = owner_session(config, raw_endpoints)?;
+    let session = owner_session(config, raw_endpoints).await?;
     let mut failed = 0;
     for id in ids {
         if let Err(e) = identity::validate_node_id(id) {

@@ -170,7 +170,11 @@ pub async fn launch(
 
     // Node 1 bootstraps.
     let params = dir.join("bootstrap.params");
-    crate::write_bootstrap_params(&config, &params, "polis.internal", &[])?;
+    let configuration = proto::config::ClusterConfiguration {
+        cluster_domain: "polis.internal".into(),
+        ..Default::default()
+    };
+    crate::write_bootstrap_params(&config, &params, configuration, &[])?;
     start_node(&binary, &dir, 1, addresses[0], Some(&params))?;
     let first = vec![addresses[0].to_string()];
     retry("taking ownership of the new cluster", || async {

@@ -8,6 +8,8 @@
 //!   <config>/ca.pem           the pinned cluster CA certificate               0600
 //!   <config>/endpoints        the cluster's curators, one per line            0600
 //! ```
+//! `owner.pem` is renewed before any command once 2/3 of its lifetime have passed (or it
+//! expired): AAA.Escrow with the owner key returns a new one, saved atomically.
 //! `endpoints` is written by `takeownership` and refreshed whenever polisctl reads the
 //! cluster's information (`cluster info`, `params register`); `--endpoints` overrides it.
 //! Every call to a curator is mutual TLS: the curator's certificate must chain to the
@@ -91,6 +93,14 @@ enum ParamsCommand {
         /// Node labels, KEY=VALUE (repeatable).
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
+        /// Lifetime of node and etcd peer certificates: seconds, or a number with a unit
+        /// (s, m, h, d, y), e.g. 90d. Nodes renew theirs at 2/3 of it. [default: 1y]
+        #[arg(long, value_parser = parse_lifetime, value_name = "DURATION")]
+        node_certificate_lifetime: Option<u64>,
+        /// Lifetime of owner certificates (as above); polisctl renews the owner's at 2/3
+        /// of it. [default: 30d]
+        #[arg(long, value_parser = parse_lifetime, value_name = "DURATION")]
+        owner_certificate_lifetime: Option<u64>,
     },
     /// Parameters for a new node to register into this cluster: the register ticket,
     /// the pinned cluster CA and the current curator endpoints. They stop working for
@@ -133,6 +143,9 @@ enum ClusterCommand {
     },
     /// Stop the cluster launched in DIR and remove DIR.
     Destroy { dir: PathBuf },
+    /// Every certificate the cluster's CAs issued (node, owner, etcd peer): node,
+    /// serial, expiry, whether revoked, and whether it is the one in use.
+    Certificates,
     /// Replace the register ticket. Node parameters made with the old ticket stop
     /// working for nodes that have not registered yet; registered nodes can still be
     /// approved.
@@ -206,6 +219,34 @@ enum NodeCommand {
         #[arg(required = true, value_name = "KEY=VALUE|KEY-")]
         changes: Vec<String>,
     },
+}
+
+/// A certificate lifetime: seconds, or a number with a unit (s, m, h, d, y); within
+/// the PKI's bounds (`pki::check_lifetime`).
+fn parse_lifetime(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 3600, 90m, 12h, 30d, 1y)"))?;
+    let unit_secs = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        "y" => 365 * 86400,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {s:?}; use s, m, h, d or y"
+            ));
+        }
+    };
+    let secs = number
+        .checked_mul(unit_secs)
+        .ok_or_else(|| format!("{s:?} is too long"))?;
+    pki::check_lifetime(std::time::Duration::from_secs(secs)).map_err(|e| e.to_string())?;
+    Ok(secs)
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -284,6 +325,10 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Cluster(ClusterCommand::Status) => {
             let config = config_dir(&cli)?;
             cluster::cluster_status(&config, &cli.endpoints, cli.output).await
+        }
+        Command::Cluster(ClusterCommand::Certificates) => {
+            let config = config_dir(&cli)?;
+            cluster::certificates(&config, &cli.endpoints, cli.output).await
         }
         Command::Cluster(ClusterCommand::RotateTicket) => {
             let config = config_dir(&cli)?;
@@ -364,9 +409,16 @@ async fn run(cli: Cli) -> Result<()> {
             out,
             cluster_domain,
             labels,
+            node_certificate_lifetime,
+            owner_certificate_lifetime,
         }) => {
             let config = config_dir(&cli)?;
-            write_bootstrap_params(&config, out, cluster_domain, labels)?;
+            let configuration = ClusterConfiguration {
+                cluster_domain: cluster_domain.clone(),
+                node_certificate_lifetime_seconds: node_certificate_lifetime.unwrap_or(0),
+                owner_certificate_lifetime_seconds: owner_certificate_lifetime.unwrap_or(0),
+            };
+            write_bootstrap_params(&config, out, configuration, labels)?;
             eprintln!("wrote bootstrap parameters to {}", out.display());
             Ok(())
         }
@@ -384,7 +436,7 @@ async fn run(cli: Cli) -> Result<()> {
 pub(crate) fn write_bootstrap_params(
     config: &Path,
     out: &Path,
-    cluster_domain: &str,
+    configuration: ClusterConfiguration,
     labels: &[(String, String)],
 ) -> Result<()> {
     let labels: std::collections::BTreeMap<String, String> = labels.iter().cloned().collect();
@@ -393,10 +445,7 @@ pub(crate) fn write_bootstrap_params(
     let params = NodeParameters {
         cluster: Some(node_parameters::Cluster::Bootstrap(ClusterBootstrap {
             owner_public_key: key.public_key().to_vec(),
-            initial_cluster_configuration: Some(ClusterConfiguration {
-                cluster_domain: cluster_domain.to_string(),
-                ..Default::default()
-            }),
+            initial_cluster_configuration: Some(configuration),
             labels: labels.into_iter().collect(),
         })),
     };
@@ -488,6 +537,26 @@ pub(crate) fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lifetimes_parse_with_units_and_bounds() {
+        for (text, secs) in [
+            ("20", Some(20)),
+            ("20s", Some(20)),
+            ("90m", Some(5400)),
+            ("12h", Some(43200)),
+            ("30d", Some(2_592_000)),
+            ("1y", Some(31_536_000)),
+            ("4", None),
+            ("11y", None),
+            ("1w", None),
+            ("x", None),
+            ("", None),
+            ("99999999999999999999y", None),
+        ] {
+            assert_eq!(parse_lifetime(text).ok(), secs, "{text:?}");
+        }
+    }
 
     #[test]
     fn owner_key_is_created_once_with_private_permissions() {

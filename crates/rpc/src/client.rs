@@ -12,7 +12,7 @@ use rustls::pki_types::ServerName;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::RpcError;
-use crate::tls::{Credentials, ServerTrust, client_config};
+use crate::tls::{CredentialSlot, Credentials, ServerTrust, client_config_from};
 
 /// Default port of the curator.
 pub const CURATOR_PORT: u16 = 7835;
@@ -55,7 +55,18 @@ pub async fn connect(
     trust: &ServerTrust,
     client: Option<&Credentials>,
 ) -> Result<Channel, RpcError> {
-    let connector = tokio_rustls::TlsConnector::from(client_config(trust, client)?);
+    let slot = client.map(|c| CredentialSlot::new(c.clone())).transpose()?;
+    connect_with(endpoint, trust, slot.as_ref()).await
+}
+
+/// Connects to a curator at `endpoint` over TLS and HTTP/2, presenting what `client`
+/// holds at the time of each (re)connection.
+pub async fn connect_with(
+    endpoint: SocketAddr,
+    trust: &ServerTrust,
+    client: Option<&CredentialSlot>,
+) -> Result<Channel, RpcError> {
+    let connector = tokio_rustls::TlsConnector::from(client_config_from(trust, client)?);
     let server_name = ServerName::IpAddress(endpoint.ip().into());
     let uri = format!("http://{endpoint}");
     // tonic flattens connector errors into text; keep the one that matters here.
@@ -151,18 +162,37 @@ const UNAVAILABLE_PAUSE: Duration = Duration::from_millis(250);
 /// that answered last; a curator that is not the leader answers Unavailable and names
 /// the leader, which is tried next; unreachable curators are skipped. Shared by
 /// polisctl and every node-side caller, so that they all behave alike.
+///
+/// With a [`CredentialSlot`] (a node's renewable certificate) the cached connection is
+/// dropped as soon as the slot's credentials were replaced: the next call connects with
+/// the new certificate, so no call is made with one that is about to expire (the
+/// curator checks expiry on every call).
 pub struct CuratorClient {
     endpoints: Mutex<Vec<SocketAddr>>,
     trust: ServerTrust,
-    credentials: Option<Credentials>,
-    current: Mutex<Option<(SocketAddr, Channel)>>,
+    credentials: Option<CredentialSlot>,
+    /// The curator that answered last, its channel, and the slot generation it was
+    /// made with.
+    current: Mutex<Option<(SocketAddr, Channel, u64)>>,
 }
 
 impl CuratorClient {
+    /// A client presenting fixed `credentials` (if any). Refuses credentials whose key
+    /// does not load or does not match the certificate.
     pub fn new(
         endpoints: Vec<SocketAddr>,
         trust: ServerTrust,
         credentials: Option<Credentials>,
+    ) -> Result<CuratorClient, RpcError> {
+        let slot = credentials.map(CredentialSlot::new).transpose()?;
+        Ok(CuratorClient::with_slot(endpoints, trust, slot))
+    }
+
+    /// A client presenting whatever `credentials` holds (see the type's documentation).
+    pub fn with_slot(
+        endpoints: Vec<SocketAddr>,
+        trust: ServerTrust,
+        credentials: Option<CredentialSlot>,
     ) -> CuratorClient {
         CuratorClient {
             endpoints: Mutex::new(endpoints),
@@ -185,8 +215,13 @@ impl CuratorClient {
         &self.trust
     }
 
-    pub fn credentials(&self) -> Option<&Credentials> {
-        self.credentials.as_ref()
+    /// The credentials presented now.
+    pub fn credentials(&self) -> Option<Credentials> {
+        self.credentials.as_ref().map(|s| s.credentials())
+    }
+
+    fn generation(&self) -> u64 {
+        self.credentials.as_ref().map_or(0, |s| s.generation())
     }
 
     /// The curator that answered last, if any.
@@ -225,10 +260,16 @@ impl CuratorClient {
         F: Fn(Channel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        let generation = self.generation();
         let current = self.current.lock().expect("current lock").clone();
         let mut candidates: VecDeque<(SocketAddr, Option<Channel>)> = VecDeque::new();
-        if let Some((endpoint, channel)) = current {
-            candidates.push_back((endpoint, Some(channel)));
+        match current {
+            Some((endpoint, channel, made_with)) if made_with == generation => {
+                candidates.push_back((endpoint, Some(channel)));
+            }
+            // Made with credentials since replaced: connect anew (same curator first).
+            Some((endpoint, _, _)) => candidates.push_back((endpoint, None)),
+            None => {}
         }
         candidates.extend(self.endpoints().into_iter().map(|e| (e, None)));
         // Each endpoint at most twice: once as listed, once more when another curator
@@ -245,17 +286,20 @@ impl CuratorClient {
             *n += 1;
             let channel = match channel {
                 Some(c) => c,
-                None => match connect(endpoint, &self.trust, self.credentials.as_ref()).await {
-                    Ok(c) => c,
-                    Err(e) => {
-                        unreachable.push(e);
-                        continue;
+                None => {
+                    match connect_with(endpoint, &self.trust, self.credentials.as_ref()).await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            unreachable.push(e);
+                            continue;
+                        }
                     }
-                },
+                }
             };
             match call(channel.clone()).await {
                 Ok(response) => {
-                    *self.current.lock().expect("current lock") = Some((endpoint, channel));
+                    *self.current.lock().expect("current lock") =
+                        Some((endpoint, channel, generation));
                     return Ok(response.into_inner());
                 }
                 Err(status) if status.code() == tonic::Code::Unavailable => {
@@ -268,7 +312,8 @@ impl CuratorClient {
                     last_status = Some(status);
                 }
                 Err(status) => {
-                    *self.current.lock().expect("current lock") = Some((endpoint, channel));
+                    *self.current.lock().expect("current lock") =
+                        Some((endpoint, channel, generation));
                     return Err(CallError::Status(status));
                 }
             }

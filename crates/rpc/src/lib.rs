@@ -26,6 +26,9 @@
 //!   verdict on a certificate is remembered only for the CRL it was reached under, and
 //!   only until the certificate expires).
 //! - A call's request body is at most [`server::MAX_REQUEST_BYTES`].
+//! - Renewed certificates apply without a restart: servers and clients take theirs from a
+//!   [`CredentialSlot`] at every handshake, and [`CuratorClient`] drops a connection made
+//!   with credentials that were replaced since.
 //! - rustls uses the ring provider only, and TLS 1.3 only (Polis controls both ends).
 
 pub mod authz;
@@ -46,12 +49,12 @@ pub fn is_revoked(status: &tonic::Status) -> bool {
     status.code() == tonic::Code::Unauthenticated && status.message().contains(REVOKED)
 }
 pub use client::{
-    CURATOR_PORT, CallError, CuratorClient, connect, leader_endpoint, parse_endpoint,
+    CURATOR_PORT, CallError, CuratorClient, connect, connect_with, leader_endpoint, parse_endpoint,
     parse_endpoints, url_address,
 };
 pub use forward::{ForwardLayer, Forwarding};
 pub use server::{AuthLayer, CrlSource, Forwarders, Limits, PeerInfo, incoming};
-pub use tls::{Authenticator, Credentials, CrlSlot, ServerTrust, self_signed};
+pub use tls::{Authenticator, CredentialSlot, Credentials, CrlSlot, ServerTrust, self_signed};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {

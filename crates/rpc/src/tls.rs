@@ -42,6 +42,99 @@ impl Credentials {
     }
 }
 
+/// Credentials that can be replaced while in use (certificate renewal): servers built
+/// with [`server_config_from`] present the current ones on every new handshake, clients
+/// built with [`client_config_from`] on every new connection, and long-lived channels
+/// compare [`CredentialSlot::generation`] to notice that they were made with older ones.
+/// Clones share the slot.
+#[derive(Clone)]
+pub struct CredentialSlot(Arc<std::sync::RwLock<Arc<Loaded>>>);
+
+/// Credentials with the rustls key they were parsed into, once.
+struct Loaded {
+    generation: u64,
+    credentials: Credentials,
+    certified: Arc<rustls::sign::CertifiedKey>,
+}
+
+impl std::fmt::Debug for CredentialSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CredentialSlot")
+            .field("generation", &self.generation())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CredentialSlot {
+    /// A slot holding `credentials`; refuses a key that does not load or does not match.
+    pub fn new(credentials: Credentials) -> Result<CredentialSlot, RpcError> {
+        Ok(CredentialSlot(Arc::new(std::sync::RwLock::new(Arc::new(
+            Self::load(credentials, 0)?,
+        )))))
+    }
+
+    fn load(credentials: Credentials, generation: u64) -> Result<Loaded, RpcError> {
+        let (chain, key) = credentials.chain();
+        let certified = rustls::sign::CertifiedKey::from_der(chain, key, &provider())?;
+        Ok(Loaded {
+            generation,
+            credentials,
+            certified: Arc::new(certified),
+        })
+    }
+
+    fn loaded(&self) -> Arc<Loaded> {
+        self.0
+            .read()
+            .expect("credential slot lock poisoned")
+            .clone()
+    }
+
+    /// Replaces the credentials for every later handshake; refuses (and keeps the old
+    /// ones) when the new key does not load or does not match the certificate.
+    pub fn replace(&self, credentials: Credentials) -> Result<(), RpcError> {
+        let mut current = self.0.write().expect("credential slot lock poisoned");
+        *current = Arc::new(Self::load(credentials, current.generation + 1)?);
+        Ok(())
+    }
+
+    /// The current credentials.
+    pub fn credentials(&self) -> Credentials {
+        self.loaded().credentials.clone()
+    }
+
+    /// Grows by one with every [`CredentialSlot::replace`].
+    pub fn generation(&self) -> u64 {
+        self.loaded().generation
+    }
+}
+
+/// Presents a slot's current credentials (server and client side).
+#[derive(Debug)]
+struct SlotResolver(CredentialSlot);
+
+impl rustls::server::ResolvesServerCert for SlotResolver {
+    fn resolve(
+        &self,
+        _client_hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.loaded().certified.clone())
+    }
+}
+
+impl rustls::client::ResolvesClientCert for SlotResolver {
+    fn resolve(
+        &self,
+        _root_hint_subjects: &[&[u8]],
+        _sigschemes: &[SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.loaded().certified.clone())
+    }
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
 /// A self-signed certificate for `key`: proves possession of the key and nothing else.
 pub fn self_signed(key: &identity::NodeKey) -> Result<Credentials, RpcError> {
     let pair = rcgen::KeyPair::try_from(key.pkcs8_der())
@@ -150,16 +243,21 @@ impl ClientCertVerifier for DeferClientAuthentication {
     handshake_signature_checks!();
 }
 
-/// The curator's TLS server configuration (HTTP/2 only).
+/// The curator's TLS server configuration (HTTP/2 only) with fixed credentials.
 pub fn server_config(credentials: &Credentials) -> Result<Arc<rustls::ServerConfig>, RpcError> {
+    server_config_from(&CredentialSlot::new(credentials.clone())?)
+}
+
+/// The curator's TLS server configuration (HTTP/2 only), presenting whatever `slot`
+/// holds at each handshake: a renewed certificate is served from the next one on.
+pub fn server_config_from(slot: &CredentialSlot) -> Result<Arc<rustls::ServerConfig>, RpcError> {
     let provider = provider();
-    let (chain, key) = credentials.chain();
     let mut config = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(Arc::new(DeferClientAuthentication {
             keys: ProofOfPossession { provider },
         }))
-        .with_single_cert(chain, key)?;
+        .with_cert_resolver(Arc::new(SlotResolver(slot.clone())));
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
 }
@@ -243,6 +341,21 @@ pub fn client_config(
     trust: &ServerTrust,
     client: Option<&Credentials>,
 ) -> Result<Arc<rustls::ClientConfig>, RpcError> {
+    client_config_from(
+        trust,
+        client
+            .map(|c| CredentialSlot::new(c.clone()))
+            .transpose()?
+            .as_ref(),
+    )
+}
+
+/// A client TLS configuration (HTTP/2), presenting what `client` holds at each
+/// handshake, if given.
+pub fn client_config_from(
+    trust: &ServerTrust,
+    client: Option<&CredentialSlot>,
+) -> Result<Arc<rustls::ClientConfig>, RpcError> {
     let provider = provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?;
@@ -277,10 +390,7 @@ pub fn client_config(
             })),
     };
     let mut config = match client {
-        Some(c) => {
-            let (chain, key) = c.chain();
-            builder.with_client_auth_cert(chain, key)?
-        }
+        Some(slot) => builder.with_client_cert_resolver(Arc::new(SlotResolver(slot.clone()))),
         None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = vec![b"h2".to_vec()];

@@ -1,4 +1,7 @@
-//! AAA: the owner proves the owner key and receives an owner certificate.
+//! AAA: the owner proves the owner key and receives an owner certificate, valid for the
+//! cluster configuration's owner certificate lifetime. Escrowing again (polisctl does,
+//! once 2/3 of that lifetime passed) is how an owner renews: each call issues a new
+//! certificate, recorded as `owner-<serial>`; older ones stay valid until they expire.
 
 use proto::api;
 use tonic::{Request, Response, Status};
@@ -28,6 +31,7 @@ impl api::aaa_server::Aaa for Services {
                 "this key is not the cluster owner's key",
             ));
         }
+        let lifetime = state::owner_certificate_lifetime(Some(&self.0.configuration().await?));
         let store = state::cluster_pki(&self.0.curator);
         let ca = store
             .load_ca()
@@ -39,7 +43,7 @@ impl api::aaa_server::Aaa for Services {
             dns_names: vec![],
             ip_addresses: vec![],
             usage: pki::Usage::Client,
-            lifetime: self.0.config.owner_certificate_lifetime,
+            lifetime,
             kind: pki::CertificateKind::Owner,
         };
         let issued = ca

@@ -180,9 +180,13 @@ pub async fn join(
         .address
         .parse()
         .map_err(|_| Status::internal("corrupt address"))?;
+    let lifetime = state::node_certificate_lifetime(Some(&shared.configuration().await?));
     let certificate = peer_pki
         .ensure_certificate(&state::peer_certificate_name(&node.id, member.id), || {
-            peer_ca.issue(&state::peer_certificate_template(&node.id, address), &key)
+            peer_ca.issue(
+                &state::peer_certificate_template(&node.id, address, lifetime),
+                &key,
+            )
         })
         .await
         .map_err(|e| etcd_status("issuing the etcd peer certificate", e))?;
@@ -230,6 +234,43 @@ pub async fn join(
         initial_cluster,
         member_id: member.id,
     })
+}
+
+/// A new etcd peer certificate for `node`'s current etcd member (RenewCertificates),
+/// recorded under `peer-<id>-<member>-<serial>`; returns it and the peer CA (DER). The
+/// previous one is not revoked: it expires.
+pub async fn renew_peer(
+    shared: &Shared,
+    node: &Node,
+    key: &[u8; 32],
+    address: IpAddr,
+    lifetime: Duration,
+) -> Result<(Vec<u8>, Vec<u8>), Status> {
+    let mut client = shared.curator.client();
+    let members = membership::members(&mut client)
+        .await
+        .map_err(|e| etcd_status("listing etcd members", e))?;
+    let member = member_of(&members, node).ok_or_else(|| {
+        Status::failed_precondition(format!("node {} is no etcd member", node.id))
+    })?;
+    let peer_pki = state::etcd_pki(client);
+    let peer_ca = peer_pki
+        .load_ca()
+        .await
+        .map_err(|e| etcd_status("loading the etcd peer CA", e))?
+        .ok_or_else(|| Status::internal("the cluster has no etcd peer CA"))?;
+    let issued = peer_ca
+        .issue(
+            &state::peer_certificate_template(&node.id, address, lifetime),
+            key,
+        )
+        .map_err(|e| Status::internal(format!("issuing the etcd peer certificate: {e}")))?;
+    let name = state::renewed_peer_certificate_name(&node.id, member.id, &issued.serial);
+    let certificate = peer_pki
+        .ensure_certificate(&name, || Ok(issued.clone()))
+        .await
+        .map_err(|e| etcd_status("recording the etcd peer certificate", e))?;
+    Ok((certificate, peer_ca.cert_der))
 }
 
 /// Takes the ConsensusMember role from node `id`: refused when the remaining voters
@@ -366,7 +407,7 @@ impl Shared {
             asks.spawn(async move {
                 let endpoint = std::net::SocketAddr::new(ip, rpc::CURATOR_PORT);
                 let ask = async {
-                    let channel = rpc::connect(endpoint, &trust, Some(&credentials))
+                    let channel = rpc::connect_with(endpoint, &trust, Some(&credentials))
                         .await
                         .ok()?;
                     api::curator_local_client::CuratorLocalClient::new(channel)

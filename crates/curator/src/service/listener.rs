@@ -17,10 +17,13 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The forwarding decision: a follower sends every call but CuratorLocal (which any
 /// curator answers from its own etcd member) to the leader, over one cached channel with
-/// this node's certificate.
+/// this node's certificate (the current one: a channel made with a certificate that was
+/// renewed since is replaced).
 fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
-    let cached: Arc<std::sync::Mutex<Option<(SocketAddr, tonic::transport::Channel)>>> =
-        Arc::default();
+    // The leader's endpoint, the channel, and the credential generation it was made with:
+    // after a renewal the next forward connects with the new certificate.
+    type Cached = Option<(SocketAddr, tonic::transport::Channel, u64)>;
+    let cached: Arc<std::sync::Mutex<Cached>> = Arc::default();
     Arc::new(move |method: &str| {
         let (shared, cached) = (shared.clone(), cached.clone());
         // Answered from this curator's own etcd member: CuratorLocal, and the long-lived
@@ -42,17 +45,18 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
                 let cached = cached.clone();
                 Box::new(move || {
                     let mut c = cached.lock().expect("forwarding cache lock");
-                    if c.as_ref().is_some_and(|(at, _)| *at == endpoint) {
+                    if c.as_ref().is_some_and(|(at, _, _)| *at == endpoint) {
                         *c = None;
                     }
                 }) as Box<dyn FnOnce() + Send>
             };
+            let generation = shared.config.credentials.generation();
             let hit = cached
                 .lock()
                 .expect("forwarding cache lock")
                 .as_ref()
-                .filter(|(at, _)| *at == endpoint)
-                .map(|(_, channel)| channel.clone());
+                .filter(|(at, _, made_with)| *at == endpoint && *made_with == generation)
+                .map(|(_, channel, _)| channel.clone());
             if let Some(channel) = hit {
                 return Some(rpc::forward::Forward {
                     channel,
@@ -61,10 +65,10 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
             }
             // Connected without holding the cache: a slow leader delays only this call.
             let trust = shared.server_trust();
-            match rpc::connect(endpoint, &trust, Some(&shared.config.credentials)).await {
+            match rpc::connect_with(endpoint, &trust, Some(&shared.config.credentials)).await {
                 Ok(channel) => {
                     *cached.lock().expect("forwarding cache lock") =
-                        Some((endpoint, channel.clone()));
+                        Some((endpoint, channel.clone(), generation));
                     Some(rpc::forward::Forward {
                         channel,
                         on_failure: forget,
@@ -84,7 +88,8 @@ pub(super) async fn serve(
     shared: Arc<Shared>,
 ) -> supervisor::RunnableResult {
     let config = &shared.config;
-    let tls = rpc::tls::server_config(&config.credentials)?;
+    // Serves whatever the slot holds at each handshake: renewals apply live.
+    let tls = rpc::tls::server_config_from(&config.credentials)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("listening on {}: {e}", config.listen))?;

@@ -254,6 +254,20 @@ impl api::management_server::Management for Services {
         &self,
         _request: Request<api::ListCertificatesRequest>,
     ) -> Result<Response<api::ListCertificatesResponse>, Status> {
-        Err(Status::unimplemented("ListCertificates: in progress"))
+        self.0.leadership().await?;
+        let mut certificates = super::certificates::list(&self.0.curator)
+            .await
+            .map_err(status_from)?;
+        certificates.sort_by(|a, b| {
+            (&a.kind, &a.node_id, a.not_before_unix, &a.name).cmp(&(
+                &b.kind,
+                &b.node_id,
+                b.not_before_unix,
+                &b.name,
+            ))
+        });
+        Ok(Response::new(api::ListCertificatesResponse {
+            certificates,
+        }))
     }
 }

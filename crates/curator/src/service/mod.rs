@@ -7,6 +7,8 @@
 //!   ├── nodes        one etcd watch on nodes/ → Shared::nodes (snapshot per change)
 //!   ├── crl          one etcd watch on the cluster CRL → Shared::crl (see `crl`)
 //!   ├── decommission leader: finishes DECOMMISSIONING nodes (see `decommission`)
+//!   ├── certificates every issued certificate, refreshed → Shared::certificates
+//!   │                (expiry warnings in NodeInfo; see `certificates`)
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
 //! ```
 //! Handlers that change state take a [`Leadership`] from [`Shared::leadership`] and write
@@ -15,6 +17,7 @@
 //! watch per client.
 
 mod aaa;
+pub mod certificates;
 mod consensus_members;
 mod crl;
 mod decommission;
@@ -42,11 +45,11 @@ use crate::state::{self, NodeUpdateError};
 pub struct CuratorConfig {
     pub node_id: String,
     pub listen: SocketAddr,
-    /// This node's certificate and key, served to clients.
-    pub credentials: rpc::Credentials,
+    /// This node's certificate and key: served to clients (from the next handshake on
+    /// after a renewal replaced them) and presented when forwarding or asking peers.
+    pub credentials: rpc::CredentialSlot,
     pub ca_certificate: Vec<u8>,
     pub lease_ttl: Duration,
-    pub owner_certificate_lifetime: Duration,
     pub heartbeat_timeout: Duration,
 }
 
@@ -101,6 +104,10 @@ pub struct Shared {
     crl_slot: rpc::CrlSlot,
     /// What holds up each DECOMMISSIONING node, by node ID (the `decommission` runnable).
     decommission_problems: Mutex<HashMap<String, String>>,
+    /// Current certificates per node, for expiry warnings (the `certificates` runnable).
+    certificates: event::Value<Arc<certificates::CertificateView>>,
+    /// Wakes the `certificates` runnable early: a certificate was just issued here.
+    certificates_changed: tokio::sync::Notify,
 }
 
 /// The gRPC status for a curator error: Unavailable only for what a retry elsewhere or
@@ -162,6 +169,14 @@ fn self_signed_key<T>(request: &Request<T>) -> Result<[u8; 32], Status> {
 }
 
 impl Shared {
+    /// The cluster configuration (certificate lifetimes); the default when none is stored.
+    async fn configuration(&self) -> Result<proto::config::ClusterConfiguration, Status> {
+        Ok(state::cluster_configuration(&self.curator)
+            .await
+            .map_err(status_from)?
+            .unwrap_or_default())
+    }
+
     /// The current leadership, or Unavailable naming the leader.
     async fn leadership(&self) -> Result<Leadership, Status> {
         if let Some(Role::Leader(l)) = self.role.current() {
@@ -225,6 +240,10 @@ impl Shared {
             .map(|t| t.elapsed());
         let up = node.state == proto::state::NodeState::Up as i32;
         let decommission_progress = decommission::progress(self, &node);
+        let warnings = match self.certificates.current() {
+            Some(view) => certificates::warnings(&node, view.nodes.get(&node.id), pki::unix_now()),
+            None => Vec::new(),
+        };
         api::NodeInfo {
             roles: state::role_names(&node),
             health: health(up, since, tenure, self.config.heartbeat_timeout) as i32,
@@ -237,7 +256,7 @@ impl Shared {
             labels: node.labels,
             status: node.status,
             decommission_progress,
-            warnings: Vec::new(),
+            warnings,
         }
     }
 }
@@ -268,6 +287,8 @@ pub async fn run(
         crl: event::Value::new(),
         crl_slot: rpc::CrlSlot::new(),
         decommission_problems: Mutex::new(HashMap::new()),
+        certificates: event::Value::new(),
+        certificates_changed: tokio::sync::Notify::new(),
     });
 
     let election_config = ElectionConfig {
@@ -354,6 +375,11 @@ pub async fn run(
     let decommission_shared = shared.clone();
     ctx.run("decommission", move |ctx| {
         decommission::run(ctx, decommission_shared.clone())
+    })?;
+
+    let certificates_shared = shared.clone();
+    ctx.run("certificates", move |ctx| {
+        certificates::run(ctx, certificates_shared.clone())
     })?;
 
     let listener_shared = shared.clone();

@@ -224,6 +224,7 @@ impl api::curator_server::Curator for Services {
             .address
             .parse()
             .map_err(|_| Status::internal(format!("node {id} has a corrupt address")))?;
+        let lifetime = state::node_certificate_lifetime(Some(&self.0.configuration().await?));
         let store = state::cluster_pki(&self.0.curator);
         let ca = store
             .load_ca()
@@ -233,7 +234,10 @@ impl api::curator_server::Curator for Services {
         // Ensure semantics: a retried commit gets the certificate the first one recorded.
         let certificate = store
             .ensure_certificate(&format!("node-{id}"), || {
-                ca.issue(&state::node_certificate_template(&id, address), &key)
+                ca.issue(
+                    &state::node_certificate_template(&id, address, lifetime),
+                    &key,
+                )
             })
             .await
             .map_err(|e| Status::unavailable(format!("issuing the node certificate: {e}")))?;
@@ -315,8 +319,85 @@ impl api::curator_server::Curator for Services {
 
     async fn renew_certificates(
         &self,
-        _request: Request<api::RenewCertificatesRequest>,
+        request: Request<api::RenewCertificatesRequest>,
     ) -> Result<Response<api::RenewCertificatesResponse>, Status> {
-        Err(Status::unimplemented("RenewCertificates: in progress"))
+        let rpc::Identity::Node { id, public_key } = identity(&request) else {
+            return Err(Status::permission_denied(
+                "only nodes renew their certificates, with their node certificate",
+            ));
+        };
+        let peer = request.get_ref().peer;
+        let _leadership = self.0.leadership().await?;
+        let node = state::load_node(&self.0.curator, &id)
+            .await
+            .map_err(status_from)?
+            .ok_or_else(|| Status::not_found(format!("node {id} has no record")))?;
+        if node.state != NodeState::Up as i32 {
+            return Err(Status::failed_precondition(format!(
+                "node {id} is not UP; only UP nodes renew their certificates"
+            )));
+        }
+        if node.public_key != public_key {
+            return Err(Status::permission_denied(format!(
+                "node {id} is registered with a different key"
+            )));
+        }
+        let key: [u8; 32] = public_key
+            .as_slice()
+            .try_into()
+            .map_err(|_| Status::internal("a node record holds a corrupt key"))?;
+        let address: IpAddr = node
+            .address
+            .parse()
+            .map_err(|_| Status::internal(format!("node {id} has a corrupt address")))?;
+        let lifetime = state::node_certificate_lifetime(Some(&self.0.configuration().await?));
+        let mut answer = api::RenewCertificatesResponse::default();
+        if peer {
+            // Checked before anything is issued: a refused call issues nothing.
+            if node
+                .roles
+                .as_ref()
+                .is_none_or(|r| r.consensus_member.is_none())
+            {
+                return Err(Status::failed_precondition(format!(
+                    "node {id} is not a consensus member; it has no etcd peer certificate to renew"
+                )));
+            }
+            let (certificate, ca) =
+                super::consensus_members::renew_peer(&self.0, &node, &key, address, lifetime)
+                    .await?;
+            answer.peer_certificate = certificate;
+            answer.peer_ca_certificate = ca;
+        }
+        // Recording is not guarded by leadership (the PKI store takes no guard, as for
+        // owner certificates): a deposed leader could at worst record a certificate for
+        // this node's own key, which it then never receives.
+        let store = state::cluster_pki(&self.0.curator);
+        let ca = store
+            .load_ca()
+            .await
+            .map_err(|e| Status::unavailable(format!("loading the cluster CA: {e}")))?
+            .ok_or_else(|| Status::internal("the cluster has no CA"))?;
+        let issued = ca
+            .issue(
+                &state::node_certificate_template(&id, address, lifetime),
+                &key,
+            )
+            .map_err(|e| Status::internal(format!("issuing the node certificate: {e}")))?;
+        let name = state::renewed_node_certificate_name(&id, &issued.serial);
+        answer.node_certificate = store
+            .ensure_certificate(&name, || Ok(issued.clone()))
+            .await
+            .map_err(|e| Status::unavailable(format!("recording the node certificate: {e}")))?;
+        answer.ca_certificate = ca.cert_der;
+        self.0.certificates_changed.notify_one();
+        tracing::info!(
+            node = id,
+            serial = hex::encode(&issued.serial),
+            peer,
+            lifetime_s = lifetime.as_secs(),
+            "renewed a node's certificates"
+        );
+        Ok(Response::new(answer))
     }
 }

@@ -1,0 +1,267 @@
+//! Certificate renewal: the `root.role.renew` runnable keeps the node's certificates
+//! fresh without restarting anything.
+//!
+//! ```text
+//!   node certificate (data/node/cert.der) ─┐ due at 2/3 of its lifetime
+//!   etcd peer certificate (data/etcd/peer/ ├─▶ Curator.RenewCertificates(peer) ─▶ new ones
+//!     cert.pem, consensus members only)   ─┘   (same key; old ones stay valid until
+//!                                               they expire, nothing is revoked)
+//!        ▼ written atomically, then applied live:
+//!   node certificate ──▶ NodeValues::credentials (rpc::CredentialSlot): the curator's
+//!                        TLS server presents it from the next handshake on; every
+//!                        CuratorClient and the curator's forwarding channel connect
+//!                        anew with it before their next call
+//!   peer certificate ──▶ cert.pem: etcd 3.4 reads --peer-cert-file/--peer-key-file on
+//!                        every new peer handshake (both directions), so the file is all
+//! ```
+//! A failed renewal is retried with backoff (never waiting past a quarter of the time
+//! left) and logged once per problem. The runnable wakes at least every 1/12 of the
+//! shortest lifetime (capped at a minute), so a peer certificate that appeared since
+//! (the node joined consensus) is looked at in time.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use pki::Validity;
+use proto::api;
+
+use crate::cluster::NodeValues;
+use crate::decision::ClusterState;
+use crate::register::{Backoff, ProblemLog, pause};
+use crate::roleserver::{Settings, curator_client};
+use crate::storage::{pem, write_atomic};
+
+/// Longest sleep between two looks at the certificates.
+const MAX_NAP: Duration = Duration::from_secs(60);
+
+/// What is due, at `now` (Unix seconds), for a node certificate and maybe a peer one.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// Nothing before `until` (Unix seconds).
+    Wait { until: u64 },
+    /// Renew now; `peer`: the peer certificate too.
+    Renew { peer: bool },
+}
+
+/// The renewal decision (pure): the node certificate is renewed at 2/3 of its lifetime,
+/// and so is the peer certificate; when one is renewed, the other goes along if it is
+/// due within a sixth of its lifetime (so that the two keep step, one call for both).
+/// Waits are cut to 1/12 of the shortest lifetime, at most [`MAX_NAP`].
+pub fn plan(node: Validity, peer: Option<Validity>, now: u64) -> Plan {
+    let node_due = node.renew_at();
+    let peer_due = peer.map(|p| p.renew_at());
+    let early = |v: Validity, due: u64| now + v.lifetime() / 6 >= due;
+    if now >= node_due || peer_due.is_some_and(|d| now >= d) {
+        return Plan::Renew {
+            peer: peer.is_some_and(|p| early(p, p.renew_at())),
+        };
+    }
+    let shortest = peer
+        .map(|p| p.lifetime())
+        .unwrap_or(u64::MAX)
+        .min(node.lifetime());
+    let nap = (shortest / 12).clamp(1, MAX_NAP.as_secs());
+    let due = peer_due.map_or(node_due, |p| p.min(node_due));
+    Plan::Wait {
+        until: due.min(now + nap),
+    }
+}
+
+/// The `root.role.renew` runnable (see the module documentation).
+pub async fn run(
+    ctx: supervisor::Context,
+    settings: Settings,
+    values: NodeValues,
+) -> supervisor::RunnableResult {
+    let mut state = values.cluster_state.watch();
+    tokio::select! {
+        s = state.get_matching(|s| *s == ClusterState::Home) => { s?; }
+        _ = ctx.cancelled() => return Ok(()),
+    }
+    let slot = values.credentials.slot(&settings.root)?;
+    let client = curator_client(&settings, &values)?;
+    ctx.signal_healthy();
+    let peer_file = settings.root.etcd_peer_dir().join("cert.pem");
+    let mut problems = ProblemLog::default();
+    let mut backoff = Backoff::default();
+    loop {
+        let node = Validity::of(&slot.credentials().certificate)
+            .context("reading the node certificate's validity")?;
+        let member = values.roles.current().is_some_and(|r| r.consensus_member);
+        let peer = if member {
+            read_pem_certificate(&peer_file)
+                .ok()
+                .and_then(|der| Validity::of(&der).ok())
+        } else {
+            None
+        };
+        let now = pki::unix_now();
+        let peer = match plan(node, peer, now) {
+            Plan::Wait { until } => {
+                if !pause(&ctx, Duration::from_secs(until.saturating_sub(now).max(1))).await {
+                    return Ok(());
+                }
+                continue;
+            }
+            Plan::Renew { peer } => peer,
+        };
+        client.set_endpoints(values.curators.current().unwrap_or_default());
+        let renewed = tokio::select! {
+            r = renew(&settings, &values, &client, &slot, peer, &peer_file) => r,
+            _ = ctx.cancelled() => return Ok(()),
+        };
+        match renewed {
+            Ok(()) => {
+                problems.resolved("certificates renewed again");
+                backoff.reset();
+                // A certificate renewed on a clock far behind could be due again at
+                // once: never renew more than once a second.
+                if !pause(&ctx, Duration::from_secs(1)).await {
+                    return Ok(());
+                }
+            }
+            Err(e) => {
+                problems.problem(format!(
+                    "renewing this node's certificates: {}",
+                    supervisor::error_chain(e.as_ref())
+                ));
+                let left = node.not_after.saturating_sub(pki::unix_now());
+                let wait = backoff
+                    .next()
+                    .min(Duration::from_secs(left / 4))
+                    .max(Duration::from_millis(200));
+                if !pause(&ctx, wait).await {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// One renewal: asks, checks, writes, applies.
+async fn renew(
+    settings: &Settings,
+    values: &NodeValues,
+    client: &rpc::CuratorClient,
+    slot: &rpc::CredentialSlot,
+    peer: bool,
+    peer_file: &Path,
+) -> Result<()> {
+    let answer = client
+        .call(|channel| async move {
+            api::curator_client::CuratorClient::new(channel)
+                .renew_certificates(api::RenewCertificatesRequest { peer })
+                .await
+        })
+        .await?;
+    let current = slot.credentials();
+    let own_key = pki::certificate_public_key(&current.certificate)?;
+    if pki::certificate_public_key(&answer.node_certificate)? != own_key {
+        bail!("the curator answered with a node certificate for another key");
+    }
+    let renewed = rpc::Credentials {
+        certificate: answer.node_certificate.clone(),
+        key_pkcs8: current.key_pkcs8.clone(),
+    };
+    // Loaded before it is written: a certificate rustls refuses never reaches the disk.
+    rpc::CredentialSlot::new(renewed.clone()).context("loading the renewed certificate")?;
+    write_atomic(&settings.root.node_certificate(), &answer.node_certificate)
+        .context("saving the renewed node certificate")?;
+    slot.replace(renewed)
+        .context("applying the renewed node certificate")?;
+    let validity = Validity::of(&answer.node_certificate)?;
+    tracing::info!(
+        serial = hex::encode(pki::certificate_serial(&answer.node_certificate)?),
+        expires_in_s = validity.not_after.saturating_sub(pki::unix_now()),
+        "node certificate renewed and in use"
+    );
+    if peer && !answer.peer_certificate.is_empty() {
+        if pki::certificate_public_key(&answer.peer_certificate)? != own_key {
+            bail!("the curator answered with an etcd peer certificate for another key");
+        }
+        let ca_file = peer_file.with_file_name("ca.pem");
+        let ca = read_pem_certificate(&ca_file)?;
+        if ca != answer.peer_ca_certificate {
+            return Err(anyhow!(
+                "the etcd peer CA changed; a new peer CA cannot be applied without a restart"
+            ));
+        }
+        // Only while the node still is a member (its peer files are there): the control
+        // plane may have been stopped and its files wiped meanwhile.
+        if !values.roles.current().is_some_and(|r| r.consensus_member) || !peer_file.exists() {
+            tracing::info!(
+                "not a consensus member any more: the renewed peer certificate is unused"
+            );
+            return Ok(());
+        }
+        write_atomic(peer_file, &pem("CERTIFICATE", &answer.peer_certificate))
+            .context("saving the renewed etcd peer certificate")?;
+        tracing::info!(
+            serial = hex::encode(pki::certificate_serial(&answer.peer_certificate)?),
+            "etcd peer certificate renewed; etcd uses it from its next peer handshake"
+        );
+    }
+    Ok(())
+}
+
+/// The DER inside a PEM certificate file.
+fn read_pem_certificate(path: &Path) -> Result<Vec<u8>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(pem::parse(text)
+        .with_context(|| format!("{} is not PEM", path.display()))?
+        .into_contents())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn issued(at: u64, lifetime: u64) -> Validity {
+        Validity {
+            not_before: at - pki::BACKDATE.as_secs(),
+            not_after: at + lifetime,
+        }
+    }
+
+    #[test]
+    fn renewal_plans() {
+        let year = 365 * 86400;
+        let cases = [
+            // Node only, 30 s issued at 1000: renew at 1020, look every 2 s.
+            (issued(1000, 30), None, 1000, Plan::Wait { until: 1002 }),
+            (issued(1000, 30), None, 1019, Plan::Wait { until: 1020 }),
+            (issued(1000, 30), None, 1020, Plan::Renew { peer: false }),
+            (issued(1000, 30), None, 1100, Plan::Renew { peer: false }),
+            // A year: look once a minute.
+            (issued(1000, year), None, 1000, Plan::Wait { until: 1060 }),
+            // Peer due first: both go (the node's is due within a sixth).
+            (
+                issued(1000, 30),
+                Some(issued(998, 30)),
+                1018,
+                Plan::Renew { peer: true },
+            ),
+            // Node due, peer issued much later: node only.
+            (
+                issued(1000, 30),
+                Some(issued(1015, 30)),
+                1020,
+                Plan::Renew { peer: false },
+            ),
+            // Node due, peer due within 5 s (a sixth of 30 s): both.
+            (
+                issued(1000, 30),
+                Some(issued(1004, 30)),
+                1020,
+                Plan::Renew { peer: true },
+            ),
+            // 6 s lifetimes: naps of at least a second.
+            (issued(1000, 6), None, 1000, Plan::Wait { until: 1001 }),
+        ];
+        for (node, peer, now, expected) in cases {
+            assert_eq!(plan(node, peer, now), expected, "{node:?} {peer:?} {now}");
+        }
+    }
+}
