@@ -44,8 +44,12 @@
 //! - A campaigning curator revokes the lease of a leader whose endpoint refuses
 //!   connections (its process is gone); guarded writes make this safe even when wrong.
 //! - Register tickets are compared in constant time (`state::ticket_matches`).
+//! - Node health is judged by the leader from heartbeats with hysteresis (`health`,
+//!   pure); the verdict is written into the record only when it changes, and a new
+//!   leader reports the stored verdict until it has watched for one timeout itself.
 
 pub mod election;
+pub mod health;
 pub mod lifecycle;
 
 pub mod service;

@@ -96,6 +96,15 @@ struct Args {
     /// 60). Certificates are valid for all of it from the moment they are issued.
     #[arg(long, default_value_t = 30 * 24 * 3600, value_parser = clap::value_parser!(u64).range(pki::MIN_CERTIFICATE_LIFETIME.as_secs()..=5 * 365 * 24 * 3600))]
     owner_certificate_lifetime: u64,
+    /// How often this node heartbeats, in milliseconds (for tests; every node of a
+    /// cluster must use the same period and timeout).
+    #[arg(long, hide = true, default_value_t = curator::health::Timing::DEFAULT.period().as_millis() as u64)]
+    heartbeat_period_ms: u64,
+    /// After how long without a heartbeat the curator (on this node, when it leads)
+    /// reports a node as timed out, and this node calls itself Split when no curator
+    /// answered its heartbeats, in milliseconds (for tests; at least 3 periods).
+    #[arg(long, hide = true, default_value_t = curator::health::Timing::DEFAULT.timeout().as_millis() as u64)]
+    heartbeat_timeout_ms: u64,
 }
 
 fn init_logging(format: LogFormat) {
@@ -353,6 +362,14 @@ async fn run(args: Args) -> Result<()> {
     if args.etcd_election_timeout_ms < 5 * args.etcd_heartbeat_ms {
         bail!("--etcd-election-timeout-ms must be at least 5 times --etcd-heartbeat-ms");
     }
+    let heartbeat = curator::health::Timing::new(
+        Duration::from_millis(args.heartbeat_period_ms),
+        Duration::from_millis(args.heartbeat_timeout_ms),
+    )
+    .context("--heartbeat-period-ms and --heartbeat-timeout-ms")?;
+    let started_at_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     // etcd runs with its own working directory: every path handed to it is absolute.
     let root = Root::new(
         std::path::absolute(&args.root)
@@ -370,7 +387,9 @@ async fn run(args: Args) -> Result<()> {
         cluster_state: event::Value::new(),
         curators: event::Value::new(),
         roles: event::Value::new(),
+        services: event::Value::new(),
     };
+    values.services.set(Default::default());
     values.cluster_state.set(ClusterState::Unknown);
     let settings = roleserver::Settings {
         root: root.clone(),
@@ -382,6 +401,8 @@ async fn run(args: Args) -> Result<()> {
         },
         curator_lease_ttl: Duration::from_secs(args.curator_lease_ttl),
         owner_certificate_lifetime: Duration::from_secs(args.owner_certificate_lifetime),
+        heartbeat,
+        started_at_unix_ms,
     };
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
     let address = args.address;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, anyhow, bail};
 use proto::api::{self, NodeHealth, NodeState};
+use proto::state::NodeStatus;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
@@ -399,6 +400,31 @@ fn node_json(n: &api::NodeInfo) -> Value {
         "labels": labels,
         "public_key": hex_encode(&n.public_key),
         "time_since_heartbeat_ms": n.time_since_heartbeat_ms,
+        "status": n.status.as_ref().map(status_json),
+    })
+}
+
+/// The services a node reported running.
+fn services(status: &NodeStatus) -> Vec<&'static str> {
+    let mut running = Vec::new();
+    if status.etcd_member_running {
+        running.push("etcd-member");
+    }
+    if status.curator_running {
+        running.push("curator");
+    }
+    running
+}
+
+fn status_json(status: &NodeStatus) -> Value {
+    json!({
+        "address": status.address,
+        "version": status.version,
+        "services": services(status),
+        "etcd_member_running": status.etcd_member_running,
+        "curator_running": status.curator_running,
+        "started_at_unix_ms": status.started_at_unix_ms,
+        "started_at": output::utc_time(status.started_at_unix_ms),
     })
 }
 
@@ -515,6 +541,27 @@ fn print_node(node: &api::NodeInfo, format: Format) {
             println!("Roles:       {}", node.roles.join(", "));
             println!("Labels:      {}", labels.join(", "));
             println!("Public key:  {}", hex_encode(&node.public_key));
+            match &node.status {
+                None => println!("Status:      not reported yet"),
+                Some(status) => {
+                    let running = services(status);
+                    println!("Status:");
+                    println!("  Address:   {}", status.address);
+                    println!("  Version:   {}", status.version);
+                    println!(
+                        "  Services:  {}",
+                        if running.is_empty() {
+                            "none".to_string()
+                        } else {
+                            running.join(", ")
+                        }
+                    );
+                    println!(
+                        "  Started:   {}",
+                        output::utc_time(status.started_at_unix_ms)
+                    );
+                }
+            }
         }
     }
 }
