@@ -147,13 +147,16 @@ async fn heartbeat(
     ctx.signal_healthy();
     let timing = settings.heartbeat;
     let bounds = HeartbeatBounds::new(&timing);
-    let mut last_answer = Instant::now();
+    // When the current run of failed heartbeats began: time without contact counts only
+    // while this loop tries (a node that was itself frozen is not split by that).
+    let mut failing_since: Option<Instant> = None;
     let mut failures = 0u32;
     loop {
         client.set_endpoints(values.curators.current().unwrap_or_default());
         let request = proto::api::HeartbeatRequest {
             status: Some(node_status(&settings, &values)),
         };
+        let attempted = Instant::now();
         let call = client.call(|channel| {
             let request = request.clone();
             async move {
@@ -173,7 +176,7 @@ async fn heartbeat(
         };
         let wait = match sent {
             Ok(_) => {
-                last_answer = Instant::now();
+                failing_since = None;
                 if apply_contact(&values.cluster_state, Contact::Restored) {
                     tracing::info!(curator = ?client.current(), "a curator answers heartbeats again: back Home");
                 } else if failures >= 3 {
@@ -184,7 +187,7 @@ async fn heartbeat(
             }
             Err(e) => {
                 failures += 1;
-                let silent = last_answer.elapsed();
+                let silent = failing_since.get_or_insert(attempted).elapsed();
                 if silent > timing.timeout() && apply_contact(&values.cluster_state, Contact::Lost)
                 {
                     tracing::warn!(

@@ -114,16 +114,11 @@ async fn record(
         Ok(_) => match to {
             HealthVerdict::HeartbeatTimeout => tracing::warn!(
                 node = id,
-                from = from.as_str_name(),
+                from = name(from),
                 "node health: HEARTBEAT_TIMEOUT (no heartbeat for {:?})",
                 shared.config.heartbeat.timeout()
             ),
-            _ => tracing::info!(
-                node = id,
-                from = from.as_str_name(),
-                "node health: {}",
-                to.as_str_name()
-            ),
+            _ => tracing::info!(node = id, from = name(from), "node health: {}", name(to)),
         },
         // Deleted meanwhile: nothing to judge.
         Err(NodeUpdateError::NotFound(_)) => {}
@@ -131,4 +126,9 @@ async fn record(
         // leader).
         Err(e) => tracing::debug!(node = id, "recording the health verdict: {e}"),
     }
+}
+
+/// A verdict's name without the enum prefix, e.g. HEALTHY.
+fn name(verdict: HealthVerdict) -> &'static str {
+    verdict.as_str_name().trim_start_matches("HEALTH_VERDICT_")
 }
