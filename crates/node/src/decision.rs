@@ -167,7 +167,10 @@ pub enum ClusterState {
     /// to Home when contact returns.
     Split,
     /// Being decommissioned: leaving its cluster for good. Nothing moves it back.
-    #[allow(dead_code, reason = "set by decommissioning, which is built separately")]
+    #[allow(
+        dead_code,
+        reason = "set by decommissioning, which is built separately"
+    )]
     Disowning,
 }
 
