@@ -6,8 +6,9 @@
 //! staggered over it, each over its own mutual-TLS connection:
 //!
 //! ```text
-//!   step N (100, 250, 500, 1000, 2000, …): enrol nodes up to N (16 at a time)
-//!     → one warm-up round (connections; each status is written once)
+//!   step N (100, 250, 500, 1000, 2000, …): enrol nodes up to N (16 at a time; each
+//!     heartbeats once right away, its status is written then)
+//!     → one warm-up round (health verdicts settle)
 //!     → ROUNDS measured rounds: per-heartbeat latency; the curator's (polis-node's) and
 //!       etcd's CPU from /proc/PID/stat over the rounds
 //! ```
@@ -38,6 +39,8 @@ const ENROLLING: usize = 16;
 struct SimNode {
     address: String,
     channel: Channel,
+    /// Reported in every status (so that the status stays the same, as a node's does).
+    started_at_unix_ms: u64,
 }
 
 struct Setup {
@@ -94,7 +97,37 @@ async fn enrol(setup: &Setup, n: usize) -> Result<SimNode> {
         key_pkcs8: key.pkcs8_der().to_vec(),
     };
     let channel = rpc::connect(setup.endpoint, &setup.trust, Some(&credentials)).await?;
-    Ok(SimNode { address, channel })
+    let node = SimNode {
+        address,
+        channel,
+        started_at_unix_ms: unix_ms(),
+    };
+    // Like a node, heartbeat (with the status, written once) right after joining; the
+    // curator also closes a connection that makes no call for 10 s.
+    let mut curator = api::curator_client::CuratorClient::new(node.channel.clone());
+    tokio::time::timeout(CALL_TIMEOUT, curator.heartbeat(heartbeat_request(&node)))
+        .await
+        .context("the first heartbeat timed out")?
+        .context("the first heartbeat")?;
+    Ok(node)
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn heartbeat_request(node: &SimNode) -> api::HeartbeatRequest {
+    api::HeartbeatRequest {
+        status: Some(proto::state::NodeStatus {
+            address: node.address.clone(),
+            version: "bench".into(),
+            etcd_member_running: false,
+            curator_running: false,
+            started_at_unix_ms: node.started_at_unix_ms,
+        }),
+    }
 }
 
 /// Enrols nodes until there are `target`.
@@ -129,9 +162,6 @@ struct Round {
 /// the period.
 async fn heartbeat_rounds(nodes: &[Arc<SimNode>], period: Duration, rounds: u32) -> Round {
     let start = tokio::time::Instant::now();
-    let started_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
     let count = nodes.len() as u32;
     let mut tasks = tokio::task::JoinSet::new();
     for (i, node) in nodes.iter().enumerate() {
@@ -141,15 +171,7 @@ async fn heartbeat_rounds(nodes: &[Arc<SimNode>], period: Duration, rounds: u32)
             let mut round = Round::default();
             for r in 0..rounds {
                 tokio::time::sleep_until(start + offset + period * r).await;
-                let request = api::HeartbeatRequest {
-                    status: Some(proto::state::NodeStatus {
-                        address: node.address.clone(),
-                        version: "bench".into(),
-                        etcd_member_running: false,
-                        curator_running: false,
-                        started_at_unix_ms: started_ms,
-                    }),
-                };
+                let request = heartbeat_request(&node);
                 let t = Instant::now();
                 let mut curator = api::curator_client::CuratorClient::new(node.channel.clone());
                 let outcome = tokio::time::timeout(CALL_TIMEOUT, curator.heartbeat(request)).await;
