@@ -15,9 +15,12 @@
 //!       │   └── curator          leader election + gRPC API on :7835
 //!       │       ├── election
 //!       │       ├── nodes        node records, watched
+//!       │       ├── crl          the cluster CRL, watched
+//!       │       ├── health       leader: health verdicts into the records on change
 //!       │       └── listener
 //!       ├── rolefetch            watches this node's record and the curator list
-//!       └── heartbeat            tells the curator this node is alive
+//!       └── heartbeat            tells the curator this node is alive, with its status;
+//!                                Split when no curator answers for the timeout
 //! ```
 //!
 //! Invariants:

@@ -12,6 +12,7 @@
 //! Evaluation runs only on a snapshot that holds this tenure's own writes
 //! (`Shared::fresh_nodes`), so a verdict is compared with what is really stored.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -45,7 +46,7 @@ pub(super) async fn run(
         let Some(snapshot) = shared.fresh_nodes(&leadership).await else {
             continue;
         };
-        let changes = changed_verdicts(&shared, &leadership, snapshot.nodes.values());
+        let changes = changed_verdicts(&shared, &leadership, &snapshot.nodes);
         let mut writes = tokio::task::JoinSet::new();
         for (id, from, to) in changes {
             if writes.len() >= CONCURRENT_WRITES {
@@ -62,17 +63,19 @@ pub(super) async fn run(
 }
 
 /// The UP nodes whose verdict differs from the stored one: (id, stored, new).
-fn changed_verdicts<'a>(
+/// Trackers of nodes that no longer exist are dropped.
+fn changed_verdicts(
     shared: &Shared,
     leadership: &Leadership,
-    nodes: impl Iterator<Item = &'a Node>,
+    nodes: &BTreeMap<String, Node>,
 ) -> Vec<(String, HealthVerdict, HealthVerdict)> {
     let now = Instant::now();
     let timing = shared.config.heartbeat;
     let mut book = shared.health.lock().expect("health lock poisoned");
     let book = book.tenure(leadership);
+    book.trackers.retain(|id, _| nodes.contains_key(id));
     let mut changes = Vec::new();
-    for node in nodes.filter(|n| n.state == NodeState::Up as i32) {
+    for node in nodes.values().filter(|n| n.state == NodeState::Up as i32) {
         let stored = stored_verdict(node);
         let verdict = book
             .trackers

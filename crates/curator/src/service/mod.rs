@@ -6,8 +6,11 @@
 //!   ├── election     campaign → Role (Follower | Leader(Leadership))
 //!   ├── nodes        one etcd watch on nodes/ → Shared::nodes (snapshot per change)
 //!   ├── crl          one etcd watch on the cluster CRL → Shared::crl (see `crl`)
+//!   ├── health       leader: heartbeat verdicts (crate::health) → Node.health on change
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
 //! ```
+//! Heartbeats land in this tenure's [`HealthBook`]; `node_infos` (ListNodes,
+//! DescribeNode) reads verdicts from it, never from etcd.
 //! Handlers that change state take a [`Leadership`] from [`Shared::leadership`] and write
 //! through `state` functions that require it, so no write bypasses the election.
 //! Streams (RegisterNode, WatchNode) are fed by the shared node snapshot, not by an etcd

@@ -7,10 +7,11 @@
 //!
 //! ```text
 //!   step N (100, 250, 500, 1000, 2000, …): enrol nodes up to N (16 at a time; each
-//!     heartbeats once right away, its status is written then)
-//!     → one warm-up round (health verdicts settle)
-//!     → ROUNDS measured rounds: per-heartbeat latency; the curator's (polis-node's) and
-//!       etcd's CPU from /proc/PID/stat over the rounds
+//!     heartbeats once right away, its status is written then, and from then on every
+//!     period at its own phase, as a node does — also while later nodes enrol)
+//!     → one period to settle
+//!     → ROUNDS periods measured: per-heartbeat latency; the curator's (polis-node's) and
+//!       etcd's CPU from /proc/PID/stat over them
 //! ```
 //! One JSON line per step; the last line is the summary: the largest N whose p99 stays
 //! at or under 50 ms, and the curator's CPU per 1000 heartbeats/s there. Stepping stops
@@ -151,54 +152,65 @@ async fn enrol_up_to(
     Ok(())
 }
 
+/// Heartbeat outcomes while a measurement window is open.
 #[derive(Default)]
-struct Round {
+struct Window {
+    open: bool,
     latencies: Vec<Duration>,
     failed: usize,
     first_error: Option<String>,
 }
 
-/// Every node heartbeats `rounds` times, one period apart, node i starting at i/N of
-/// the period.
-async fn heartbeat_rounds(nodes: &[Arc<SimNode>], period: Duration, rounds: u32) -> Round {
-    let start = tokio::time::Instant::now();
-    let count = nodes.len() as u32;
-    let mut tasks = tokio::task::JoinSet::new();
-    for (i, node) in nodes.iter().enumerate() {
-        let node = node.clone();
-        let offset = period * i as u32 / count;
-        tasks.spawn(async move {
-            let mut round = Round::default();
-            for r in 0..rounds {
-                tokio::time::sleep_until(start + offset + period * r).await;
-                let request = heartbeat_request(&node);
-                let t = Instant::now();
-                let mut curator = api::curator_client::CuratorClient::new(node.channel.clone());
-                let outcome = tokio::time::timeout(CALL_TIMEOUT, curator.heartbeat(request)).await;
-                round.latencies.push(t.elapsed());
-                let error = match outcome {
-                    Ok(Ok(_)) => None,
-                    Ok(Err(status)) => Some(status.to_string()),
-                    Err(_) => Some(format!("no answer within {CALL_TIMEOUT:?}")),
-                };
+type Recorder = Arc<std::sync::Mutex<Window>>;
+
+/// Heartbeats made per node at most (a bound on a runaway loop: hours at the period).
+const MAX_HEARTBEATS: u32 = 10_000;
+
+/// The node's heartbeat loop, for as long as the benchmark runs: every period, at its
+/// own phase (spread over the period by its number), like a real node's.
+fn spawn_heartbeats(
+    tasks: &mut tokio::task::JoinSet<()>,
+    node: Arc<SimNode>,
+    n: usize,
+    period: Duration,
+    recorder: Recorder,
+) {
+    tasks.spawn(async move {
+        let phase = period * ((n as u32).wrapping_mul(7919) % 1000) / 1000;
+        let start = tokio::time::Instant::now() + phase;
+        for beat in 0..MAX_HEARTBEATS {
+            tokio::time::sleep_until(start + period * beat).await;
+            let t = Instant::now();
+            let mut curator = api::curator_client::CuratorClient::new(node.channel.clone());
+            let outcome =
+                tokio::time::timeout(CALL_TIMEOUT, curator.heartbeat(heartbeat_request(&node)))
+                    .await;
+            let latency = t.elapsed();
+            let error = match outcome {
+                Ok(Ok(_)) => None,
+                Ok(Err(status)) => Some(status.to_string()),
+                Err(_) => Some(format!("no answer within {CALL_TIMEOUT:?}")),
+            };
+            let mut window = recorder.lock().expect("recorder lock");
+            if window.open {
+                window.latencies.push(latency);
                 if let Some(e) = error {
-                    round.failed += 1;
-                    round.first_error.get_or_insert(e);
+                    window.failed += 1;
+                    window.first_error.get_or_insert(e);
                 }
             }
-            round
-        });
-    }
-    let mut total = Round::default();
-    while let Some(done) = tasks.join_next().await {
-        let round = done.expect("a heartbeat task panicked");
-        total.latencies.extend(round.latencies);
-        total.failed += round.failed;
-        if total.first_error.is_none() {
-            total.first_error = round.first_error;
         }
-    }
-    total
+    });
+}
+
+/// Opens the window, waits `length`, closes it: what was recorded meanwhile.
+async fn measure(recorder: &Recorder, length: Duration) -> Window {
+    *recorder.lock().expect("recorder lock") = Window {
+        open: true,
+        ..Window::default()
+    };
+    tokio::time::sleep(length).await;
+    std::mem::take(&mut *recorder.lock().expect("recorder lock"))
 }
 
 /// CPU time (user + system) of process `pid` so far.
@@ -280,16 +292,23 @@ fn main() -> Result<()> {
             owner,
         });
         let mut nodes = Vec::new();
+        let recorder = Recorder::default();
+        let mut heartbeats = tokio::task::JoinSet::new();
         let mut best: Option<serde_json::Value> = None;
         let mut steps = Vec::new();
         for &n in STEPS.iter().filter(|n| **n <= max_nodes) {
             let enrolling = Instant::now();
+            let before = nodes.len();
             enrol_up_to(&setup, &mut nodes, n).await?;
+            for (i, node) in nodes.iter().enumerate().skip(before) {
+                spawn_heartbeats(&mut heartbeats, node.clone(), i, period, recorder.clone());
+            }
             let enrol_s = enrolling.elapsed().as_secs_f64();
-            let warmup = heartbeat_rounds(&nodes, period, 1).await;
+            // One period for the new nodes' loops to settle (and their verdicts).
+            let warmup = measure(&recorder, period).await;
             let (curator_before, etcd_before) = (cpu_time(curator_pid)?, cpu_time(etcd_pid)?);
             let measuring = Instant::now();
-            let mut measured = heartbeat_rounds(&nodes, period, rounds).await;
+            let mut measured = measure(&recorder, period * rounds).await;
             let elapsed = measuring.elapsed().as_secs_f64();
             let curator_cpu = (cpu_time(curator_pid)? - curator_before).as_secs_f64();
             let etcd_cpu = (cpu_time(etcd_pid)? - etcd_before).as_secs_f64();
@@ -322,6 +341,7 @@ fn main() -> Result<()> {
             }
             best = Some(line);
         }
+        heartbeats.abort_all();
         let Some(best) = best else {
             bail!("not even {} nodes heartbeat within {P99_TARGET_MS} ms at p99", STEPS[0]);
         };
