@@ -48,8 +48,12 @@
 //! - A node leaves for good: decommissioning takes it out of consensus (quorum-checked
 //!   up front), revokes its certificates and marks it DECOMMISSIONED, a state no event
 //!   leads out of; deleting leaves a tombstone. RegisterNode refuses both keys.
+//! - Node health is judged by the leader from heartbeats with hysteresis (`health`,
+//!   pure); the verdict is written into the record only when it changes, and a new
+//!   leader reports the stored verdict until it has watched for one timeout itself.
 
 pub mod election;
+pub mod health;
 pub mod lifecycle;
 
 pub mod service;

@@ -587,19 +587,29 @@ pub struct Cluster {
     pub dir: PathBuf,
     pub config: PathBuf,
     pub first: Node,
+    /// Extra polis-node flags of every node of this cluster (e.g. heartbeat timing).
+    pub node_args: Vec<String>,
 }
 
 impl Cluster {
     /// Bootstraps a first node in `dir/n0` and takes ownership with `dir/config`.
     pub fn bootstrap(dir: &Path) -> Result<Cluster> {
-        Cluster::bootstrap_with(dir, &[])
+        Cluster::bootstrap_with(dir, &[], &[])
     }
 
-    /// [`Cluster::bootstrap`] with extra `polisctl params bootstrap` flags.
-    pub fn bootstrap_with(dir: &Path, params_extra: &[&str]) -> Result<Cluster> {
+    /// [`Cluster::bootstrap`] with extra `polisctl params bootstrap` flags
+    /// (`params_extra`), every node (this one and those from [`Cluster::new_node`])
+    /// started with the extra flags `node_args`.
+    pub fn bootstrap_with(
+        dir: &Path,
+        params_extra: &[&str],
+        node_args: &[&str],
+    ) -> Result<Cluster> {
+        let node_args: Vec<String> = node_args.iter().map(|a| a.to_string()).collect();
         let first_dir = dir.join("n0");
         std::fs::create_dir_all(&first_dir)?;
         let mut first = Node::new(&first_dir);
+        first.extra_args = node_args.clone();
         let params = first.bootstrap_params_with(params_extra)?;
         first.start(&["--params", params.to_str().context("utf-8 path")?])?;
         first.wait_home()?;
@@ -608,6 +618,7 @@ impl Cluster {
             // bootstrap_params created the owner key here.
             config: first_dir.join("config"),
             first,
+            node_args,
         };
         let endpoint = cluster.first.address.to_string();
         cluster.ctl_retry(&["--endpoints", &endpoint, "takeownership", "--accept-ca"])?;
@@ -655,7 +666,9 @@ impl Cluster {
     pub fn new_node(&self, name: &str) -> Result<Node> {
         let dir = self.dir.join(name);
         std::fs::create_dir_all(&dir)?;
-        Ok(Node::new(&dir))
+        let mut node = Node::new(&dir);
+        node.extra_args = self.node_args.clone();
+        Ok(node)
     }
 
     /// `node list -o json`.

@@ -58,7 +58,7 @@ fn start_curator(
         })?,
         ca_certificate: ca.cert_der.clone(),
         lease_ttl: Duration::from_secs(2),
-        heartbeat_timeout: Duration::from_secs(15),
+        heartbeat: curator::health::Timing::DEFAULT,
     };
     let ns = ns.clone();
     let supervisor = supervisor::Supervisor::start(supervisor::Config::default(), move |ctx| {

@@ -77,6 +77,7 @@ fn certificates_rotate_online_without_failed_calls_or_restarts() -> Result<()> {
             "--owner-certificate-lifetime",
             &owner_lifetime,
         ],
+        &[],
     )?;
     let params = cluster.register_params("nodes")?;
     let (mut n1, id1) = cluster.add_worker("n1", &params)?;

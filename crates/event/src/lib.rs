@@ -57,6 +57,19 @@ impl<T: Clone + Send + Sync> Value<T> {
         self.tx.send_replace(Some(value));
     }
 
+    /// Replaces the value with `change(current)` when that returns `Some`, atomically
+    /// (no other `set` or `update` comes in between); true when it changed. Watchers
+    /// are woken only then.
+    pub fn update(&self, change: impl FnOnce(Option<&T>) -> Option<T>) -> bool {
+        self.tx.send_if_modified(|v| match change(v.as_ref()) {
+            Some(next) => {
+                *v = Some(next);
+                true
+            }
+            None => false,
+        })
+    }
+
     /// The current value, without waiting.
     pub fn current(&self) -> Option<T> {
         self.tx.borrow().clone()
@@ -104,6 +117,22 @@ impl<T: Clone + Send + Sync> Watcher<T> {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[tokio::test]
+    async fn update_changes_only_when_asked() {
+        let v = Value::new();
+        v.set(1);
+        let mut w = v.watch();
+        assert_eq!(w.get().await, Ok(1));
+        assert!(!v.update(|_| None));
+        let pending = tokio::time::timeout(Duration::from_millis(30), w.get()).await;
+        assert!(
+            pending.is_err(),
+            "an update that changed nothing woke a watcher"
+        );
+        assert!(v.update(|c| c.map(|c| c + 1)));
+        assert_eq!(w.get().await, Ok(2));
+    }
 
     #[tokio::test]
     async fn first_get_returns_current_value() {

@@ -28,7 +28,7 @@ use proto::config::{
     ClusterBootstrap, ClusterDirectory, ClusterRegister, LocalRoles, SealedConfiguration,
 };
 
-use crate::decision::{BootstrapTrace, ClusterState};
+use crate::decision::{BootstrapTrace, ClusterState, Contact};
 use crate::storage::{Root, dir_non_empty, pem, read_file, read_proto, write_atomic, write_proto};
 
 /// What main decided and validated before the supervisor started.
@@ -103,6 +103,8 @@ pub struct NodeValues {
     /// loaded from the root once it holds them; replaced live on renewal (see
     /// `crate::renew`).
     pub credentials: NodeCredentials,
+    /// Which of the node's services run (set by the control plane), for its status.
+    pub services: event::Value<RunningServices>,
 }
 
 /// The node's credentials, shared by every user in the process: loaded from the root on
@@ -125,6 +127,26 @@ impl NodeCredentials {
         *loaded = Some(slot.clone());
         Ok(slot)
     }
+}
+
+/// The node's services that run now (reported with its heartbeats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunningServices {
+    /// Its etcd member runs (and has not stopped since).
+    pub etcd_member: bool,
+    /// Its curator was started (it serves once it has a listener).
+    pub curator: bool,
+}
+
+/// Moves the node's cluster state by `contact` ([`ClusterState::after`]), atomically;
+/// true when it changed.
+pub fn apply_contact(state: &event::Value<ClusterState>, contact: Contact) -> bool {
+    state.update(|current| {
+        current
+            .copied()
+            .unwrap_or(ClusterState::Unknown)
+            .after(contact)
+    })
 }
 
 /// Names the crash-point variable (see [`crash_point`]).

@@ -23,9 +23,10 @@ use proto::api;
 use proto::config::{ConsensusMembership, SealedConfiguration};
 
 use crate::bootstrap::Step;
-use crate::cluster::{Membership, NodeValues, write_peer_files};
+use crate::cluster::{Membership, NodeValues, RunningServices, apply_contact, write_peer_files};
+use crate::decision::Contact;
 use crate::register::{Answer, call_until_answered, pause};
-use crate::roleserver::{HEARTBEAT_TIMEOUT, Settings, curator_client};
+use crate::roleserver::{Settings, curator_client};
 use crate::storage::{Root, read_file, read_proto, write_proto};
 
 /// How this start brings up the local etcd member.
@@ -227,6 +228,7 @@ pub async fn run(
         }
     };
     let config = etcd_config(&settings, &node_id, &start);
+    let _services = ServicesStop(values.services.clone());
     let status = event::Value::<Status>::new();
     let etcd_status = status.clone();
     ctx.run("consensus", move |ctx| {
@@ -244,6 +246,7 @@ pub async fn run(
         },
         _ = ctx.cancelled() => return Ok(()),
     };
+    set_services(&values, true, false);
     if !matches!(start, EtcdStart::Bootstrap)
         && !wait_voter(&ctx, &running, &settings, &values).await?
     {
@@ -277,16 +280,47 @@ pub async fn run(
         credentials: values.credentials.slot(&settings.root)?,
         ca_certificate: read_file(&settings.root.cluster_ca(), "cluster CA certificate")?,
         lease_ttl: settings.curator_lease_ttl,
-        heartbeat_timeout: HEARTBEAT_TIMEOUT,
+        heartbeat: settings.heartbeat,
     };
     let curator_ns = running.namespaced(curator::state::NAMESPACE);
     ctx.run("curator", move |ctx| {
         curator::service::run(ctx, curator_config.clone(), curator_ns.clone())
     })?;
-    crate::roleserver::set_home(&values);
+    set_services(&values, true, true);
+    // Home once, as the node enters its cluster; a split node gets back to Home only
+    // through its heartbeats (a restarted control plane says nothing about contact).
+    apply_contact(&values.cluster_state, Contact::Joined);
     ctx.signal_healthy();
-    ctx.cancelled().await;
-    Ok(())
+    // The status reports whether the etcd member still runs.
+    loop {
+        tokio::select! {
+            s = status_watcher.get() => match s {
+                Ok(s) => set_services(&values, matches!(s, Status::Running(_)), true),
+                Err(_) => return Ok(()),
+            },
+            _ = ctx.cancelled() => return Ok(()),
+        }
+    }
+}
+
+fn set_services(values: &NodeValues, etcd_member: bool, curator: bool) {
+    let next = RunningServices {
+        etcd_member,
+        curator,
+    };
+    values
+        .services
+        .update(|c| (c != Some(&next)).then_some(next));
+}
+
+/// Reports the control plane's services as stopped when the control plane runnable
+/// ends (stopped with the role, cancelled, or failed and about to restart).
+struct ServicesStop(event::Value<RunningServices>);
+
+impl Drop for ServicesStop {
+    fn drop(&mut self) {
+        self.0.set(RunningServices::default());
+    }
 }
 
 /// The etcd we started must be this node's member of its cluster: the recorded member

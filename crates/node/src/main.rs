@@ -15,9 +15,12 @@
 //!       │   └── curator          leader election + gRPC API on :7835
 //!       │       ├── election
 //!       │       ├── nodes        node records, watched
+//!       │       ├── crl          the cluster CRL, watched
+//!       │       ├── health       leader: health verdicts into the records on change
 //!       │       └── listener
 //!       ├── rolefetch            watches this node's record and the curator list
-//!       └── heartbeat            tells the curator this node is alive
+//!       └── heartbeat            tells the curator this node is alive, with its status;
+//!                                Split when no curator answers for the timeout
 //! ```
 //!
 //! Invariants:
@@ -96,6 +99,15 @@ struct Args {
     /// failover.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=60))]
     curator_lease_ttl: u64,
+    /// How often this node heartbeats, in milliseconds (for tests; every node of a
+    /// cluster must use the same period and timeout).
+    #[arg(long, hide = true, default_value_t = curator::health::Timing::DEFAULT.period().as_millis() as u64)]
+    heartbeat_period_ms: u64,
+    /// After how long without a heartbeat the curator (on this node, when it leads)
+    /// reports a node as timed out, and this node calls itself Split when no curator
+    /// answered its heartbeats, in milliseconds (for tests; at least 3 periods).
+    #[arg(long, hide = true, default_value_t = curator::health::Timing::DEFAULT.timeout().as_millis() as u64)]
+    heartbeat_timeout_ms: u64,
 }
 
 fn init_logging(format: LogFormat) {
@@ -363,6 +375,14 @@ async fn run(args: Args) -> Result<()> {
     if args.etcd_election_timeout_ms < 5 * args.etcd_heartbeat_ms {
         bail!("--etcd-election-timeout-ms must be at least 5 times --etcd-heartbeat-ms");
     }
+    let heartbeat = curator::health::Timing::new(
+        Duration::from_millis(args.heartbeat_period_ms),
+        Duration::from_millis(args.heartbeat_timeout_ms),
+    )
+    .context("--heartbeat-period-ms and --heartbeat-timeout-ms")?;
+    let started_at_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     // etcd runs with its own working directory: every path handed to it is absolute.
     let root = Root::new(
         std::path::absolute(&args.root)
@@ -382,7 +402,9 @@ async fn run(args: Args) -> Result<()> {
         roles: event::Value::new(),
         crl: rpc::CrlSlot::new(),
         credentials: Default::default(),
+        services: event::Value::new(),
     };
+    values.services.set(Default::default());
     values.cluster_state.set(ClusterState::Unknown);
     let settings = roleserver::Settings {
         root: root.clone(),
@@ -393,6 +415,8 @@ async fn run(args: Args) -> Result<()> {
             election_timeout: Duration::from_millis(args.etcd_election_timeout_ms),
         },
         curator_lease_ttl: Duration::from_secs(args.curator_lease_ttl),
+        heartbeat,
+        started_at_unix_ms,
     };
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
     let address = args.address;

@@ -10,7 +10,11 @@
 //!                                     │                 own state and roles, curator list →
 //!                                     │                 cluster directory (esp/directory.pb);
 //!                                     │                 a worker is Home once a curator answers
-//!                                     ├─▶ heartbeat ── waits for Home ── Curator.Heartbeat every 5 s
+//!                                     ├─▶ heartbeat ── waits for Home ── Curator.Heartbeat(status)
+//!                                     │                 every period (5 s): address, version,
+//!                                     │                 etcd member / curator running, start
+//!                                     │                 time; no answer for longer than the
+//!                                     │                 timeout (15 s) → Split, answered → Home
 //!                                     └─▶ renew ── node (and etcd peer) certificate renewed at
 //!                                                  2/3 of its lifetime, applied live (see renew)
 //! ```
@@ -23,14 +27,15 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use consensus::RaftTiming;
 use proto::config::ClusterDirectory;
+use proto::state::NodeStatus;
 
-use crate::cluster::NodeValues;
-use crate::decision::ClusterState;
+use crate::cluster::{NodeValues, apply_contact};
+use crate::decision::{ClusterState, Contact};
 use crate::register::{Backoff, ProblemLog, pause};
 use crate::storage::{Root, read_file, write_atomic, write_proto};
 
@@ -42,12 +47,11 @@ pub struct Settings {
     pub etcd_binary: PathBuf,
     pub raft_timing: RaftTiming,
     pub curator_lease_ttl: Duration,
+    /// How often this node heartbeats; its curator's timeout (`curator::health`).
+    pub heartbeat: curator::health::Timing,
+    /// When this polis-node process started (reported in its status).
+    pub started_at_unix_ms: u64,
 }
-
-/// How often a node tells the curator it is alive, and after how long without a
-/// heartbeat the curator reports it as timed out (three missed periods: no flapping).
-pub const HEARTBEAT_PERIOD: Duration = Duration::from_secs(5);
-pub const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Where a fatal (not retryable) error goes: main stops the node with it. A
 /// [`LeftCluster`] error is the one good ending: main wipes the node's data and exits 0.
@@ -164,61 +168,116 @@ fn offer_crl(settings: &Settings, values: &NodeValues, crl: &[u8], save: bool) -
     Ok(())
 }
 
-/// Waits for the cluster state `want`; false when cancelled first.
-async fn wait_for_state(
-    ctx: &supervisor::Context,
-    values: &NodeValues,
-    want: ClusterState,
-) -> Result<bool> {
-    let mut state = values.cluster_state.watch();
-    tokio::select! {
-        s = state.get_matching(|s| *s == want) => { s?; Ok(true) }
-        _ = ctx.cancelled() => Ok(false),
-    }
-}
-
-/// Tells the curator every [`HEARTBEAT_PERIOD`] that this node is alive.
+/// Tells the curator every heartbeat period that this node is alive, with its status;
+/// publishes Split when no curator has answered for longer than the heartbeat timeout,
+/// and Home again once one answers (`ClusterState::after`).
 async fn heartbeat(
     ctx: supervisor::Context,
     settings: Settings,
     values: NodeValues,
 ) -> supervisor::RunnableResult {
-    if !wait_for_state(&ctx, &values, ClusterState::Home).await? {
-        return Ok(());
+    // Home, or Split when this runnable restarts while the node is split.
+    let mut state = values.cluster_state.watch();
+    tokio::select! {
+        s = state.get_matching(|s| matches!(s, ClusterState::Home | ClusterState::Split)) => { s?; }
+        _ = ctx.cancelled() => return Ok(()),
     }
     let client = curator_client(&settings, &values)?;
     ctx.signal_healthy();
+    let timing = settings.heartbeat;
+    let bounds = HeartbeatBounds::new(&timing);
+    // When the current run of failed heartbeats began: time without contact counts only
+    // while this loop tries (a node that was itself frozen is not split by that).
+    let mut failing_since: Option<Instant> = None;
     let mut failures = 0u32;
     loop {
         client.set_endpoints(values.curators.current().unwrap_or_default());
-        let sent = client
-            .call(|channel| async move {
-                proto::api::curator_client::CuratorClient::new(channel)
-                    .heartbeat(proto::api::HeartbeatRequest::default())
+        let request = proto::api::HeartbeatRequest {
+            status: Some(node_status(&settings, &values)),
+        };
+        let attempted = Instant::now();
+        let call = client.call(|channel| {
+            let request = request.clone();
+            async move {
+                let mut curator = proto::api::curator_client::CuratorClient::new(channel);
+                tokio::time::timeout(bounds.attempt, curator.heartbeat(request))
                     .await
-            })
-            .await;
+                    .unwrap_or_else(|_| {
+                        Err(tonic::Status::unavailable(
+                            "the curator did not answer in time",
+                        ))
+                    })
+            }
+        });
+        let sent = match tokio::time::timeout(bounds.call, call).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no curator answered within {:?}", bounds.call)),
+        };
         let wait = match sent {
             Ok(_) => {
-                if failures >= 3 {
+                failing_since = None;
+                if apply_contact(&values.cluster_state, Contact::Restored) {
+                    tracing::info!(curator = ?client.current(), "a curator answers heartbeats again: back Home");
+                } else if failures >= 3 {
                     tracing::info!(curator = ?client.current(), "heartbeats reach the curator again");
                 }
                 failures = 0;
-                HEARTBEAT_PERIOD
+                timing.period()
             }
             Err(e) => {
                 failures += 1;
-                // The curator may still be electing a leader: retry soon, and only
-                // complain when it persists.
-                if failures % 10 == 3 {
+                let silent = failing_since.get_or_insert(attempted).elapsed();
+                if silent > timing.timeout() && apply_contact(&values.cluster_state, Contact::Lost)
+                {
+                    tracing::warn!(
+                        "no curator has answered a heartbeat for {silent:?} (timeout {:?}): split from the cluster; last error: {e}",
+                        timing.timeout()
+                    );
+                } else if failures % 10 == 3 {
+                    // The curator may still be electing a leader: retry soon, and only
+                    // complain when it persists.
                     tracing::warn!("heartbeat failed {failures} times in a row: {e}");
                 }
-                Duration::from_millis(500)
+                bounds.retry
             }
         };
         if !pause(&ctx, wait).await {
             return Ok(());
         }
+    }
+}
+
+/// Time bounds of the heartbeat loop, from the heartbeat timing.
+#[derive(Debug, Clone, Copy)]
+struct HeartbeatBounds {
+    /// One curator gets this long to answer (a stopped one would otherwise hold the
+    /// heartbeat for the channel's 30 s).
+    attempt: Duration,
+    /// One heartbeat, across every curator and the client's retries.
+    call: Duration,
+    /// Pause after a failed heartbeat.
+    retry: Duration,
+}
+
+impl HeartbeatBounds {
+    fn new(timing: &curator::health::Timing) -> HeartbeatBounds {
+        HeartbeatBounds {
+            attempt: (timing.timeout() / 4).max(Duration::from_millis(500)),
+            call: timing.timeout() / 2,
+            retry: timing.period().min(Duration::from_millis(500)),
+        }
+    }
+}
+
+/// What this node reports of itself with each heartbeat.
+fn node_status(settings: &Settings, values: &NodeValues) -> NodeStatus {
+    let services = values.services.current().unwrap_or_default();
+    NodeStatus {
+        address: settings.address.to_string(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        etcd_member_running: services.etcd_member,
+        curator_running: services.curator,
+        started_at_unix_ms: settings.started_at_unix_ms,
     }
 }
 
@@ -335,21 +394,15 @@ async fn rolefetch(
                 tracing::info!(consensus_member = roles.consensus_member, "roles changed");
                 values.roles.set(roles);
             }
+            // A worker enters its cluster here (a consensus member in its control
+            // plane); only heartbeats move a node between Home and Split.
             if !roles_need_control_plane(&values) {
-                set_home(&values);
+                apply_contact(&values.cluster_state, Contact::Joined);
             }
         }
         if !pause(&ctx, backoff.next()).await {
             return Ok(());
         }
-    }
-}
-
-/// Makes the node Home, unless it is leaving its cluster (Disowning is final).
-pub fn set_home(values: &NodeValues) {
-    match values.cluster_state.current() {
-        Some(ClusterState::Home | ClusterState::Disowning) => {}
-        _ => values.cluster_state.set(ClusterState::Home),
     }
 }
 

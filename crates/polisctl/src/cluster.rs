@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, anyhow, bail};
 use identity::NodeKey;
 use proto::api::{self, NodeHealth, NodeState};
+use proto::state::NodeStatus;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
@@ -532,6 +533,31 @@ fn node_json(n: &api::NodeInfo) -> Value {
         "time_since_heartbeat_ms": n.time_since_heartbeat_ms,
         "decommission_progress": n.decommission_progress,
         "warnings": n.warnings,
+        "status": n.status.as_ref().map(status_json),
+    })
+}
+
+/// The services a node reported running.
+fn services(status: &NodeStatus) -> Vec<&'static str> {
+    let mut running = Vec::new();
+    if status.etcd_member_running {
+        running.push("etcd-member");
+    }
+    if status.curator_running {
+        running.push("curator");
+    }
+    running
+}
+
+fn status_json(status: &NodeStatus) -> Value {
+    json!({
+        "address": status.address,
+        "version": status.version,
+        "services": services(status),
+        "etcd_member_running": status.etcd_member_running,
+        "curator_running": status.curator_running,
+        "started_at_unix_ms": status.started_at_unix_ms,
+        "started_at": output::utc_time(status.started_at_unix_ms),
     })
 }
 
@@ -665,6 +691,27 @@ fn print_node(node: &api::NodeInfo, format: Format) {
             }
             for w in &node.warnings {
                 println!("Warning:     {w}");
+            }
+            match &node.status {
+                None => println!("Status:      not reported yet"),
+                Some(status) => {
+                    let running = services(status);
+                    println!("Status:");
+                    println!("  Address:   {}", status.address);
+                    println!("  Version:   {}", status.version);
+                    println!(
+                        "  Services:  {}",
+                        if running.is_empty() {
+                            "none".to_string()
+                        } else {
+                            running.join(", ")
+                        }
+                    );
+                    println!(
+                        "  Started:   {}",
+                        output::utc_time(status.started_at_unix_ms)
+                    );
+                }
             }
         }
     }

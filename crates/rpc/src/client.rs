@@ -102,11 +102,17 @@ pub async fn connect_with(
         })
 }
 
+/// How long a curator that just answered Unavailable gets to name the leader (it may
+/// have stopped answering altogether).
+const LEADER_QUESTION_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The curator leader's endpoint, as the curator behind `channel` knows it.
 pub async fn leader_endpoint(channel: Channel) -> Option<SocketAddr> {
-    let leader = proto::api::curator_local_client::CuratorLocalClient::new(channel)
-        .get_current_leader(proto::api::GetCurrentLeaderRequest {})
+    let mut local = proto::api::curator_local_client::CuratorLocalClient::new(channel);
+    let question = local.get_current_leader(proto::api::GetCurrentLeaderRequest {});
+    let leader = tokio::time::timeout(LEADER_QUESTION_TIMEOUT, question)
         .await
+        .ok()?
         .ok()?
         .into_inner();
     leader.leader_endpoint.parse().ok()

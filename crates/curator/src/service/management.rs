@@ -48,7 +48,6 @@ impl api::management_server::Management for Services {
         request: Request<api::ListNodesRequest>,
     ) -> Result<Response<api::ListNodesResponse>, Status> {
         let leadership = self.0.leadership().await?;
-        let tenure = leadership.since.elapsed();
         let filter = request.into_inner();
         let records: Vec<proto::state::Node> = match self.0.fresh_nodes(&leadership).await {
             Some(snapshot) => snapshot.nodes.values().cloned().collect(),
@@ -56,9 +55,10 @@ impl api::management_server::Management for Services {
                 .await
                 .map_err(status_from)?,
         };
-        let mut nodes: Vec<api::NodeInfo> = records
+        let mut nodes: Vec<api::NodeInfo> = self
+            .0
+            .node_infos(records, &leadership)
             .into_iter()
-            .map(|n| self.0.node_info(n, tenure))
             .filter(|n| node_matches(n, &filter))
             .collect();
         nodes.sort_by(|a, b| a.id.cmp(&b.id));
@@ -79,9 +79,7 @@ impl api::management_server::Management for Services {
                 .map_err(status_from)?,
         };
         match record {
-            Some(node) => Ok(Response::new(
-                self.0.node_info(node, leadership.since.elapsed()),
-            )),
+            Some(node) => Ok(Response::new(self.0.node_info(node, &leadership))),
             None => Err(Status::not_found(format!("node {id} does not exist"))),
         }
     }
@@ -101,7 +99,7 @@ impl api::management_server::Management for Services {
                 .map_err(node_update_status)?;
         tracing::info!(node = r.id, %caller, "updated node labels");
         Ok(Response::new(api::UpdateNodeLabelsResponse {
-            node: Some(self.0.node_info(node, leadership.since.elapsed())),
+            node: Some(self.0.node_info(node, &leadership)),
         }))
     }
 
@@ -153,7 +151,7 @@ impl api::management_server::Management for Services {
         })?;
         tracing::info!(node = id, caller = %identity(&request), "approved node");
         Ok(Response::new(api::ApproveNodeResponse {
-            node: Some(self.0.node_info(node, leadership.since.elapsed())),
+            node: Some(self.0.node_info(node, &leadership)),
         }))
     }
 
@@ -215,7 +213,7 @@ impl api::management_server::Management for Services {
         };
         tracing::info!(node = r.id, %caller, add = ?r.add, remove = ?r.remove, "updated node roles");
         Ok(Response::new(api::UpdateNodeRolesResponse {
-            node: Some(self.0.node_info(node, leadership.since.elapsed())),
+            node: Some(self.0.node_info(node, &leadership)),
         }))
     }
 
@@ -229,7 +227,7 @@ impl api::management_server::Management for Services {
         let node = super::decommission::start(&self.0, &leadership, &id).await?;
         tracing::info!(node = id, caller = %identity(&request), "decommissioning node");
         Ok(Response::new(api::DecommissionNodeResponse {
-            node: Some(self.0.node_info(node, leadership.since.elapsed())),
+            node: Some(self.0.node_info(node, &leadership)),
         }))
     }
 

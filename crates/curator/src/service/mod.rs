@@ -9,8 +9,11 @@
 //!   ├── decommission leader: finishes DECOMMISSIONING nodes (see `decommission`)
 //!   ├── certificates every issued certificate, refreshed → Shared::certificates
 //!   │                (expiry warnings in NodeInfo; see `certificates`)
+//!   ├── health       leader: heartbeat verdicts (crate::health) → Node.health on change
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
 //! ```
+//! Heartbeats land in this tenure's [`HealthBook`]; `node_infos` (ListNodes,
+//! DescribeNode) reads verdicts from it, never from etcd.
 //! Handlers that change state take a [`Leadership`] from [`Shared::leadership`] and write
 //! through `state` functions that require it, so no write bypasses the election.
 //! Streams (RegisterNode, WatchNode) are fed by the shared node snapshot, not by an etcd
@@ -21,6 +24,7 @@ pub mod certificates;
 mod consensus_members;
 mod crl;
 mod decommission;
+mod health;
 mod listener;
 mod local;
 mod management;
@@ -33,11 +37,13 @@ use std::time::{Duration, Instant};
 
 use consensus::Namespaced;
 use proto::api::{self, NodeHealth};
+use proto::state::HealthVerdict;
 use proto::state::Node;
 use tonic::{Request, Status};
 
 use crate::CuratorError;
 use crate::election::{self, ElectionConfig, Leadership, Role};
+use crate::health as rules;
 use crate::state::{self, NodeUpdateError};
 
 /// Settings of one curator.
@@ -50,22 +56,8 @@ pub struct CuratorConfig {
     pub credentials: rpc::CredentialSlot,
     pub ca_certificate: Vec<u8>,
     pub lease_ttl: Duration,
-    pub heartbeat_timeout: Duration,
-}
-
-/// Health of a node, from its last heartbeat as seen by the current leader (pure).
-pub fn health(
-    up: bool,
-    since_heartbeat: Option<Duration>,
-    tenure: Duration,
-    timeout: Duration,
-) -> NodeHealth {
-    match (up, since_heartbeat) {
-        (false, _) => NodeHealth::Unknown,
-        (true, Some(age)) if age <= timeout => NodeHealth::Healthy,
-        (true, None) if tenure <= timeout => NodeHealth::Unknown,
-        (true, _) => NodeHealth::HeartbeatTimeout,
-    }
+    /// Heartbeat period and timeout (the nodes' period must be the one given here).
+    pub heartbeat: rules::Timing,
 }
 
 /// Every node record, as of one etcd revision.
@@ -86,9 +78,8 @@ pub struct Shared {
     config: CuratorConfig,
     curator: Namespaced,
     role: event::Value<Role>,
-    /// Last heartbeat per node, kept by the leader in memory (lost on failover, which
-    /// the tenure rule in [`health`] accounts for).
-    heartbeats: Mutex<HashMap<String, Instant>>,
+    /// Heartbeats and health verdicts of this leader tenure (see [`HealthBook`]).
+    health: Mutex<HealthBook>,
     /// Node records, fed by one etcd watch (the `nodes` runnable).
     nodes: event::Value<NodeSnapshot>,
     /// Whether that watch runs: when this curator's etcd member stops serving (e.g. it
@@ -231,33 +222,101 @@ impl Shared {
         })
     }
 
-    fn node_info(&self, node: Node, tenure: Duration) -> api::NodeInfo {
-        let since = self
-            .heartbeats
-            .lock()
-            .expect("heartbeat lock poisoned")
-            .get(&node.id)
-            .map(|t| t.elapsed());
-        let up = node.state == proto::state::NodeState::Up as i32;
-        let decommission_progress = decommission::progress(self, &node);
-        let warnings = match self.certificates.current() {
-            Some(view) => certificates::warnings(&node, view.nodes.get(&node.id), pki::unix_now()),
-            None => Vec::new(),
-        };
-        api::NodeInfo {
-            roles: state::role_names(&node),
-            health: health(up, since, tenure, self.config.heartbeat_timeout) as i32,
-            time_since_heartbeat_ms: since.map(|d| d.as_millis() as u64),
-            // The state enums share their numbering.
-            state: node.state,
-            id: node.id,
-            public_key: node.public_key,
-            address: node.address,
-            labels: node.labels,
-            status: node.status,
-            decommission_progress,
-            warnings,
+    /// The API view of node records, with this tenure's health verdicts (one lock for
+    /// all of them; no etcd read).
+    fn node_infos(&self, nodes: Vec<Node>, leadership: &Leadership) -> Vec<api::NodeInfo> {
+        let now = Instant::now();
+        let unix_now = pki::unix_now();
+        let certificates = self.certificates.current();
+        let timing = self.config.heartbeat;
+        let mut book = self.health.lock().expect("health lock poisoned");
+        let book = book.tenure(leadership);
+        nodes
+            .into_iter()
+            .map(|node| {
+                let up = node.state == proto::state::NodeState::Up as i32;
+                let (verdict, last) = match book.trackers.get_mut(&node.id) {
+                    Some(t) => (t.evaluate(now, book.since, &timing), t.last()),
+                    None => {
+                        let mut t = rules::Tracker::new(stored_verdict(&node));
+                        (t.evaluate(now, book.since, &timing), None)
+                    }
+                };
+                let since = last.map(|l| now.saturating_duration_since(l));
+                let decommission_progress = decommission::progress(self, &node);
+                let warnings = match &certificates {
+                    Some(view) => certificates::warnings(&node, view.nodes.get(&node.id), unix_now),
+                    None => Vec::new(),
+                };
+                api::NodeInfo {
+                    roles: state::role_names(&node),
+                    health: if up {
+                        node_health(verdict)
+                    } else {
+                        NodeHealth::Unknown
+                    } as i32,
+                    time_since_heartbeat_ms: since.map(|d| d.as_millis() as u64),
+                    // The state enums share their numbering.
+                    state: node.state,
+                    id: node.id,
+                    public_key: node.public_key,
+                    address: node.address,
+                    labels: node.labels,
+                    status: node.status,
+                    decommission_progress,
+                    warnings,
+                }
+            })
+            .collect()
+    }
+
+    fn node_info(&self, node: Node, leadership: &Leadership) -> api::NodeInfo {
+        self.node_infos(vec![node], leadership)
+            .pop()
+            .expect("one node in, one out")
+    }
+}
+
+/// The verdict stored in a record (unknown numbers read as UNKNOWN).
+fn stored_verdict(node: &Node) -> HealthVerdict {
+    HealthVerdict::try_from(node.health).unwrap_or(HealthVerdict::Unknown)
+}
+
+fn node_health(verdict: HealthVerdict) -> NodeHealth {
+    match verdict {
+        HealthVerdict::Unknown => NodeHealth::Unknown,
+        HealthVerdict::Healthy => NodeHealth::Healthy,
+        HealthVerdict::HeartbeatTimeout => NodeHealth::HeartbeatTimeout,
+    }
+}
+
+/// The leader's heartbeat book: one [`rules::Tracker`] per node that heartbeated or was
+/// evaluated, for one leadership tenure. Kept in memory only: a new tenure starts a new
+/// book from the verdicts stored in the records.
+#[derive(Default)]
+struct HealthBook {
+    /// The tenure (election key, its revision) the trackers belong to.
+    tenure: Option<(Vec<u8>, i64)>,
+    current: Option<TenureBook>,
+}
+
+struct TenureBook {
+    since: Instant,
+    trackers: HashMap<String, rules::Tracker>,
+}
+
+impl HealthBook {
+    /// The book of `leadership`'s tenure; an older tenure's book is dropped.
+    fn tenure(&mut self, leadership: &Leadership) -> &mut TenureBook {
+        let tenure = (leadership.key.clone(), leadership.revision);
+        if self.tenure.as_ref() != Some(&tenure) || self.current.is_none() {
+            self.tenure = Some(tenure);
+            self.current = Some(TenureBook {
+                since: leadership.since,
+                trackers: HashMap::new(),
+            });
         }
+        self.current.as_mut().expect("set above")
     }
 }
 
@@ -280,7 +339,7 @@ pub async fn run(
         config: config.clone(),
         curator: curator.clone(),
         role: role.clone(),
-        heartbeats: Mutex::new(HashMap::new()),
+        health: Mutex::new(HealthBook::default()),
         nodes: event::Value::new(),
         nodes_live: event::Value::new(),
         membership: Arc::new(tokio::sync::Mutex::new(())),
@@ -300,12 +359,6 @@ pub async fn run(
     ctx.run("election", move |ctx| {
         let (cfg, shared) = (election_config.clone(), election_shared.clone());
         async move {
-            // Heartbeats seen by a previous tenure say nothing about this one.
-            shared
-                .heartbeats
-                .lock()
-                .expect("heartbeat lock poisoned")
-                .clear();
             election::run(
                 &shared.curator,
                 &cfg,
@@ -382,6 +435,9 @@ pub async fn run(
         certificates::run(ctx, certificates_shared.clone())
     })?;
 
+    let health_shared = shared.clone();
+    ctx.run("health", move |ctx| health::run(ctx, health_shared.clone()))?;
+
     let listener_shared = shared.clone();
     ctx.run("listener", move |ctx| {
         let shared = listener_shared.clone();
@@ -395,27 +451,6 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn health_rules() {
-        let t = Duration::from_secs(15);
-        let s = Duration::from_secs;
-        let cases = [
-            (true, Some(s(1)), s(100), NodeHealth::Healthy),
-            (true, Some(s(15)), s(100), NodeHealth::Healthy),
-            (true, Some(s(16)), s(100), NodeHealth::HeartbeatTimeout),
-            (true, None, s(3), NodeHealth::Unknown),
-            (true, None, s(16), NodeHealth::HeartbeatTimeout),
-            (false, Some(s(1)), s(100), NodeHealth::Unknown),
-        ];
-        for (up, since, tenure, expected) in cases {
-            assert_eq!(
-                health(up, since, tenure, t),
-                expected,
-                "{up} {since:?} {tenure:?}"
-            );
-        }
-    }
 
     #[test]
     fn node_ids_are_checked_without_echoing_large_input() {

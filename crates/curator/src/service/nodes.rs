@@ -10,6 +10,9 @@
 //!   CommitNode ───────────────────────────▶ lifecycle::Commit: node certificate ensured
 //!        ◀── certificate, CA, roles ─────── (same one on a retry), record UP
 //!   WatchNode (node certificate) ────────▶ stream: own state and roles, curator list
+//!   Heartbeat(status) (node certificate) ─▶ this tenure's health tracker (see `health`);
+//!                                          the status into the record when it differs
+//!                                          from the snapshot's (no etcd read otherwise)
 //! ```
 
 use std::net::IpAddr;
@@ -17,14 +20,35 @@ use std::pin::Pin;
 use std::time::Instant;
 
 use proto::api;
-use proto::state::{Node, NodeState};
+use proto::state::{HealthVerdict, Node, NodeState, NodeStatus};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use super::status_from;
-use super::{NodeSnapshot, Services, Shared, identity, node_update_status, self_signed_key};
+use super::{
+    NodeSnapshot, Services, Shared, identity, node_update_status, self_signed_key, stored_verdict,
+};
+use crate::health::Tracker;
 use crate::lifecycle::{Event, TransitionError};
 use crate::state::{self, NodeUpdateError};
+
+/// The longest version string a node may report.
+const MAX_VERSION_LEN: usize = 64;
+
+/// Refuses a status that is not what a node reports, before it reaches etcd.
+fn check_status(status: &NodeStatus) -> Result<(), Status> {
+    if status.address.parse::<IpAddr>().is_err() {
+        return Err(Status::invalid_argument(
+            "the status address is not an IP address",
+        ));
+    }
+    if status.version.len() > MAX_VERSION_LEN {
+        return Err(Status::invalid_argument(format!(
+            "the status version is longer than {MAX_VERSION_LEN} bytes"
+        )));
+    }
+    Ok(())
+}
 
 type UpdateStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
@@ -92,12 +116,45 @@ impl api::curator_server::Curator for Services {
         let rpc::Identity::Node { id, .. } = identity(&request) else {
             return Err(Status::permission_denied("heartbeats come from nodes"));
         };
-        self.0.leadership().await?;
-        self.0
-            .heartbeats
-            .lock()
-            .expect("heartbeat lock poisoned")
-            .insert(id, Instant::now());
+        let status = request.into_inner().status;
+        if let Some(status) = &status {
+            check_status(status)?;
+        }
+        let leadership = self.0.leadership().await?;
+        // Compared with the snapshot: an unchanged status (nearly every heartbeat) costs
+        // no etcd request.
+        let stored = self.0.nodes.current().and_then(|s| {
+            s.nodes
+                .get(&id)
+                .map(|n| (stored_verdict(n), n.status.clone()))
+        });
+        {
+            let mut book = self.0.health.lock().expect("health lock poisoned");
+            let verdict = stored.as_ref().map_or(HealthVerdict::Unknown, |s| s.0);
+            book.tenure(&leadership)
+                .trackers
+                .entry(id.clone())
+                .or_insert_with(|| Tracker::new(verdict))
+                .heartbeat(Instant::now(), &self.0.config.heartbeat);
+        }
+        if let Some(status) = status
+            && stored
+                .as_ref()
+                .is_none_or(|s| s.1.as_ref() != Some(&status))
+        {
+            state::modify_node(&self.0.curator, &leadership, &id, |current| {
+                let node = current.ok_or_else(|| NodeUpdateError::NotFound(id.clone()))?;
+                if node.status.as_ref() == Some(&status) {
+                    return Ok(None);
+                }
+                let mut node = node.clone();
+                node.status = Some(status.clone());
+                Ok(Some(node))
+            })
+            .await
+            .map_err(node_update_status)?;
+            tracing::debug!(node = id, ?status, "node status recorded");
+        }
         Ok(Response::new(api::HeartbeatResponse {}))
     }
 

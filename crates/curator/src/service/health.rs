@@ -1,0 +1,137 @@
+//! The leader's health runnable (`root.role.controlplane.curator.health`): evaluates
+//! every UP node's heartbeats about once a second ([`crate::health`], pure) and writes a
+//! verdict into the node record (`Node.health`) only when it changed, logging each
+//! transition once.
+//!
+//! ```text
+//!   Heartbeat (nodes.rs) ──▶ HealthBook (this tenure's trackers) ◀── node_infos (list, describe)
+//!                                      │ every EVALUATION_PERIOD, as leader
+//!                                      ▼
+//!   node snapshot (stored verdicts) ── compare ──▶ state::modify_node: Node.health
+//! ```
+//! Evaluation runs only on a snapshot that holds this tenure's own writes
+//! (`Shared::fresh_nodes`), so a verdict is compared with what is really stored.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proto::state::{HealthVerdict, Node, NodeState};
+
+use super::{Shared, stored_verdict};
+use crate::election::{Leadership, Role};
+use crate::health::Tracker;
+use crate::state::{self, NodeUpdateError};
+
+/// How often verdicts are evaluated (at most; shorter when the timeout is short).
+const EVALUATION_PERIOD: Duration = Duration::from_secs(1);
+
+/// Verdict writes in flight at once.
+const CONCURRENT_WRITES: usize = 32;
+
+pub(super) async fn run(
+    ctx: supervisor::Context,
+    shared: Arc<Shared>,
+) -> supervisor::RunnableResult {
+    let every = EVALUATION_PERIOD.min(shared.config.heartbeat.timeout() / 4);
+    ctx.signal_healthy();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = ctx.cancelled() => return Ok(()),
+        }
+        let Some(Role::Leader(leadership)) = shared.role.current() else {
+            continue;
+        };
+        let Some(snapshot) = shared.fresh_nodes(&leadership).await else {
+            continue;
+        };
+        let changes = changed_verdicts(&shared, &leadership, &snapshot.nodes);
+        let mut writes = tokio::task::JoinSet::new();
+        for (id, from, to) in changes {
+            if writes.len() >= CONCURRENT_WRITES {
+                writes.join_next().await;
+            }
+            let (shared, leadership) = (shared.clone(), leadership.clone());
+            writes.spawn(async move { record(&shared, &leadership, &id, from, to).await });
+        }
+        tokio::select! {
+            _ = async { while writes.join_next().await.is_some() {} } => {}
+            _ = ctx.cancelled() => return Ok(()),
+        }
+    }
+}
+
+/// The UP nodes whose verdict differs from the stored one: (id, stored, new).
+/// Trackers of nodes that no longer exist are dropped.
+fn changed_verdicts(
+    shared: &Shared,
+    leadership: &Leadership,
+    nodes: &BTreeMap<String, Node>,
+) -> Vec<(String, HealthVerdict, HealthVerdict)> {
+    let now = Instant::now();
+    let timing = shared.config.heartbeat;
+    let mut book = shared.health.lock().expect("health lock poisoned");
+    let book = book.tenure(leadership);
+    book.trackers.retain(|id, _| nodes.contains_key(id));
+    let mut changes = Vec::new();
+    for node in nodes.values().filter(|n| n.state == NodeState::Up as i32) {
+        let stored = stored_verdict(node);
+        let verdict = book
+            .trackers
+            .entry(node.id.clone())
+            .or_insert_with(|| Tracker::new(stored))
+            .evaluate(now, book.since, &timing);
+        if verdict != stored {
+            changes.push((node.id.clone(), stored, verdict));
+        }
+    }
+    changes
+}
+
+/// Writes `to` as node `id`'s verdict unless it is already stored; logs it when written.
+async fn record(
+    shared: &Shared,
+    leadership: &Leadership,
+    id: &str,
+    from: HealthVerdict,
+    to: HealthVerdict,
+) {
+    let mut wrote = false;
+    let result = state::modify_node(&shared.curator, leadership, id, |current| {
+        wrote = false;
+        let Some(node) = current else {
+            return Err(NodeUpdateError::NotFound(id.to_string()));
+        };
+        if node.health == to as i32 || node.state != NodeState::Up as i32 {
+            return Ok(None);
+        }
+        let mut node = node.clone();
+        node.health = to as i32;
+        wrote = true;
+        Ok(Some(node))
+    })
+    .await;
+    match result {
+        Ok(_) if !wrote => {}
+        Ok(_) => match to {
+            HealthVerdict::HeartbeatTimeout => tracing::warn!(
+                node = id,
+                from = name(from),
+                "node health: HEARTBEAT_TIMEOUT (no heartbeat for {:?})",
+                shared.config.heartbeat.timeout()
+            ),
+            _ => tracing::info!(node = id, from = name(from), "node health: {}", name(to)),
+        },
+        // Deleted meanwhile: nothing to judge.
+        Err(NodeUpdateError::NotFound(_)) => {}
+        // Retried on the next evaluation (also after losing leadership: then by the next
+        // leader).
+        Err(e) => tracing::debug!(node = id, "recording the health verdict: {e}"),
+    }
+}
+
+/// A verdict's name without the enum prefix, e.g. HEALTHY.
+fn name(verdict: HealthVerdict) -> &'static str {
+    verdict.as_str_name().trim_start_matches("HEALTH_VERDICT_")
+}
