@@ -32,12 +32,7 @@ impl api::aaa_server::Aaa for Services {
             ));
         }
         let lifetime = state::owner_certificate_lifetime(Some(&self.0.configuration().await?));
-        let store = state::cluster_pki(&self.0.curator);
-        let ca = store
-            .load_ca()
-            .await
-            .map_err(|e| Status::unavailable(format!("loading the cluster CA: {e}")))?
-            .ok_or_else(|| Status::internal("the cluster has no CA"))?;
+        let (store, ca) = self.0.cluster_ca().await?;
         let template = pki::Template {
             common_name: "owner".into(),
             dns_names: vec![],

@@ -201,6 +201,17 @@ impl Shared {
             .ok()
     }
 
+    /// The cluster CA's store and the CA (with its key), for issuing certificates.
+    async fn cluster_ca(&self) -> Result<(pki::CaStore, pki::Ca), Status> {
+        let store = state::cluster_pki(&self.curator);
+        let ca = store
+            .load_ca()
+            .await
+            .map_err(|e| Status::unavailable(format!("loading the cluster CA: {e}")))?
+            .ok_or_else(|| Status::internal("the cluster has no CA"))?;
+        Ok((store, ca))
+    }
+
     /// How this curator checks the curators it calls: the cluster CA and the CRL.
     fn server_trust(&self) -> rpc::ServerTrust {
         rpc::ServerTrust::ClusterCa {

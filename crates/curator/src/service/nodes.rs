@@ -282,12 +282,7 @@ impl api::curator_server::Curator for Services {
             .parse()
             .map_err(|_| Status::internal(format!("node {id} has a corrupt address")))?;
         let lifetime = state::node_certificate_lifetime(Some(&self.0.configuration().await?));
-        let store = state::cluster_pki(&self.0.curator);
-        let ca = store
-            .load_ca()
-            .await
-            .map_err(|e| Status::unavailable(format!("loading the cluster CA: {e}")))?
-            .ok_or_else(|| Status::internal("the cluster has no CA"))?;
+        let (store, ca) = self.0.cluster_ca().await?;
         // Ensure semantics: a retried commit gets the certificate the first one recorded.
         let certificate = store
             .ensure_certificate(&format!("node-{id}"), || {
@@ -429,12 +424,7 @@ impl api::curator_server::Curator for Services {
         // Recording is not guarded by leadership (the PKI store takes no guard, as for
         // owner certificates): a deposed leader could at worst record a certificate for
         // this node's own key, which it then never receives.
-        let store = state::cluster_pki(&self.0.curator);
-        let ca = store
-            .load_ca()
-            .await
-            .map_err(|e| Status::unavailable(format!("loading the cluster CA: {e}")))?
-            .ok_or_else(|| Status::internal("the cluster has no CA"))?;
+        let (store, ca) = self.0.cluster_ca().await?;
         let issued = ca
             .issue(
                 &state::node_certificate_template(&id, address, lifetime),
