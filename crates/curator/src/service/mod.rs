@@ -69,6 +69,10 @@ pub struct Snapshot {
     /// The election key under which the watch's first read was made: a snapshot based
     /// on a read after this curator won holds every earlier leader's writes.
     pub based_as_leader: Option<Vec<u8>>,
+    /// `state::curator_endpoints` of `nodes`, computed once per snapshot: every WatchNode
+    /// stream sends it, and scanning every record per stream per change would cost
+    /// streams × nodes on each write (a status or health verdict is one).
+    pub curator_endpoints: Vec<String>,
 }
 
 pub type NodeSnapshot = Arc<Snapshot>;
@@ -397,6 +401,7 @@ pub async fn run(
                 let base = based_as_leader.clone();
                 let mut snapshots = state::watch_nodes(&shared.curator, move |nodes, revision| {
                     Arc::new(Snapshot {
+                        curator_endpoints: state::curator_endpoints(nodes.values()),
                         nodes: nodes.clone(),
                         revision,
                         based_as_leader: base.clone(),

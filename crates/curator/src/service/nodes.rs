@@ -342,7 +342,7 @@ impl api::curator_server::Curator for Services {
             Some(api::WatchNodeUpdate {
                 state: node.state,
                 roles: state::role_names(node),
-                curator_endpoints: state::curator_endpoints(nodes.nodes.values()),
+                curator_endpoints: nodes.curator_endpoints.clone(),
                 cluster_crl: crl
                     .current()
                     .map(|c| c.as_ref().clone())

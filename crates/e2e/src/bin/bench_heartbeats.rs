@@ -49,6 +49,7 @@ struct Setup {
     trust: rpc::ServerTrust,
     ticket: Vec<u8>,
     owner: rpc::CuratorClient,
+    period: Duration,
 }
 
 fn pem_der(path: &std::path::Path) -> Result<Vec<u8>> {
@@ -131,11 +132,14 @@ fn heartbeat_request(node: &SimNode) -> api::HeartbeatRequest {
     }
 }
 
-/// Enrols nodes until there are `target`.
+/// Enrols nodes until there are `target`; each starts its heartbeat loop at once (a
+/// node enrolled early in a long step must not time out waiting for the others).
 async fn enrol_up_to(
     setup: &Arc<Setup>,
     nodes: &mut Vec<Arc<SimNode>>,
     target: usize,
+    heartbeats: &mut tokio::task::JoinSet<()>,
+    recorder: &Recorder,
 ) -> Result<()> {
     let mut next = nodes.len();
     let mut running = tokio::task::JoinSet::new();
@@ -146,8 +150,15 @@ async fn enrol_up_to(
             running.spawn(async move { enrol(&setup, n).await });
             next += 1;
         }
-        let enrolled = running.join_next().await.context("an enrolment runs")??;
-        nodes.push(Arc::new(enrolled?));
+        let enrolled = Arc::new(running.join_next().await.context("an enrolment runs")???);
+        spawn_heartbeats(
+            heartbeats,
+            enrolled.clone(),
+            nodes.len(),
+            setup.period,
+            recorder.clone(),
+        );
+        nodes.push(enrolled);
     }
     Ok(())
 }
@@ -290,6 +301,7 @@ fn main() -> Result<()> {
             trust,
             ticket,
             owner,
+            period,
         });
         let mut nodes = Vec::new();
         let recorder = Recorder::default();
@@ -298,11 +310,7 @@ fn main() -> Result<()> {
         let mut steps = Vec::new();
         for &n in STEPS.iter().filter(|n| **n <= max_nodes) {
             let enrolling = Instant::now();
-            let before = nodes.len();
-            enrol_up_to(&setup, &mut nodes, n).await?;
-            for (i, node) in nodes.iter().enumerate().skip(before) {
-                spawn_heartbeats(&mut heartbeats, node.clone(), i, period, recorder.clone());
-            }
+            enrol_up_to(&setup, &mut nodes, n, &mut heartbeats, &recorder).await?;
             let enrol_s = enrolling.elapsed().as_secs_f64();
             // One period for the new nodes' loops to settle (and their verdicts).
             let warmup = measure(&recorder, period).await;
