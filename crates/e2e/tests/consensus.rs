@@ -433,6 +433,29 @@ fn wait_voters_and_data_gone(
     e2e::wait_until("the removed member's etcd data gone", TIMEOUT, || {
         !data.exists()
     })
+    .with_context(|| {
+        // The removed node's own account of it: its latest log.
+        let logs = removed_root.parent().map(|d| d.join("node-1.log"));
+        let mut newest = None;
+        if let Some(dir) = removed_root.parent() {
+            for n in 1..20 {
+                let log = dir.join(format!("node-{n}.log"));
+                if log.exists() {
+                    newest = Some(log);
+                }
+            }
+        }
+        let text = newest
+            .or(logs)
+            .and_then(|l| std::fs::read_to_string(l).ok())
+            .unwrap_or_default();
+        let own: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.contains("\"target\":\"etcd\""))
+            .collect();
+        let tail = &own[own.len().saturating_sub(40)..];
+        format!("the removed node's log ends (etcd's own lines left out):\n{}", tail.join("\n"))
+    })
 }
 
 fn cluster_wait_members(config: &Path, endpoints: &str, voters: usize) -> Result<()> {

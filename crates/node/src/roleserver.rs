@@ -295,8 +295,10 @@ async fn rolefetch(
     // Runs from the start on consensus members too: a member whose role was taken while
     // it was down learns it here (its own control plane may never come up).
     values.membership.watch().get().await?;
-    let client = curator_client(&settings, &values)?;
+    let mut client = curator_client(&settings, &values)?;
     ctx.signal_healthy();
+    // Whether the node watch was renewed because this node's etcd member stopped.
+    let mut resynced = false;
     let mut problems = ProblemLog::default();
     let mut backoff = Backoff::default();
     let own = SocketAddr::new(settings.address, rpc::CURATOR_PORT);
@@ -351,6 +353,19 @@ async fn rolefetch(
         loop {
             let update = tokio::select! {
                 u = stream.message() => u,
+                _ = own_etcd_gone(&values, &mut resynced) => {
+                    // Removed from consensus, its etcd stopped: the news of the role going
+                    // may be stuck with this node's own curator, or with a stream that
+                    // predates it. Ask the other curators afresh (a new client: the one
+                    // that answered last is tried first otherwise).
+                    problems.problem(
+                        "this node's etcd member stopped while it holds the ConsensusMember role; \
+                         asking the other curators for its record"
+                            .into(),
+                    );
+                    client = curator_client(&settings, &values)?;
+                    break;
+                }
                 _ = ctx.cancelled() => return Ok(()),
             };
             let Ok(Some(update)) = update else {
@@ -427,6 +442,36 @@ fn disowning(settings: &Settings, values: &NodeValues) -> bool {
 
 async fn node_id(values: &NodeValues) -> Result<String> {
     Ok(values.membership.watch().get().await?.key().node_id())
+}
+
+/// How long a consensus member's etcd may be down before rolefetch stops trusting its
+/// current node watch (see [`own_etcd_gone`]).
+const OWN_ETCD_GRACE: Duration = Duration::from_secs(5);
+
+/// Resolves once this node holds the ConsensusMember role but its etcd member has not
+/// run for [`OWN_ETCD_GRACE`] (it was removed from consensus, or is failing); never on a
+/// worker. Once per stop of the etcd member: `fired` remembers that it resolved, until
+/// the member runs again.
+async fn own_etcd_gone(values: &NodeValues, fired: &mut bool) {
+    let mut services = values.services.watch();
+    loop {
+        if *fired {
+            if services.get_matching(|s| s.etcd_member).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            *fired = false;
+        }
+        if services.get_matching(|s| !s.etcd_member).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(OWN_ETCD_GRACE).await;
+        if values.services.current().is_some_and(|s| !s.etcd_member)
+            && roles_need_control_plane(values)
+        {
+            *fired = true;
+            return;
+        }
+    }
 }
 
 /// Whether the node's current roles call for a control plane (whose curator is local).
