@@ -454,7 +454,10 @@ fn wait_voters_and_data_gone(
             .filter(|l| !l.contains("\"target\":\"etcd\""))
             .collect();
         let tail = &own[own.len().saturating_sub(40)..];
-        format!("the removed node's log ends (etcd's own lines left out):\n{}", tail.join("\n"))
+        format!(
+            "the removed node's log ends (etcd's own lines left out):\n{}",
+            tail.join("\n")
+        )
     })
 }
 
