@@ -61,6 +61,19 @@ pub fn guard(leadership: &Leadership) -> Compare {
     )
 }
 
+/// For a transaction guarded by [`guard`] whose else branch reads the election key
+/// (`TxnOp::get(leadership.key)`): whether that key is still this leadership's, i.e.
+/// the transaction failed on its other comparisons, not on leadership.
+pub fn still_leads(failed: &etcd_client::TxnResponse, leadership: &Leadership) -> bool {
+    failed.op_responses().first().is_some_and(|op| match op {
+        etcd_client::TxnOpResponse::Get(g) => g
+            .kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == leadership.revision),
+        _ => false,
+    })
+}
+
 /// Settings of one campaigner.
 #[derive(Debug, Clone)]
 pub struct ElectionConfig {

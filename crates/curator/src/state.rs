@@ -87,7 +87,11 @@ pub fn check_configuration(configuration: &ClusterConfiguration) -> Result<(), p
 /// CommitNode's first certificate is recorded under, so that revoking a node's
 /// certificates by prefix catches every one.
 pub fn renewed_node_certificate_name(node_id: &str, serial: &[u8]) -> String {
-    format!("node-{node_id}-{}", hex::encode(serial))
+    format!(
+        "{}-{}",
+        node_certificate_prefix(node_id),
+        hex::encode(serial)
+    )
 }
 
 /// Name of an etcd peer certificate issued by renewal (prefix `peer-<id>`, see
@@ -123,12 +127,14 @@ pub fn tombstone_key(id: &str) -> String {
     format!("deleted/{id}")
 }
 
-/// Prefix of the names under which the cluster CA records a node's certificates.
+/// Prefix of the names under which the cluster CA records a node's certificates; also
+/// the name of its first one (CommitNode, bootstrap).
 pub fn node_certificate_prefix(node_id: &str) -> String {
     format!("node-{node_id}")
 }
 
-/// Prefix of the names under which the etcd peer CA records a node's certificates.
+/// Prefix of the names under which the etcd peer CA records a node's certificates; also
+/// the name of a bootstrap node's first one (its member ID is not known yet).
 pub fn peer_certificate_prefix(node_id: &str) -> String {
     format!("peer-{node_id}")
 }
@@ -490,14 +496,7 @@ pub async fn delete_node(
             }
             return Ok(node);
         }
-        let still_leader = response.op_responses().first().is_some_and(|op| match op {
-            etcd_client::TxnOpResponse::Get(g) => g
-                .kvs()
-                .first()
-                .is_some_and(|kv| kv.create_revision() == leadership.revision),
-            _ => false,
-        });
-        if !still_leader {
+        if !crate::election::still_leads(&response, leadership) {
             return Err(CuratorError::NotLeader.into());
         }
     }

@@ -254,14 +254,7 @@ async fn flush(slot: Arc<Slot>, curator: Namespaced, leadership: Leadership, key
                 _ => Err(Outcome::Retry),
             },
             Ok(r) => {
-                let still_leader = r.op_responses().first().is_some_and(|op| match op {
-                    etcd_client::TxnOpResponse::Get(g) => g
-                        .kvs()
-                        .first()
-                        .is_some_and(|kv| kv.create_revision() == leadership.revision),
-                    _ => false,
-                });
-                if still_leader {
+                if election::still_leads(&r, &leadership) {
                     tracing::info!("node record {key} was changed by another writer; retrying");
                     Err(Outcome::Retry)
                 } else {

@@ -801,6 +801,15 @@ impl Cluster {
     }
 }
 
+/// The nodes' addresses as polisctl's `--endpoints` takes them (comma-separated).
+pub fn endpoints(nodes: &[&Node]) -> String {
+    nodes
+        .iter()
+        .map(|n| n.address.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The DER inside a PEM file.
 pub fn pem_der(path: &Path) -> Result<Vec<u8>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;

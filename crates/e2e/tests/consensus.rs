@@ -12,19 +12,11 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use e2e::{Cluster, Node, TIMEOUT, peer_accepts, pem_der};
+use e2e::{Cluster, Node, TIMEOUT, endpoints, peer_accepts, pem_der};
 use proto::api;
 
 fn endpoint(node: &Node) -> String {
     node.address.to_string()
-}
-
-fn endpoints(nodes: &[&Node]) -> String {
-    nodes
-        .iter()
-        .map(|n| endpoint(n))
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// The owner's credentials and the pinned CA from the cluster's polisctl config.

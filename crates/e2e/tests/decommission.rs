@@ -12,16 +12,8 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use e2e::{Cluster, Node, TIMEOUT, peer_accepts};
+use e2e::{Cluster, Node, TIMEOUT, endpoints, peer_accepts};
 use proto::api;
-
-fn endpoints(nodes: &[&Node]) -> String {
-    nodes
-        .iter()
-        .map(|n| n.address.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
 
 /// Copies of a node's credentials, taken before the decommission wipes them.
 struct Saved {

@@ -19,20 +19,12 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::{Cluster, Node, TIMEOUT};
+use e2e::{Cluster, Node, TIMEOUT, endpoints};
 use proto::api;
 use serde_json::Value;
 
 const PERIOD_MS: u64 = 1000;
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn endpoints(nodes: &[&Node]) -> String {
-    nodes
-        .iter()
-        .map(|n| n.address.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
 
 /// Health of every listed node, by ID, asked through `endpoints`.
 fn health(cluster: &Cluster, endpoints: &str) -> Result<HashMap<String, String>> {

@@ -88,14 +88,16 @@ pub async fn finish(
         stored_attempt_peer_certificate(root, &peer_ca, &b.key)?
     };
     etcd_pki
-        .ensure_certificate(&format!("peer-{node_id}"), || Ok(peer_certificate.clone()))
+        .ensure_certificate(&curator::state::peer_certificate_prefix(&node_id), || {
+            Ok(peer_certificate.clone())
+        })
         .await
         .context("recording the etcd peer certificate")?;
     let lifetime = curator::state::node_certificate_lifetime(
         b.parameters.initial_cluster_configuration.as_ref(),
     );
     let node_certificate = cluster_pki
-        .ensure_certificate(&format!("node-{node_id}"), || {
+        .ensure_certificate(&curator::state::node_certificate_prefix(&node_id), || {
             cluster_ca.issue(
                 &curator::state::node_certificate_template(&node_id, address, lifetime),
                 &b.key.public_key(),

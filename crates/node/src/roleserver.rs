@@ -78,8 +78,9 @@ pub async fn run(
     };
     let saved_crl = settings.root.cluster_crl();
     if saved_crl.exists() {
+        let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
         let crl = read_file(&saved_crl, "cluster CRL")?;
-        offer_crl(&settings, &values, &crl, false)?;
+        offer_crl(&settings, &values, &ca, &crl, false)?;
     }
     let (fetch_settings, fetch_values, fetch_fatal) =
         (settings.clone(), values.clone(), fatal.clone());
@@ -152,9 +153,14 @@ pub fn curator_client(settings: &Settings, values: &NodeValues) -> Result<rpc::C
 
 /// Takes `crl` (from a curator, or the saved copy) into the node's CRL slot when it is
 /// the cluster CA's and newer than the one held; saves it when it was new.
-fn offer_crl(settings: &Settings, values: &NodeValues, crl: &[u8], save: bool) -> Result<()> {
-    let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
-    match values.crl.offer(&ca, crl) {
+fn offer_crl(
+    settings: &Settings,
+    values: &NodeValues,
+    ca: &[u8],
+    crl: &[u8],
+    save: bool,
+) -> Result<()> {
+    match values.crl.offer(ca, crl) {
         Ok(true) if save => {
             write_atomic(&settings.root.cluster_crl(), crl).context("saving the cluster CRL")?;
             tracing::info!(
@@ -296,6 +302,7 @@ async fn rolefetch(
     // it was down learns it here (its own control plane may never come up).
     values.membership.watch().get().await?;
     let mut client = curator_client(&settings, &values)?;
+    let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
     ctx.signal_healthy();
     // Whether the node watch was renewed because this node's etcd member stopped.
     let mut resynced = false;
@@ -388,7 +395,7 @@ async fn rolefetch(
                 }
             }
             if !update.cluster_crl.is_empty() {
-                offer_crl(&settings, &values, &update.cluster_crl, true)?;
+                offer_crl(&settings, &values, &ca, &update.cluster_crl, true)?;
             }
             match proto::api::NodeState::try_from(update.state) {
                 Ok(proto::api::NodeState::Decommissioning) => enter_disowning(&settings, &values)?,

@@ -70,19 +70,16 @@ where
 }
 
 /// The peer URL etcd knows a node's member by.
-pub fn peer_url(address: &str) -> Result<String, Status> {
-    let ip: IpAddr = address
-        .parse()
-        .map_err(|_| Status::internal("a node record holds a corrupt address"))?;
+pub fn peer_url(node: &Node) -> Result<String, Status> {
     Ok(consensus::config::peer_url(
-        ip,
+        super::record_address(node)?,
         consensus::config::PEER_PORT,
     ))
 }
 
 /// The member of node `node`, if it is one (by name, or by peer URL before it started).
 fn member_of<'a>(members: &'a [Member], node: &Node) -> Option<&'a Member> {
-    let url = peer_url(&node.address).ok();
+    let url = peer_url(node).ok();
     members
         .iter()
         .find(|m| m.name == node.id || url.as_ref().is_some_and(|u| m.peer_urls.contains(u)))
@@ -140,7 +137,7 @@ pub async fn join(
                         )));
                     }
                 }
-                let url = peer_url(&node.address)?;
+                let url = peer_url(&node)?;
                 let (added, all) = when_accepted("adding the etcd learner", || {
                     let mut client = client.clone();
                     let url = url.clone();
@@ -171,15 +168,8 @@ pub async fn join(
         .await
         .map_err(|e| etcd_status("loading the etcd peer CA", e))?
         .ok_or_else(|| Status::internal("the cluster has no etcd peer CA"))?;
-    let key: [u8; 32] = node
-        .public_key
-        .as_slice()
-        .try_into()
-        .map_err(|_| Status::internal("a node record holds a corrupt key"))?;
-    let address: IpAddr = node
-        .address
-        .parse()
-        .map_err(|_| Status::internal("corrupt address"))?;
+    let key = super::record_key(node)?;
+    let address = super::record_address(node)?;
     let lifetime = state::node_certificate_lifetime(Some(&shared.configuration().await?));
     let certificate = peer_pki
         .ensure_certificate(&state::peer_certificate_name(&node.id, member.id), || {

@@ -131,6 +131,24 @@ fn node_update_status(e: NodeUpdateError) -> Status {
     }
 }
 
+/// The Ed25519 key a node record holds; Internal when the record is corrupt.
+fn record_key(node: &Node) -> Result<[u8; 32], Status> {
+    node.public_key
+        .as_slice()
+        .try_into()
+        .map_err(|_| Status::internal(format!("node {} has a corrupt key in its record", node.id)))
+}
+
+/// The address a node record holds; Internal when the record is corrupt.
+fn record_address(node: &Node) -> Result<std::net::IpAddr, Status> {
+    node.address.parse().map_err(|_| {
+        Status::internal(format!(
+            "node {} has a corrupt address in its record",
+            node.id
+        ))
+    })
+}
+
 /// Refuses what is not a node ID before it reaches etcd, without echoing large input.
 fn check_node_id(id: &str) -> Result<(), Status> {
     identity::validate_node_id(id).map_err(|_| {

@@ -277,15 +277,12 @@ impl api::curator_server::Curator for Services {
                 "node {id} is registered with a different key"
             )));
         }
-        let address: IpAddr = node
-            .address
-            .parse()
-            .map_err(|_| Status::internal(format!("node {id} has a corrupt address")))?;
+        let address = super::record_address(&node)?;
         let lifetime = state::node_certificate_lifetime(Some(&self.0.configuration().await?));
         let (store, ca) = self.0.cluster_ca().await?;
         // Ensure semantics: a retried commit gets the certificate the first one recorded.
         let certificate = store
-            .ensure_certificate(&format!("node-{id}"), || {
+            .ensure_certificate(&state::node_certificate_prefix(&id), || {
                 ca.issue(
                     &state::node_certificate_template(&id, address, lifetime),
                     &key,
@@ -394,14 +391,8 @@ impl api::curator_server::Curator for Services {
                 "node {id} is registered with a different key"
             )));
         }
-        let key: [u8; 32] = public_key
-            .as_slice()
-            .try_into()
-            .map_err(|_| Status::internal("a node record holds a corrupt key"))?;
-        let address: IpAddr = node
-            .address
-            .parse()
-            .map_err(|_| Status::internal(format!("node {id} has a corrupt address")))?;
+        let key = super::record_key(&node)?;
+        let address = super::record_address(&node)?;
         let lifetime = state::node_certificate_lifetime(Some(&self.0.configuration().await?));
         let mut answer = api::RenewCertificatesResponse::default();
         if peer {
