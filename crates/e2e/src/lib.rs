@@ -15,18 +15,17 @@
 //! Module map, by layer (a module imports only from layers below it):
 //!
 //! ```text
-//!   cluster   Cluster: bootstrap + takeownership, register/approve/add_worker,
-//!      │      owner client, node list and member polls; endpoints()
-//!      ▼
-//!   node      Node: params, start (crash points), log progress (Home, state,
-//!      │      curator), etcdctl on its socket; is_home_line()
-//!      ▼
-//!   ctl       polisctl(): the CLI wrapper        etcd    BareEtcd: etcd with
-//!   process   Proc (kill on drop), bin(),                polis-node's flags
-//!             process_alive()
-//!   net       unique_loopback(), NetNs (deleted on drop)
-//!   wait      TIMEOUT, wait_until()
-//!   certs     pem_der(), peer_accepts() (leaf)   bench   median() (leaf)
+//!   3  cluster   Cluster: bootstrap + takeownership, register/approve/add_worker,
+//!                owner client, node list and member polls; endpoints()
+//!   2  node      Node: params, start (crash points), log progress (Home, state,
+//!                curator), etcdctl on its socket; is_home_line()
+//!      etcd      BareEtcd: etcd alone, with polis-node's flags and peer TLS files
+//!   1  ctl       polisctl(): the CLI wrapper
+//!   0  process   Proc (killed on drop), bin(), bin_dir(), process_alive()
+//!      net       unique_loopback(), NetNs (deleted on drop)
+//!      wait      TIMEOUT, wait_until()
+//!      certs     pem_der(), peer_accepts()
+//!      bench     median()
 //! ```
 //!
 //! Everything tests and benchmarks use is re-exported here (`e2e::Node`, `e2e::TIMEOUT`,
