@@ -36,9 +36,10 @@ impl Credentials {
 }
 
 /// Credentials that can be replaced while in use (certificate renewal): servers built
-/// with [`server_config_from`] present the current ones on every new handshake, clients
-/// built with [`client_config_from`] on every new connection, and long-lived channels
-/// compare [`CredentialSlot::generation`] to notice that they were made with older ones.
+/// with [`server_config_from`](super::server_config_from) present the current ones on
+/// every new handshake, clients built with [`client_config_from`](super::client_config_from)
+/// on every new connection, and long-lived channels compare
+/// [`CredentialSlot::generation`] to notice that they were made with older ones.
 /// Clones share the slot.
 #[derive(Clone)]
 pub struct CredentialSlot(Arc<std::sync::RwLock<Arc<Loaded>>>);
