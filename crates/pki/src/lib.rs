@@ -7,6 +7,20 @@
 //! - the **etcd peer CA** (`namespaced:etcd-pki/`) issues the certificates etcd members
 //!   use to talk to each other.
 //!
+//! Modules, by layer (each imports only from those below it):
+//!
+//! ```text
+//!   store      CaStore: etcd transactions (ensure, revoke, list, watch_crl)
+//!     │
+//!     ▼
+//!   issue      Ca: generate, issue, CRLs; Template, Usage, Issued, serials (pure: rcgen)
+//!     │
+//!     ▼
+//!   lifetime   defaults, bounds, BACKDATE, Validity (2/3 renew, 5/6 warn)   (pure)
+//!   kind       CertificateKind: the polis:<kind> mark                       (pure)
+//!   inspect    reading DER: public key, expiry, verified CRL number, serials (pure)
+//! ```
+//!
 //! ```text
 //!   issue.rs (pure: rcgen)            store.rs (etcd transactions)
 //!   Ca::generate ─┐                   ensure_ca ── create if absent, else load
@@ -33,14 +47,18 @@
 //!   may do is decided from that mark, never from its common name alone.
 //! - A CA always has a CRL (possibly empty), created together with it.
 
+mod inspect;
 mod issue;
+mod kind;
+mod lifetime;
 mod store;
 
-pub use issue::{
-    BACKDATE, CA_LIFETIME, CERTIFICATE_LIFETIME, Ca, CertificateKind, Issued,
-    MAX_CERTIFICATE_LIFETIME, MIN_CERTIFICATE_LIFETIME, OWNER_CERTIFICATE_LIFETIME, Template,
-    Usage, Validity, certificate_public_key, check_lifetime, crl_serials, random_serial,
-    time_to_expiry, unix_now, verified_crl_number,
+pub use inspect::{certificate_public_key, crl_serials, time_to_expiry, verified_crl_number};
+pub use issue::{Ca, Issued, Template, Usage, random_serial};
+pub use kind::CertificateKind;
+pub use lifetime::{
+    BACKDATE, CA_LIFETIME, CERTIFICATE_LIFETIME, MAX_CERTIFICATE_LIFETIME,
+    MIN_CERTIFICATE_LIFETIME, OWNER_CERTIFICATE_LIFETIME, Validity, check_lifetime, unix_now,
 };
 pub use store::{CaStore, certificate_serial};
 

@@ -17,7 +17,8 @@ use consensus::Namespaced;
 use consensus::client::txn_get_value;
 
 use crate::PkiError;
-use crate::issue::{Ca, Issued, crl_serials};
+use crate::inspect::{crl_serials, time_to_expiry};
+use crate::issue::{Ca, Issued};
 
 /// How often a store operation retries after losing a race or a serial collision.
 const MAX_ATTEMPTS: usize = 5;
@@ -162,7 +163,7 @@ impl CaStore {
             .await?;
         let mut serials = Vec::new();
         for kv in response.kvs() {
-            if crate::issue::time_to_expiry(kv.value())?.is_some() {
+            if time_to_expiry(kv.value())?.is_some() {
                 serials.push(certificate_serial(kv.value())?);
             }
         }

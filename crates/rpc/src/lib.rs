@@ -30,6 +30,23 @@
 //!   [`CredentialSlot`] at every handshake, and [`CuratorClient`] drops a connection made
 //!   with credentials that were replaced since.
 //! - rustls uses the ring provider only, and TLS 1.3 only (Polis controls both ends).
+//!
+//! Modules, by layer (each imports only from those below it; the crate root holds
+//! [`RpcError`], [`REVOKED`] and [`fingerprint`] for all of them):
+//!
+//! ```text
+//!   client    CuratorClient (follows the leader), connect()
+//!      │                      server   listener (accept, conn, calls, limits),
+//!      │                         │     AuthLayer (auth), builder() (settings)
+//!      │                         ├──────────────┐
+//!      ▼                         ▼              ▼
+//!   tls       credentials, server_side,      forward   ForwardLayer: calls a
+//!             client_side, crl_slot,            │      follower sends to the leader
+//!             authenticator, crypto             │
+//!      │                                        │
+//!      ▼                                        ▼
+//!   authz     Identity, the permission table, authorize() (pure, leaf)
+//! ```
 
 pub mod authz;
 pub mod client;

@@ -1,13 +1,21 @@
 //! The listener against real sockets on 127.0.0.1, with limits small enough to hit.
 
 use std::io::ErrorKind;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 use std::time::Instant as StdInstant;
 
 use proto::api;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
 
+use super::calls::Calls;
 use super::*;
-use crate::tls::{Credentials, ServerTrust, client_config, self_signed, server_config};
+use crate::tls::{
+    Authenticator, Credentials, ServerTrust, client_config, self_signed, server_config,
+};
 
 const WAIT: Duration = Duration::from_secs(5);
 

@@ -1,0 +1,215 @@
+//! A cluster under test: bootstrap the first node and take ownership, add nodes
+//! (register parameters, approve), polisctl with the owner's config, an owner client,
+//! and polls of what the cluster reports (node list, consensus members).
+//!
+//! The top of the harness: uses nodes, the polisctl wrapper and waits.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::ctl::polisctl;
+use crate::node::Node;
+use crate::wait::TIMEOUT;
+
+/// A cluster under test: a bootstrapped first node, an owner config directory that took
+/// ownership (and remembers the endpoints), and further nodes that register into it.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub first: Node,
+    /// Extra polis-node flags of every node of this cluster (e.g. heartbeat timing).
+    pub node_args: Vec<String>,
+}
+
+impl Cluster {
+    /// Bootstraps a first node in `dir/n0` and takes ownership with `dir/config`.
+    pub fn bootstrap(dir: &Path) -> Result<Cluster> {
+        Cluster::bootstrap_with(dir, &[], &[])
+    }
+
+    /// [`Cluster::bootstrap`] with extra `polisctl params bootstrap` flags
+    /// (`params_extra`), every node (this one and those from [`Cluster::new_node`])
+    /// started with the extra flags `node_args`.
+    pub fn bootstrap_with(
+        dir: &Path,
+        params_extra: &[&str],
+        node_args: &[&str],
+    ) -> Result<Cluster> {
+        let node_args: Vec<String> = node_args.iter().map(|a| a.to_string()).collect();
+        let first_dir = dir.join("n0");
+        std::fs::create_dir_all(&first_dir)?;
+        let mut first = Node::new(&first_dir);
+        first.extra_args = node_args.clone();
+        let params = first.bootstrap_params_with(params_extra)?;
+        first.start(&["--params", params.to_str().context("utf-8 path")?])?;
+        first.wait_home()?;
+        let cluster = Cluster {
+            dir: dir.to_path_buf(),
+            // bootstrap_params created the owner key here.
+            config: first_dir.join("config"),
+            first,
+            node_args,
+        };
+        let endpoint = cluster.first.address.to_string();
+        cluster.ctl_retry(&["--endpoints", &endpoint, "takeownership", "--accept-ca"])?;
+        Ok(cluster)
+    }
+
+    /// Runs polisctl with this cluster's config: (success, stdout, stderr).
+    pub fn ctl(&self, args: &[&str]) -> Result<(bool, String, String)> {
+        let mut all = vec!["--config", self.config.to_str().context("utf-8 path")?];
+        all.extend_from_slice(args);
+        let (status, out, err) = polisctl(&all)?;
+        Ok((status.success(), out, err))
+    }
+
+    /// polisctl until it succeeds, while the failure is one a retry can fix (a curator
+    /// still electing itself or restarting).
+    pub fn ctl_retry(&self, args: &[&str]) -> Result<String> {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let (ok, out, err) = self.ctl(args)?;
+            if ok {
+                return Ok(out);
+            }
+            let transient = err.contains("unavailable") || err.contains("reach");
+            if !transient || Instant::now() > deadline {
+                bail!("polisctl {args:?} failed: {err}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Writes register parameters to `dir/NAME.params` and returns the path.
+    pub fn register_params(&self, name: &str) -> Result<PathBuf> {
+        let path = self.dir.join(format!("{name}.params"));
+        self.ctl_retry(&[
+            "params",
+            "register",
+            "--out",
+            path.to_str().context("utf-8 path")?,
+        ])?;
+        Ok(path)
+    }
+
+    /// A node in `dir/NAME` (not started).
+    pub fn new_node(&self, name: &str) -> Result<Node> {
+        let dir = self.dir.join(name);
+        std::fs::create_dir_all(&dir)?;
+        let mut node = Node::new(&dir);
+        node.extra_args = self.node_args.clone();
+        Ok(node)
+    }
+
+    /// `node list -o json`.
+    pub fn nodes(&self) -> Result<Vec<serde_json::Value>> {
+        let out = self.ctl_retry(&["node", "list", "-o", "json"])?;
+        let value: serde_json::Value = serde_json::from_str(&out)?;
+        Ok(value.as_array().cloned().unwrap_or_default())
+    }
+
+    /// The listed node `id`, if any.
+    pub fn node(&self, id: &str) -> Result<Option<serde_json::Value>> {
+        Ok(self.nodes()?.into_iter().find(|n| n["id"] == id))
+    }
+
+    /// Waits until node `id` is listed with `state` (and `health`, when given).
+    pub fn wait_node(&self, id: &str, state: &str, health: Option<&str>) -> Result<()> {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let node = self.node(id)?;
+            if let Some(n) = &node
+                && n["state"] == state
+                && health.is_none_or(|h| n["health"] == h)
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("node {id} never became {state} {health:?}; last seen: {node:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Cluster {
+    /// A leader-following client with the owner's credentials from the config directory.
+    pub fn owner_client(&self) -> Result<rpc::CuratorClient> {
+        let read_pem = |name: &str| -> Result<Vec<u8>> {
+            let text = std::fs::read_to_string(self.config.join(name))
+                .with_context(|| format!("reading {name}"))?;
+            Ok(pem::parse(text)?.into_contents())
+        };
+        let key = identity::NodeKey::from_pkcs8(&read_pem("owner-key.pem")?)?;
+        Ok(rpc::CuratorClient::new(
+            vec![std::net::SocketAddr::new(
+                self.first.address,
+                rpc::CURATOR_PORT,
+            )],
+            rpc::ServerTrust::PinnedCa(read_pem("ca.pem")?),
+            Some(rpc::Credentials {
+                certificate: read_pem("owner.pem")?,
+                key_pkcs8: key.pkcs8_der().to_vec(),
+            }),
+        )?)
+    }
+}
+
+impl Cluster {
+    /// Registers a worker in `dir/NAME` with `params`, approves it and waits until it is
+    /// UP; returns the running node and its ID.
+    pub fn add_worker(&self, name: &str, params: &Path) -> Result<(Node, String)> {
+        let mut node = self.new_node(name)?;
+        node.start(&["--params", params.to_str().context("utf-8 path")?])?;
+        node.wait_state("Foreign")?;
+        let id = node.key_node_id()?;
+        self.ctl_retry(&["node", "approve", &id])?;
+        node.wait_home()?;
+        self.wait_node(&id, "UP", None)?;
+        Ok((node, id))
+    }
+
+    /// `cluster status -o json` (also when it exits 1 for lack of quorum).
+    pub fn status(&self, endpoints: &str) -> Result<(bool, serde_json::Value)> {
+        let (ok, out, err) =
+            self.ctl(&["--endpoints", endpoints, "cluster", "status", "-o", "json"])?;
+        let value = serde_json::from_str(&out)
+            .with_context(|| format!("cluster status printed no JSON: {out} {err}"))?;
+        Ok((ok, value))
+    }
+
+    /// Waits until `cluster status` shows a quorum and exactly `voters` voters and
+    /// `learners` learners, all answering.
+    pub fn wait_members(
+        &self,
+        endpoints: &str,
+        voters: usize,
+        learners: usize,
+    ) -> Result<serde_json::Value> {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let (ok, status) = self.status(endpoints)?;
+            let members = status["members"].as_array().cloned().unwrap_or_default();
+            let count = |role: &str| members.iter().filter(|m| m["role"] == role).count();
+            let answering = members.iter().all(|m| m["answered"] == true);
+            if ok && count("voter") == voters && count("learner") == learners && answering {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!("never saw {voters} voters and {learners} learners; last: {status}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The nodes' addresses as polisctl's `--endpoints` takes them (comma-separated).
+pub fn endpoints(nodes: &[&Node]) -> String {
+    nodes
+        .iter()
+        .map(|n| n.address.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}

@@ -1,0 +1,77 @@
+//! Reading DER certificates and CRLs: the public key, the time left, a CRL's number
+//! (only once its signature checks out against the CA) and the serials it lists.
+//!
+//! A leaf: pure; may not issue or sign.
+
+use std::time::Duration;
+
+use crate::PkiError;
+
+/// The raw Ed25519 public key inside a DER certificate.
+pub fn certificate_public_key(cert_der: &[u8]) -> Result<Vec<u8>, PkiError> {
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(cert_der).map_err(|e| PkiError::Invalid {
+            what: "certificate",
+            reason: e.to_string(),
+        })?;
+    Ok(cert.public_key().subject_public_key.data.to_vec())
+}
+
+/// How long a DER certificate stays valid from now; `None` once it has expired.
+pub fn time_to_expiry(cert_der: &[u8]) -> Result<Option<Duration>, PkiError> {
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(cert_der).map_err(|e| PkiError::Invalid {
+            what: "certificate",
+            reason: e.to_string(),
+        })?;
+    Ok(cert
+        .validity()
+        .time_to_expiration()
+        .and_then(|d| u64::try_from(d.whole_seconds()).ok())
+        .map(Duration::from_secs))
+}
+
+/// The CRL number of a DER CRL, once its signature is checked against the CA
+/// certificate `ca_der` (Ed25519) and its issuer is that CA: what a client needs before
+/// it trusts a CRL that reached it over the network.
+pub fn verified_crl_number(crl_der: &[u8], ca_der: &[u8]) -> Result<u64, PkiError> {
+    let invalid = |reason: String| PkiError::Invalid {
+        what: "CRL",
+        reason,
+    };
+    let (_, crl) = x509_parser::parse_x509_crl(crl_der).map_err(|e| invalid(e.to_string()))?;
+    let (_, ca) = x509_parser::parse_x509_certificate(ca_der).map_err(|e| PkiError::Invalid {
+        what: "CA certificate",
+        reason: e.to_string(),
+    })?;
+    if crl.issuer().as_raw() != ca.subject().as_raw() {
+        return Err(invalid("it was not issued by the cluster CA".into()));
+    }
+    ring::signature::UnparsedPublicKey::new(
+        &ring::signature::ED25519,
+        &ca.public_key().subject_public_key.data,
+    )
+    .verify(crl.tbs_cert_list.as_ref(), &crl.signature_value.data)
+    .map_err(|_| invalid("its signature does not verify against the cluster CA".into()))?;
+    let number = crl
+        .crl_number()
+        .ok_or_else(|| invalid("it carries no CRL number".into()))?;
+    let digits = number.to_u64_digits();
+    match digits.as_slice() {
+        [] => Ok(0),
+        [n] => Ok(*n),
+        _ => Err(invalid("its CRL number is out of range".into())),
+    }
+}
+
+/// The serial numbers a DER CRL lists.
+pub fn crl_serials(crl_der: &[u8]) -> Result<Vec<Vec<u8>>, PkiError> {
+    let (_, crl) = x509_parser::parse_x509_crl(crl_der).map_err(|e| PkiError::Invalid {
+        what: "CRL",
+        reason: e.to_string(),
+    })?;
+    Ok(crl
+        .iter_revoked_certificates()
+        .map(|r| r.raw_serial().to_vec())
+        .collect())
+}

@@ -1,0 +1,205 @@
+//! The layer every call passes before its handler: classifies the caller's certificate
+//! (against the current CRL), resolves a forwarded identity, applies the permission
+//! table, and hands the [`Identity`] to the handler; it counts the call as in flight
+//! until its response body ends.
+//!
+//! May not accept connections or change connection limits.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use rustls::pki_types::UnixTime;
+
+use super::calls::CallGuard;
+use super::conn::PeerInfo;
+use crate::authz::{Denied, Identity, authorize};
+use crate::tls::Authenticator;
+
+/// Fetches the current cluster CRL (DER).
+pub type CrlSource =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>> + Send + Sync>;
+
+/// Tower layer: classifies the caller, applies the permission table, and hands the
+/// [`Identity`] to the handler through the request extensions.
+#[derive(Clone)]
+pub struct AuthLayer {
+    authenticator: Arc<Authenticator>,
+    crl: CrlSource,
+    forwarders: Option<Forwarders>,
+}
+
+/// Whether the node with this ID may present forwarded identities (it is a curator: a
+/// consensus member).
+pub type Forwarders = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+impl AuthLayer {
+    pub fn new(authenticator: Arc<Authenticator>, crl: CrlSource) -> AuthLayer {
+        AuthLayer {
+            authenticator,
+            crl,
+            forwarders: None,
+        }
+    }
+
+    /// Accepts identities forwarded by the nodes `forwarders` names (see
+    /// [`crate::forward`]); without this, a forwarded identity is always denied.
+    pub fn with_forwarders(mut self, forwarders: Forwarders) -> AuthLayer {
+        self.forwarders = Some(forwarders);
+        self
+    }
+}
+
+impl<S> tower::Layer<S> for AuthLayer {
+    type Service = AuthService<S>;
+    fn layer(&self, inner: S) -> AuthService<S> {
+        AuthService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct AuthService<S> {
+    inner: S,
+    layer: AuthLayer,
+}
+
+/// The gRPC status for a refusal.
+pub fn denied_status(denied: &Denied) -> tonic::Status {
+    match denied {
+        Denied::UndeclaredMethod { .. } | Denied::Insufficient { .. } => {
+            tonic::Status::permission_denied(denied.to_string())
+        }
+        Denied::InvalidCertificate { .. } => tonic::Status::unauthenticated(denied.to_string()),
+    }
+}
+
+/// A response body that keeps its call counted as in flight until the body ends (or is
+/// dropped): a streaming response (RegisterNode waiting for approval, WatchNode) keeps
+/// its connection from being closed as idle.
+pub struct CountedBody<B> {
+    pub(super) inner: Pin<Box<B>>,
+    pub(super) _call: Option<CallGuard>,
+}
+
+impl<B: Default> Default for CountedBody<B> {
+    fn default() -> Self {
+        CountedBody {
+            inner: Box::pin(B::default()),
+            _call: None,
+        }
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for CountedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.get_mut().inner.as_mut().poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for AuthService<S>
+where
+    S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Default + Send + 'static,
+{
+    type Response = http::Response<CountedBody<ResBody>>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<ReqBody>) -> Self::Future {
+        // The clone is not ready; keep the ready one for this call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let method = request.uri().path().to_string();
+            let peer = request.extensions().get::<PeerInfo>();
+            // Keeps the connection from being closed as idle while the call runs, up to
+            // the end of its response body.
+            let call = peer.map(|p| p.calls.start());
+            let leaf = peer.and_then(|p| p.certificates.clone());
+            let caller = match leaf.as_ref().and_then(|c| c.first()) {
+                None => Identity::Anonymous,
+                Some(cert) => match (layer.crl)().await {
+                    Ok(crl) => layer
+                        .authenticator
+                        .classify(Some(cert), &crl, UnixTime::now()),
+                    Err(e) => {
+                        // The client hears Unavailable and retries; the CRL's own source
+                        // logs why it has none (e.g. for the first moments after start).
+                        tracing::debug!(method, "cannot read the cluster CRL: {e}");
+                        return Ok(tonic::Status::unavailable(format!(
+                            "cannot check certificates right now: {e}"
+                        ))
+                        .into_http());
+                    }
+                },
+            };
+            // A forwarded call: the identity a curator verified, if this caller is one.
+            let identity = match request
+                .headers_mut()
+                .remove(crate::forward::FORWARDED_IDENTITY)
+            {
+                None => caller,
+                Some(header) => {
+                    let trusted = matches!(&caller, Identity::Node { id, .. }
+                        if layer.forwarders.as_ref().is_some_and(|f| f(id)));
+                    if !trusted {
+                        tracing::warn!(method, %caller, "denied: forged forwarded identity");
+                        return Ok(tonic::Status::permission_denied(format!(
+                            "{}; caller is {caller}",
+                            crate::forward::UNTRUSTED_FORWARDER
+                        ))
+                        .into_http());
+                    }
+                    match header
+                        .to_str()
+                        .ok()
+                        .and_then(crate::forward::decode_identity)
+                    {
+                        Some(forwarded) => forwarded,
+                        None => {
+                            return Ok(tonic::Status::invalid_argument(
+                                "malformed forwarded identity",
+                            )
+                            .into_http());
+                        }
+                    }
+                }
+            };
+            if let Err(denied) = authorize(&method, &identity) {
+                tracing::info!(method, caller = %identity, "denied: {denied}");
+                return Ok(denied_status(&denied).into_http());
+            }
+            request.extensions_mut().insert(identity);
+            let response = inner.call(request).await?;
+            Ok(response.map(|body| CountedBody {
+                inner: Box::pin(body),
+                _call: call,
+            }))
+        })
+    }
+}

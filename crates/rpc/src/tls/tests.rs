@@ -1,0 +1,250 @@
+//! Client classification and CRL-checked server trust, against real certificates and
+//! real handshakes on 127.0.0.1.
+
+use super::*;
+use crate::authz::Identity;
+use pki::{CertificateKind, Template, Usage};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use std::time::Duration;
+
+/// A CA, its empty CRL, and an authenticator for it.
+fn cluster() -> (pki::Ca, Vec<u8>, Authenticator) {
+    let ca = pki::Ca::generate("Polis Cluster CA", pki::CA_LIFETIME).unwrap();
+    let crl = ca.crl(&[], 1).unwrap();
+    let authenticator = Authenticator::new(ca.cert_der.clone());
+    (ca, crl, authenticator)
+}
+
+fn issue(ca: &pki::Ca, key: &[u8; 32], cn: &str, kind: CertificateKind) -> Vec<u8> {
+    let template = Template {
+        common_name: cn.into(),
+        dns_names: vec![],
+        ip_addresses: vec![],
+        usage: Usage::ServerAndClient,
+        lifetime: Duration::from_secs(3600),
+        kind,
+    };
+    ca.issue(&template, key).unwrap().der
+}
+
+/// One TLS handshake with a server presenting `server` (at 127.0.0.1), as a client
+/// trusting `trust`.
+async fn handshake(server: &Credentials, trust: &ServerTrust) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(server).unwrap());
+    let serving = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let _ = acceptor.accept(tcp).await;
+    });
+    let connector = tokio_rustls::TlsConnector::from(client_config(trust, None).unwrap());
+    let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+    let name = ServerName::IpAddress(address.ip().into());
+    let outcome = connector
+        .connect(name, tcp)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string());
+    serving.abort();
+    outcome
+}
+
+#[tokio::test]
+async fn a_revoked_server_is_refused_by_clients_holding_the_crl() {
+    let (ca, empty_crl, _) = cluster();
+    let key = identity::NodeKey::generate().unwrap();
+    let issued = ca
+        .issue(
+            &Template {
+                common_name: key.node_id(),
+                dns_names: vec![key.node_id()],
+                ip_addresses: vec![[127, 0, 0, 1].into()],
+                usage: Usage::ServerAndClient,
+                lifetime: Duration::from_secs(3600),
+                kind: CertificateKind::Node,
+            },
+            &key.public_key(),
+        )
+        .unwrap();
+    let server = Credentials {
+        certificate: issued.der.clone(),
+        key_pkcs8: key.pkcs8_der().to_vec(),
+    };
+    let revoking = ca.crl(std::slice::from_ref(&issued.serial), 2).unwrap();
+    let slot = CrlSlot::new();
+    let trust = ServerTrust::ClusterCa {
+        ca: ca.cert_der.clone(),
+        crl: slot.clone(),
+    };
+    handshake(&server, &trust).await.expect("no CRL yet");
+    assert!(slot.offer(&ca.cert_der, &empty_crl).unwrap());
+    handshake(&server, &trust).await.expect("not revoked");
+    assert!(slot.offer(&ca.cert_der, &revoking).unwrap());
+    let refused = handshake(&server, &trust).await.unwrap_err();
+    assert!(refused.contains("Revoked"), "{refused}");
+    // An older CRL does not undo the revocation; a CRL of another CA is refused.
+    assert!(!slot.offer(&ca.cert_der, &empty_crl).unwrap());
+    assert!(handshake(&server, &trust).await.is_err());
+    let foreign = pki::Ca::generate("Polis Cluster CA", pki::CA_LIFETIME).unwrap();
+    let foreign_crl = foreign.crl(&[], 9).unwrap();
+    assert!(slot.offer(&ca.cert_der, &foreign_crl).is_err());
+    // Without the CRL, the same server passes: it is the CRL that refuses it.
+    let pinned = ServerTrust::PinnedCa(ca.cert_der.clone());
+    handshake(&server, &pinned).await.expect("pinned CA only");
+}
+
+/// A certificate from the cluster CA with no role mark at all (as issued before
+/// marks existed, or by a future issuer that forgot one).
+fn unmarked(ca: &pki::Ca, key: &identity::NodeKey, cn: &str) -> Vec<u8> {
+    let issuer_key = rcgen::KeyPair::try_from(ca.key_pkcs8()).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_der(&ca.cert_der.clone().into(), issuer_key).unwrap();
+    let subject = rcgen::KeyPair::try_from(key.pkcs8_der()).unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    params.use_authority_key_identifier_extension = true;
+    params.signed_by(&subject, &issuer).unwrap().der().to_vec()
+}
+
+#[derive(Debug, PartialEq)]
+enum Want {
+    Anonymous,
+    SelfSigned,
+    Node,
+    User(&'static str),
+    Invalid,
+}
+
+fn kind_of(identity: &Identity) -> Want {
+    match identity {
+        Identity::Anonymous => Want::Anonymous,
+        Identity::SelfSigned { .. } => Want::SelfSigned,
+        Identity::Node { .. } => Want::Node,
+        Identity::User { name, .. } => Want::User(if name == "owner" { "owner" } else { "other" }),
+        Identity::Invalid { .. } => Want::Invalid,
+    }
+}
+
+/// An owner certificate (1 h) and a CRL revoking it.
+fn revoked_again(ca: &pki::Ca, pk: &[u8; 32]) -> (Option<Vec<u8>>, Vec<u8>) {
+    let issued = ca
+        .issue(
+            &Template {
+                common_name: "owner".into(),
+                dns_names: vec![],
+                ip_addresses: vec![],
+                usage: Usage::Client,
+                lifetime: Duration::from_secs(3600),
+                kind: CertificateKind::Owner,
+            },
+            pk,
+        )
+        .unwrap();
+    let crl = ca.crl(std::slice::from_ref(&issued.serial), 3).unwrap();
+    (Some(issued.der), crl)
+}
+
+#[test]
+fn classification_table() {
+    let (ca, crl, authenticator) = cluster();
+    let key = identity::NodeKey::generate().unwrap();
+    let pk = key.public_key();
+    let id = key.node_id();
+    let other_id = identity::NodeKey::generate().unwrap().node_id();
+    let foreign = pki::Ca::generate("Foreign CA", pki::CA_LIFETIME).unwrap();
+    let self_signed = self_signed(&key).unwrap().certificate;
+    let expired = ca
+        .issue_at(
+            &Template {
+                common_name: "owner".into(),
+                dns_names: vec![],
+                ip_addresses: vec![],
+                usage: Usage::Client,
+                lifetime: Duration::from_secs(3600),
+                kind: CertificateKind::Owner,
+            },
+            &pk,
+            time::OffsetDateTime::now_utc() - time::Duration::days(2),
+        )
+        .unwrap()
+        .der;
+    let revoked = ca.issue(
+        &Template {
+            common_name: "owner".into(),
+            dns_names: vec![],
+            ip_addresses: vec![],
+            usage: Usage::Client,
+            lifetime: Duration::from_secs(3600),
+            kind: CertificateKind::Owner,
+        },
+        &pk,
+    );
+    let revoked = revoked.unwrap();
+    let crl_with_revoked = ca.crl(std::slice::from_ref(&revoked.serial), 2).unwrap();
+
+    let check = |name: &str, cert: Option<Vec<u8>>, crl: &[u8], want: Want| {
+        let cert = cert.map(CertificateDer::from);
+        let got = authenticator.classify(cert.as_ref(), crl, UnixTime::now());
+        assert_eq!(kind_of(&got), want, "{name}: {got}");
+    };
+    let owner = CertificateKind::Owner;
+    let node = CertificateKind::Node;
+    check("no certificate", None, &crl, Want::Anonymous);
+    check("self-signed", Some(self_signed), &crl, Want::SelfSigned);
+    let c = issue(&ca, &pk, "owner", owner);
+    check("owner mark", Some(c), &crl, Want::User("owner"));
+    let c = issue(&ca, &pk, &id, node);
+    check("node mark, own ID", Some(c), &crl, Want::Node);
+    let c = issue(&ca, &pk, &other_id, node);
+    check("node mark, other ID", Some(c), &crl, Want::Invalid);
+    let c = issue(&ca, &pk, "owner", node);
+    check("node mark, owner name", Some(c), &crl, Want::Invalid);
+    let c = issue(&ca, &pk, &id, owner);
+    check("owner mark, node ID", Some(c), &crl, Want::Invalid);
+    let c = issue(&ca, &pk, "", owner);
+    check("owner mark, empty name", Some(c), &crl, Want::Invalid);
+    let c = issue(&ca, &pk, &id, CertificateKind::EtcdPeer);
+    check("etcd peer mark", Some(c), &crl, Want::Invalid);
+    let c = unmarked(&ca, &key, "owner");
+    check("no mark, owner-like name", Some(c), &crl, Want::Invalid);
+    let c = unmarked(&ca, &key, &id);
+    check("no mark, node ID", Some(c), &crl, Want::Invalid);
+    check("expired owner", Some(expired), &crl, Want::Invalid);
+    let c = Some(revoked.der.clone());
+    check("revoked owner", c, &crl_with_revoked, Want::Invalid);
+    // Revocation is named as such: a node learns from it that it left the cluster.
+    let leaf = CertificateDer::from(revoked.der.clone());
+    let got = authenticator.classify(Some(&leaf), &crl_with_revoked, UnixTime::now());
+    assert!(
+        matches!(&got, Identity::Invalid { reason } if reason.contains(crate::REVOKED)),
+        "{got:?}"
+    );
+    let c = Some(revoked.der);
+    check("owner before revocation", c, &crl, Want::User("owner"));
+    let c = issue(&foreign, &pk, "owner", owner);
+    check("foreign CA, owner mark", Some(c), &crl, Want::Invalid);
+    // Remembered verdicts never outlive a revocation or the certificate's lifetime.
+    let c = revoked_again(&ca, &pk);
+    check("owner, remembered", c.0.clone(), &crl, Want::User("owner"));
+    check(
+        "owner, remembered again",
+        c.0.clone(),
+        &crl,
+        Want::User("owner"),
+    );
+    check("remembered, then revoked", c.0.clone(), &c.1, Want::Invalid);
+    let cert = c.0.map(CertificateDer::from);
+    let later =
+        UnixTime::since_unix_epoch(Duration::from_secs(UnixTime::now().as_secs() + 2 * 3600));
+    let got = authenticator.classify(cert.as_ref(), &crl, later);
+    assert_eq!(
+        kind_of(&got),
+        Want::Invalid,
+        "remembered past its expiry: {got}"
+    );
+    let c = b"not a certificate".to_vec();
+    check("garbage", Some(c), &crl, Want::Invalid);
+}
