@@ -4,13 +4,14 @@
 //! certificate (JoinConsensus, through `membership::join`).
 //!
 //! ```text
-//!                          lifetime (cluster configuration) ─┐
-//!   CommitNode ───────────▶ commit_node_certificate   ensure node-<id> ───────┐ cluster CA
-//!   RenewCertificates ────▶ renew                     node-<id>-<serial>      │ (curator/
-//!                                │ peer: member lookup  peer-<id>-<m>-<serial>│ cluster-pki)
-//!   Escrow ───────────────▶ escrow_owner_certificate  owner-<serial> ─────────┘
-//!   JoinConsensus ─▶ membership::join ─▶ join_peer_certificate  ensure peer-<id>-<m>
-//!                                                           etcd peer CA (etcd-pki)
+//!   call               function                   CA          recorded as
+//!   CommitNode         commit_node_certificate    cluster     node-<id> (ensured: same on retry)
+//!   RenewCertificates  renew                      cluster     node-<id>-<serial>
+//!     with peer          └ (member lookup)        etcd peer   peer-<id>-<member>-<serial>
+//!   Escrow             escrow_owner_certificate   cluster     owner-<serial>
+//!   JoinConsensus      join_peer_certificate      etcd peer   peer-<id>-<member> (ensured)
+//!     (membership::join)
+//!   lifetimes: the cluster configuration's (templates::*_lifetime)
 //! ```
 //! Names come from `layout`, templates and lifetimes from `templates`. Nothing here is
 //! guarded by leadership (the PKI store takes no guard; see each function), and nothing
