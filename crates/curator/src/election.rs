@@ -22,7 +22,7 @@ use prost::Message;
 use proto::state::LeaderElectionValue;
 use tokio_util::sync::CancellationToken;
 
-use crate::CuratorError;
+use crate::error::CuratorError;
 
 /// How long a stopping leader tries to resign before giving up (the lease then expires).
 const HANDOVER_TIMEOUT: Duration = Duration::from_millis(500);

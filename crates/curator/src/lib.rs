@@ -14,18 +14,27 @@
 //!                                 │                     │ every write: leader_txn
 //!                                 ▼                     ▼ (guarded by the election key)
 //!                        election ──campaign/lease──▶ etcd namespaced:curator/
-//!                                                       etcd membership (consensus_members)
+//!                                                       etcd membership (membership)
 //! ```
 //!
-//! Layout inside `namespaced:curator/`:
+//! Modules by layer (a module imports only from layers below it: no import cycles).
+//! Where things live in etcd is in `layout`.
 //! ```text
-//!   nodes/<node id>            state::Node (protobuf)
-//!   deleted/<node id>          the record of a deleted node (tombstone: never registers again)
-//!   global/initial_owner       raw Ed25519 public key of the owner named at bootstrap
-//!   global/register_ticket     32 random bytes, created on first request
-//!   cluster/configuration      config::ClusterConfiguration (protobuf)
-//!   cluster-pki/…              the cluster CA and issued certificates (pki crate)
-//!   leader/<lease>             state::LeaderElectionValue of the elected curator
+//!   service      gRPC services and runnables (its own layers: see `service`)
+//!   ───────────────────────────────────────────────────────────────────────────────
+//!   writes       every node-record mutation: modify_node, apply_event, labels,
+//!                delete_node; writes::batch combines a record's writes (group commit)
+//!   ticket       the register ticket (leader writes)
+//!   ───────────────────────────────────────────────────────────────────────────────
+//!   election     leader election, the guard every leader write carries
+//!   records      node records decoded, loaded, listed, watched; owner, configuration
+//!   bootstrap    the bootstrap records (first node, owner, configuration): all or none
+//!   ───────────────────────────────────────────────────────────────────────────────
+//!   error        CuratorError, NodeUpdateError
+//!   layout       namespaces, keys, CA stores, certificate names        (pure)
+//!   templates    certificate templates and lifetimes                    (pure)
+//!   lifecycle    node states and the events that move them              (pure)
+//!   health       heartbeat timing and verdict hysteresis                (pure)
 //! ```
 //!
 //! Invariants:
@@ -38,13 +47,17 @@
 //!   call to the leader with the caller's verified identity; the leader accepts a
 //!   forwarded identity only from the node certificate of an UP consensus member.
 //! - etcd membership changes (a learner added and promoted, a member removed) are made
-//!   by the leader one at a time (`service::consensus_members`); a removal that would
+//!   by the leader one at a time (`service::membership`); a removal that would
 //!   leave the remaining voters without a healthy majority (asked of each member's
 //!   curator) is refused. A leader asked to remove its own node hands leadership over
 //!   first, so the removal is made by a curator whose etcd stays.
 //! - A campaigning curator revokes the lease of a leader whose endpoint refuses
 //!   connections (its process is gone); guarded writes make this safe even when wrong.
-//! - Register tickets are compared in constant time (`state::ticket_matches`).
+//! - Every certificate a curator issues is issued through `service::issuance` (node,
+//!   renewed node and peer, owner, joining member's peer certificates); only the
+//!   bootstrapping node issues its own first ones, before any curator runs.
+//! - Every node record is written through `writes` (the bootstrap record aside).
+//! - Register tickets are compared in constant time (`ticket::ticket_matches`).
 //! - A node leaves for good: decommissioning takes it out of consensus (quorum-checked
 //!   up front), revokes its certificates and marks it DECOMMISSIONED, a state no event
 //!   leads out of; deleting leaves a tombstone. RegisterNode refuses both keys.
@@ -52,12 +65,19 @@
 //!   pure); the verdict is written into the record only when it changes, and a new
 //!   leader reports the stored verdict until it has watched for one timeout itself.
 
+mod bootstrap;
 pub mod election;
+pub mod error;
 pub mod health;
+pub mod layout;
 pub mod lifecycle;
-
+pub mod records;
 pub mod service;
-pub mod state;
+pub mod templates;
+mod ticket;
 mod writes;
 
-pub use state::{BootstrapRecords, CuratorError, cluster_pki, create_bootstrap_records, load_node};
+pub use bootstrap::{BootstrapRecords, create_bootstrap_records};
+pub use error::CuratorError;
+pub use layout::cluster_pki;
+pub use records::load_node;

@@ -107,7 +107,10 @@ async fn follower_serves_local_api_and_takes_over() -> Result<()> {
             election_timeout: Duration::from_millis(200),
         },
     )?;
-    let ns = Namespaced::new(etcd.ready_client(TIMEOUT).await?, curator::state::NAMESPACE);
+    let ns = Namespaced::new(
+        etcd.ready_client(TIMEOUT).await?,
+        curator::layout::NAMESPACE,
+    );
 
     // Cluster state as a bootstrap would leave it, for two consensus members.
     let (ca, _) = curator::cluster_pki(&ns)
@@ -133,7 +136,7 @@ async fn follower_serves_local_api_and_takes_over() -> Result<()> {
     .await?;
     use prost::Message;
     ns.put(
-        &curator::state::node_key(&key_b.node_id()),
+        &curator::layout::node_key(&key_b.node_id()),
         node_record(&key_b, addr_b).encode_to_vec(),
     )
     .await?;

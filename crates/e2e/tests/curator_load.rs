@@ -52,7 +52,7 @@ async fn etcd_curator(cluster: &Cluster) -> Result<consensus::Namespaced> {
     let client = consensus::client::connect_unix(&cluster.first.socket()).await?;
     Ok(consensus::Namespaced::new(
         client,
-        curator::state::NAMESPACE,
+        curator::layout::NAMESPACE,
     ))
 }
 

@@ -48,9 +48,9 @@ pub async fn finish(
     crash_point("etcd-ready");
     let node_id = b.key.node_id();
     check_only_member(running, &node_id, address).await?;
-    let curator_ns = running.namespaced(curator::state::NAMESPACE);
+    let curator_ns = running.namespaced(curator::layout::NAMESPACE);
     let cluster_pki = curator::cluster_pki(&curator_ns);
-    let etcd_pki = curator::state::etcd_pki(running.client.clone());
+    let etcd_pki = curator::layout::etcd_pki(running.client.clone());
 
     let (cluster_ca, _) = cluster_pki
         .ensure_ca(|| Ok(b.cluster_ca.clone()))
@@ -88,18 +88,18 @@ pub async fn finish(
         stored_attempt_peer_certificate(root, &peer_ca, &b.key)?
     };
     etcd_pki
-        .ensure_certificate(&curator::state::peer_certificate_prefix(&node_id), || {
+        .ensure_certificate(&curator::layout::peer_certificate_prefix(&node_id), || {
             Ok(peer_certificate.clone())
         })
         .await
         .context("recording the etcd peer certificate")?;
-    let lifetime = curator::state::node_certificate_lifetime(
+    let lifetime = curator::templates::node_certificate_lifetime(
         b.parameters.initial_cluster_configuration.as_ref(),
     );
     let node_certificate = cluster_pki
-        .ensure_certificate(&curator::state::node_certificate_prefix(&node_id), || {
+        .ensure_certificate(&curator::layout::node_certificate_prefix(&node_id), || {
             cluster_ca.issue(
-                &curator::state::node_certificate_template(&node_id, address, lifetime),
+                &curator::templates::node_certificate_template(&node_id, address, lifetime),
                 &b.key.public_key(),
             )
         })

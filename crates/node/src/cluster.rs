@@ -288,9 +288,9 @@ pub fn prepare_bootstrap(
         .initial_cluster_configuration
         .clone()
         .unwrap_or_default();
-    curator::state::check_configuration(&configuration)
+    curator::templates::check_configuration(&configuration)
         .context("the bootstrap parameters' cluster configuration is unusable")?;
-    let lifetime = curator::state::node_certificate_lifetime(Some(&configuration));
+    let lifetime = curator::templates::node_certificate_lifetime(Some(&configuration));
     let record = root.bootstrap_record();
     let resumed = record.exists();
     if !resumed {
@@ -322,7 +322,7 @@ pub fn prepare_bootstrap(
         Ca::generate("Polis etcd Peer CA", CA_LIFETIME).context("creating the etcd peer CA")?;
     let peer_certificate = peer_ca
         .issue(
-            &curator::state::peer_certificate_template(&node_id, address, lifetime),
+            &curator::templates::peer_certificate_template(&node_id, address, lifetime),
             &key.public_key(),
         )
         .context("issuing the etcd peer certificate")?;

@@ -282,7 +282,7 @@ pub async fn run(
         lease_ttl: settings.curator_lease_ttl,
         heartbeat: settings.heartbeat,
     };
-    let curator_ns = running.namespaced(curator::state::NAMESPACE);
+    let curator_ns = running.namespaced(curator::layout::NAMESPACE);
     ctx.run("curator", move |ctx| {
         curator::service::run(ctx, curator_config.clone(), curator_ns.clone())
     })?;
@@ -349,7 +349,7 @@ async fn check_member(
         Some(_) => {}
         None => {}
     }
-    let curator_ns = running.namespaced(curator::state::NAMESPACE);
+    let curator_ns = running.namespaced(curator::layout::NAMESPACE);
     let ca = curator::cluster_pki(&curator_ns)
         .load_ca()
         .await
@@ -406,7 +406,7 @@ async fn crl_sync(
     client: etcd_client::Client,
     path: std::path::PathBuf,
 ) -> supervisor::RunnableResult {
-    let mut crls = curator::state::etcd_pki(client).watch_crl();
+    let mut crls = curator::layout::etcd_pki(client).watch_crl();
     ctx.signal_healthy();
     loop {
         let crl = tokio::select! {

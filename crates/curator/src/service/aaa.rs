@@ -1,13 +1,16 @@
 //! AAA: the owner proves the owner key and receives an owner certificate, valid for the
 //! cluster configuration's owner certificate lifetime. Escrowing again (polisctl does,
 //! once 2/3 of that lifetime passed) is how an owner renews: each call issues a new
-//! certificate, recorded as `owner-<serial>`; older ones stay valid until they expire.
+//! certificate (`issuance`), recorded as `owner-<serial>`; older ones stay valid until
+//! they expire.
 
 use proto::api;
 use tonic::{Request, Response, Status};
 
-use super::{Services, self_signed_key, status_from};
-use crate::state;
+use super::issuance;
+use super::shared::Services;
+use super::status::{self_signed_key, status_from};
+use crate::records;
 
 #[tonic::async_trait]
 impl api::aaa_server::Aaa for Services {
@@ -22,7 +25,7 @@ impl api::aaa_server::Aaa for Services {
             ));
         }
         let _leadership = self.0.leadership().await?;
-        let owner = state::initial_owner(&self.0.curator)
+        let owner = records::initial_owner(&self.0.curator)
             .await
             .map_err(status_from)?;
         if owner.as_deref() != Some(subject.as_slice()) {
@@ -31,33 +34,11 @@ impl api::aaa_server::Aaa for Services {
                 "this key is not the cluster owner's key",
             ));
         }
-        let lifetime = state::owner_certificate_lifetime(Some(&self.0.configuration().await?));
-        let (store, ca) = self.0.cluster_ca().await?;
-        let template = pki::Template {
-            common_name: "owner".into(),
-            dns_names: vec![],
-            ip_addresses: vec![],
-            usage: pki::Usage::Client,
-            lifetime,
-            kind: pki::CertificateKind::Owner,
-        };
-        let issued = ca
-            .issue(&template, &subject)
-            .map_err(|e| Status::internal(format!("issuing the owner certificate: {e}")))?;
-        let name = format!("owner-{}", hex::encode(&issued.serial));
-        // Not guarded by leadership (the PKI store takes no guard): a deposed leader could
-        // still record a certificate it issued, for a key that is the owner's anyway.
-        let certificate = store
-            .ensure_certificate(&name, || Ok(issued.clone()))
-            .await
-            .map_err(|e| Status::unavailable(format!("recording the owner certificate: {e}")))?;
-        tracing::info!(
-            serial = hex::encode(&issued.serial),
-            "issued an owner certificate"
-        );
+        let (owner_certificate, ca_certificate) =
+            issuance::escrow_owner_certificate(&self.0, &subject).await?;
         Ok(Response::new(api::EscrowResponse {
-            owner_certificate: certificate,
-            ca_certificate: ca.cert_der,
+            owner_certificate,
+            ca_certificate,
         }))
     }
 }

@@ -11,6 +11,9 @@
 //!   renewal on this curator) ──▶ Shared::certificates (per node: current node and peer
 //!   validity) ──▶ node_info(): warnings, no etcd read per call
 //! ```
+//! Reads only (both CA stores): may not issue nor revoke, and imports neither `Shared`
+//! nor any other service module (the runnable gets what it updates as arguments).
+//!
 //! The refresh period follows the shortest lifetime seen (1/12 of it, between 1 s and
 //! 60 s), so a renewal made at 2/3 of a lifetime is seen well before the warning point
 //! at 5/6 (`pki::Validity::warn_at`).
@@ -22,11 +25,10 @@ use std::time::Duration;
 use proto::api::CertificateInfo;
 use proto::state::Node;
 
-use super::Shared;
-use crate::CuratorError;
-use crate::state;
+use crate::error::CuratorError;
+use crate::layout;
 
-/// Bounds of the refresh period of [`Shared::certificates`].
+/// Bounds of the refresh period of `Shared::certificates`.
 const REFRESH_MIN: Duration = Duration::from_secs(1);
 const REFRESH_MAX: Duration = Duration::from_secs(60);
 
@@ -56,8 +58,8 @@ fn pki_error(what: &str, e: pki::PkiError) -> CuratorError {
 pub async fn list(curator: &consensus::Namespaced) -> Result<Vec<CertificateInfo>, CuratorError> {
     let mut all = Vec::new();
     for store in [
-        state::cluster_pki(curator),
-        state::etcd_pki(curator.client()),
+        layout::cluster_pki(curator),
+        layout::etcd_pki(curator.client()),
     ] {
         let issued = store
             .list_issued("")
@@ -204,18 +206,21 @@ pub fn warnings(node: &Node, certificates: Option<&NodeCertificates>, now: u64) 
     out
 }
 
-/// The `certificates` runnable: keeps [`Shared::certificates`] current.
+/// The `certificates` runnable: keeps `current` (`Shared::certificates`) up to date,
+/// listing again early when `changed` is notified (a certificate was issued here).
 pub(super) async fn run(
     ctx: supervisor::Context,
-    shared: Arc<Shared>,
+    curator: &consensus::Namespaced,
+    current: &event::Value<Arc<CertificateView>>,
+    changed: &tokio::sync::Notify,
 ) -> supervisor::RunnableResult {
     let mut failures = 0u32;
     loop {
-        let period = match list(&shared.curator).await {
+        let period = match list(curator).await {
             Ok(all) => {
                 let view = view(&all);
                 let period = refresh_period(&view);
-                shared.certificates.set(Arc::new(view));
+                current.set(Arc::new(view));
                 if failures > 0 {
                     tracing::info!("certificate listing works again");
                 }
@@ -236,7 +241,7 @@ pub(super) async fn run(
         };
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
-            _ = shared.certificates_changed.notified() => {}
+            _ = changed.notified() => {}
             _ = ctx.cancelled() => return Ok(()),
         }
     }

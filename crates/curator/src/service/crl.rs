@@ -15,8 +15,8 @@
 
 use std::sync::Arc;
 
-use super::Shared;
-use crate::state;
+use super::shared::Shared;
+use crate::layout;
 
 /// The `crl` runnable: feeds [`Shared::crl`] from the CRL watch; healthy once it holds
 /// a CRL.
@@ -24,7 +24,7 @@ pub(super) async fn run(
     ctx: supervisor::Context,
     shared: Arc<Shared>,
 ) -> supervisor::RunnableResult {
-    let mut crls = state::cluster_pki(&shared.curator).watch_crl();
+    let mut crls = layout::cluster_pki(&shared.curator).watch_crl();
     loop {
         tokio::select! {
             crl = crls.recv() => match crl {

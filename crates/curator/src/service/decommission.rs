@@ -7,7 +7,7 @@
 //!     nothing changes) ─▶ record DECOMMISSIONING
 //!   decommission runnable (leader; every DECOMMISSIONING record in the node snapshot,
 //!   again after a failover)
-//!     consensus member? ─▶ consensus_members::remove_role (etcd member removed, peer
+//!     consensus member? ─▶ membership::remove_role (etcd member removed, peer
 //!     certificates revoked, role gone: the node stops etcd and the curator)
 //!     ─▶ node certificates revoked (cluster CRL) ─▶ record DECOMMISSIONED
 //!   the node (if running) sees DECOMMISSIONING (Disowning), its services stop as its
@@ -19,6 +19,9 @@
 //! ```
 //! Every step is idempotent, so the runnable simply repeats what is left after a failure
 //! or a change of leader; what holds a node up is shown in its `decommission_progress`.
+//!
+//! Above `membership` (the node leaves consensus through it): may not import the
+//! handlers.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,10 +29,13 @@ use std::time::Duration;
 use proto::state::{Node, NodeState};
 use tonic::Status;
 
-use super::{Shared, node_update_status, status_from};
+use super::membership;
+use super::shared::Shared;
+use super::status::{node_update_status, status_from};
 use crate::election::{Leadership, Role};
+use crate::error::NodeUpdateError;
 use crate::lifecycle::Event;
-use crate::state;
+use crate::{layout, records, writes};
 
 /// How soon a decommission that hit a problem is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -41,21 +47,19 @@ pub(super) async fn start(
     leadership: &Leadership,
     id: &str,
 ) -> Result<Node, Status> {
-    let node = state::load_node(&shared.curator, id)
+    let node = records::load_node(&shared.curator, id)
         .await
         .map_err(status_from)?
         .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))?;
-    if state::node_state(&node) == NodeState::Up && has_consensus_role(&node) {
-        super::consensus_members::may_leave(shared, &node)
-            .await
-            .map_err(|s| {
-                Status::new(
-                    s.code(),
-                    format!("decommissioning node {id} is refused: {}", s.message()),
-                )
-            })?;
+    if records::node_state(&node) == NodeState::Up && has_consensus_role(&node) {
+        membership::may_leave(shared, &node).await.map_err(|s| {
+            Status::new(
+                s.code(),
+                format!("decommissioning node {id} is refused: {}", s.message()),
+            )
+        })?;
     }
-    let node = state::apply_event(
+    let node = writes::apply_event(
         &shared.curator,
         leadership,
         id,
@@ -76,11 +80,11 @@ pub(super) async fn delete(
     leadership: &Leadership,
     id: &str,
 ) -> Result<Node, Status> {
-    let Some(node) = state::load_node(&shared.curator, id)
+    let Some(node) = records::load_node(&shared.curator, id)
         .await
         .map_err(status_from)?
     else {
-        let deleted = state::is_deleted(&shared.curator, id)
+        let deleted = records::is_deleted(&shared.curator, id)
             .await
             .map_err(status_from)?;
         return Err(Status::not_found(if deleted {
@@ -90,9 +94,9 @@ pub(super) async fn delete(
         }));
     };
     // Refused states are refused before anything is revoked.
-    crate::lifecycle::transition(Some(state::node_state(&node)), Event::Delete).map_err(
+    crate::lifecycle::transition(Some(records::node_state(&node)), Event::Delete).map_err(
         |source| {
-            node_update_status(state::NodeUpdateError::Transition {
+            node_update_status(NodeUpdateError::Transition {
                 id: id.to_string(),
                 source,
             })
@@ -100,7 +104,7 @@ pub(super) async fn delete(
     )?;
     // A commit racing the deletion may have issued a certificate.
     revoke_certificates(shared, id).await?;
-    state::delete_node(&shared.curator, leadership, id)
+    writes::delete_node(&shared.curator, leadership, id)
         .await
         .map_err(node_update_status)
 }
@@ -113,7 +117,7 @@ fn has_consensus_role(node: &Node) -> bool {
 
 /// What a DECOMMISSIONING node waits for, for operators (`NodeInfo.decommission_progress`).
 pub(super) fn progress(shared: &Shared, node: &Node) -> String {
-    if state::node_state(node) != NodeState::Decommissioning {
+    if records::node_state(node) != NodeState::Decommissioning {
         return String::new();
     }
     let step = if has_consensus_role(node) {
@@ -138,12 +142,12 @@ async fn revoke_certificates(shared: &Shared, id: &str) -> Result<usize, Status>
     let mut revoked = 0;
     let stores = [
         (
-            state::cluster_pki(&shared.curator),
-            state::node_certificate_prefix(id),
+            layout::cluster_pki(&shared.curator),
+            layout::node_certificate_prefix(id),
         ),
         (
-            state::etcd_pki(shared.curator.client()),
-            state::peer_certificate_prefix(id),
+            layout::etcd_pki(shared.curator.client()),
+            layout::peer_certificate_prefix(id),
         ),
     ];
     for (store, prefix) in stores {
@@ -167,19 +171,19 @@ async fn revoke_certificates(shared: &Shared, id: &str) -> Result<usize, Status>
 async fn finish(shared: &Arc<Shared>, leadership: &Leadership, node: &Node) -> Result<(), Status> {
     let id = node.id.as_str();
     if has_consensus_role(node) {
-        super::consensus_members::remove_role(shared, leadership, id).await?;
+        membership::remove_role(shared, leadership, id).await?;
         tracing::info!(node = id, "decommission: the node left consensus");
     }
     let revoked = revoke_certificates(shared, id).await?;
-    state::modify_node(&shared.curator, leadership, id, |current| {
+    writes::modify_node(&shared.curator, leadership, id, |current| {
         let Some(current) = current else {
-            return Err(state::NodeUpdateError::NotFound(id.to_string()));
+            return Err(NodeUpdateError::NotFound(id.to_string()));
         };
         match crate::lifecycle::transition(
-            Some(state::node_state(current)),
+            Some(records::node_state(current)),
             Event::FinishDecommission,
         )
-        .map_err(|source| state::NodeUpdateError::Transition {
+        .map_err(|source| NodeUpdateError::Transition {
             id: id.to_string(),
             source,
         })? {
@@ -221,7 +225,7 @@ pub(super) async fn run(
             let decommissioning: Vec<Node> = snapshot
                 .nodes
                 .values()
-                .filter(|n| state::node_state(n) == NodeState::Decommissioning)
+                .filter(|n| records::node_state(n) == NodeState::Decommissioning)
                 .cloned()
                 .collect();
             for node in decommissioning {

@@ -7,7 +7,7 @@
 //!   Heartbeat (nodes.rs) ──▶ HealthBook (this tenure's trackers) ◀── node_infos (list, describe)
 //!                                      │ every EVALUATION_PERIOD, as leader
 //!                                      ▼
-//!   node snapshot (stored verdicts) ── compare ──▶ state::modify_node: Node.health
+//!   node snapshot (stored verdicts) ── compare ──▶ writes::modify_node: Node.health
 //! ```
 //! Evaluation runs only on a snapshot that holds this tenure's own writes
 //! (`Shared::fresh_nodes`), so a verdict is compared with what is really stored.
@@ -18,10 +18,12 @@ use std::time::{Duration, Instant};
 
 use proto::state::{HealthVerdict, Node, NodeState};
 
-use super::{Shared, stored_verdict};
+use super::health_book::stored_verdict;
+use super::shared::Shared;
 use crate::election::{Leadership, Role};
+use crate::error::NodeUpdateError;
 use crate::health::Tracker;
-use crate::state::{self, NodeUpdateError};
+use crate::writes;
 
 /// How often verdicts are evaluated (at most; shorter when the timeout is short).
 const EVALUATION_PERIOD: Duration = Duration::from_secs(1);
@@ -98,7 +100,7 @@ async fn record(
     to: HealthVerdict,
 ) {
     let mut wrote = false;
-    let result = state::modify_node(&shared.curator, leadership, id, |current| {
+    let result = writes::modify_node(&shared.curator, leadership, id, |current| {
         wrote = false;
         let Some(node) = current else {
             return Err(NodeUpdateError::NotFound(id.to_string()));

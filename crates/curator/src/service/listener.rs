@@ -7,7 +7,7 @@ use proto::api;
 
 use std::net::SocketAddr;
 
-use super::{Services, Shared};
+use super::shared::{Services, Shared};
 use crate::election::{self, Role};
 
 /// Longest time one RPC may take (streams: until their response headers).

@@ -3,7 +3,8 @@
 use proto::api;
 use tonic::{Request, Response, Status};
 
-use super::{Services, status_from};
+use super::shared::Services;
+use super::status::status_from;
 use crate::election;
 
 #[tonic::async_trait]

@@ -1,13 +1,19 @@
 //! Management: the owner's API (nodes and nodes reading cluster status may list).
+//!
+//! Handlers check the request and build the answer: role changes are `membership`'s,
+//! decommission and deletion `decommission`'s, record writes `writes`'.
 
 use std::collections::BTreeMap;
 
 use proto::api;
 use tonic::{Request, Response, Status};
 
-use super::{Services, check_node_id, identity, node_update_status, status_from};
+use super::shared::Services;
+use super::status::{check_node_id, identity, node_update_status, status_from};
+use super::{certificates, decommission, membership};
+use crate::error::NodeUpdateError;
 use crate::lifecycle::Event;
-use crate::state;
+use crate::{records, ticket, writes};
 
 fn node_matches(node: &api::NodeInfo, filter: &api::ListNodesRequest) -> bool {
     (filter.state == 0 || node.state == filter.state)
@@ -29,16 +35,16 @@ impl api::management_server::Management for Services {
         _: Request<api::GetClusterInfoRequest>,
     ) -> Result<Response<api::GetClusterInfoResponse>, Status> {
         self.0.leadership().await?;
-        let nodes = state::list_nodes(&self.0.curator)
+        let nodes = records::list_nodes(&self.0.curator)
             .await
             .map_err(status_from)?;
-        let configuration = state::cluster_configuration(&self.0.curator)
+        let configuration = records::cluster_configuration(&self.0.curator)
             .await
             .map_err(status_from)?;
         Ok(Response::new(api::GetClusterInfoResponse {
             ca_certificate: self.0.config.ca_certificate.clone(),
             cluster_configuration: configuration,
-            curator_endpoints: state::curator_endpoints(&nodes),
+            curator_endpoints: records::curator_endpoints(&nodes),
             node_count: nodes.len() as u32,
         }))
     }
@@ -51,7 +57,7 @@ impl api::management_server::Management for Services {
         let filter = request.into_inner();
         let records: Vec<proto::state::Node> = match self.0.fresh_nodes(&leadership).await {
             Some(snapshot) => snapshot.nodes.values().cloned().collect(),
-            None => state::list_nodes(&self.0.curator)
+            None => records::list_nodes(&self.0.curator)
                 .await
                 .map_err(status_from)?,
         };
@@ -74,7 +80,7 @@ impl api::management_server::Management for Services {
         let leadership = self.0.leadership().await?;
         let record = match self.0.fresh_nodes(&leadership).await {
             Some(snapshot) => snapshot.nodes.get(id).cloned(),
-            None => state::load_node(&self.0.curator, id)
+            None => records::load_node(&self.0.curator, id)
                 .await
                 .map_err(status_from)?,
         };
@@ -94,7 +100,7 @@ impl api::management_server::Management for Services {
         let r = request.into_inner();
         let upsert: BTreeMap<String, String> = r.upsert.into_iter().collect();
         let node =
-            state::update_node_labels(&self.0.curator, &leadership, &r.id, &upsert, &r.delete)
+            writes::update_node_labels(&self.0.curator, &leadership, &r.id, &upsert, &r.delete)
                 .await
                 .map_err(node_update_status)?;
         tracing::info!(node = r.id, %caller, "updated node labels");
@@ -108,7 +114,7 @@ impl api::management_server::Management for Services {
         _: Request<api::GetRegisterTicketRequest>,
     ) -> Result<Response<api::GetRegisterTicketResponse>, Status> {
         let leadership = self.0.leadership().await?;
-        let ticket = state::ensure_register_ticket(&self.0.curator, &leadership)
+        let ticket = ticket::ensure_register_ticket(&self.0.curator, &leadership)
             .await
             .map_err(status_from)?;
         Ok(Response::new(api::GetRegisterTicketResponse { ticket }))
@@ -119,7 +125,7 @@ impl api::management_server::Management for Services {
         request: Request<api::RotateRegisterTicketRequest>,
     ) -> Result<Response<api::RotateRegisterTicketResponse>, Status> {
         let leadership = self.0.leadership().await?;
-        state::rotate_register_ticket(&self.0.curator, &leadership)
+        ticket::rotate_register_ticket(&self.0.curator, &leadership)
             .await
             .map_err(status_from)?;
         tracing::info!(caller = %identity(&request), "rotated the register ticket");
@@ -133,7 +139,7 @@ impl api::management_server::Management for Services {
         let id = request.get_ref().id.clone();
         check_node_id(&id)?;
         let leadership = self.0.leadership().await?;
-        let node = state::apply_event(
+        let node = writes::apply_event(
             &self.0.curator,
             &leadership,
             &id,
@@ -143,7 +149,7 @@ impl api::management_server::Management for Services {
         )
         .await
         .map_err(|e| match e {
-            state::NodeUpdateError::Transition {
+            NodeUpdateError::Transition {
                 source: crate::lifecycle::TransitionError::NotRegistered,
                 ..
             } => Status::not_found(format!("node {id} does not exist")),
@@ -185,28 +191,11 @@ impl api::management_server::Management for Services {
         }
         let leadership = self.0.leadership().await?;
         let node = if add {
-            let id = r.id.clone();
-            state::modify_node(&self.0.curator, &leadership, &r.id, |current| {
-                let mut node = current
-                    .cloned()
-                    .ok_or_else(|| state::NodeUpdateError::NotFound(id.clone()))?;
-                if node.state != proto::state::NodeState::Up as i32 {
-                    return Err(state::NodeUpdateError::NotUp(id.clone()));
-                }
-                let roles = node.roles.get_or_insert_with(Default::default);
-                if roles.consensus_member.is_some() {
-                    return Ok(None);
-                }
-                roles.consensus_member = Some(Default::default());
-                Ok(Some(node))
-            })
-            .await
-            .map_err(node_update_status)?
-            .ok_or_else(|| Status::not_found(format!("node {} does not exist", r.id)))?
+            membership::add_role(&self.0, &leadership, &r.id).await?
         } else if remove {
-            super::consensus_members::remove_role(&self.0, &leadership, &r.id).await?
+            membership::remove_role(&self.0, &leadership, &r.id).await?
         } else {
-            state::load_node(&self.0.curator, &r.id)
+            records::load_node(&self.0.curator, &r.id)
                 .await
                 .map_err(status_from)?
                 .ok_or_else(|| Status::not_found(format!("node {} does not exist", r.id)))?
@@ -224,7 +213,7 @@ impl api::management_server::Management for Services {
         let id = request.get_ref().id.clone();
         check_node_id(&id)?;
         let leadership = self.0.leadership().await?;
-        let node = super::decommission::start(&self.0, &leadership, &id).await?;
+        let node = decommission::start(&self.0, &leadership, &id).await?;
         tracing::info!(node = id, caller = %identity(&request), "decommissioning node");
         Ok(Response::new(api::DecommissionNodeResponse {
             node: Some(self.0.node_info(node, &leadership)),
@@ -238,10 +227,10 @@ impl api::management_server::Management for Services {
         let id = request.get_ref().id.clone();
         check_node_id(&id)?;
         let leadership = self.0.leadership().await?;
-        let node = super::decommission::delete(&self.0, &leadership, &id).await?;
+        let node = decommission::delete(&self.0, &leadership, &id).await?;
         tracing::info!(
             node = id,
-            state = crate::lifecycle::state_name(state::node_state(&node)),
+            state = crate::lifecycle::state_name(records::node_state(&node)),
             caller = %identity(&request),
             "deleted node; its key cannot register again"
         );
@@ -253,7 +242,7 @@ impl api::management_server::Management for Services {
         _request: Request<api::ListCertificatesRequest>,
     ) -> Result<Response<api::ListCertificatesResponse>, Status> {
         self.0.leadership().await?;
-        let mut certificates = super::certificates::list(&self.0.curator)
+        let mut certificates = certificates::list(&self.0.curator)
             .await
             .map_err(status_from)?;
         certificates.sort_by(|a, b| {

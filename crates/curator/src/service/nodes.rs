@@ -8,12 +8,17 @@
 //!        ◀── stream: NEW … STANDBY ─────── record NEW (lifecycle::Register), then the
 //!                                          node snapshot as the owner approves
 //!   CommitNode ───────────────────────────▶ lifecycle::Commit: node certificate ensured
-//!        ◀── certificate, CA, roles ─────── (same one on a retry), record UP
+//!        ◀── certificate, CA, roles ─────── (issuance; same one on a retry), record UP
 //!   WatchNode (node certificate) ────────▶ stream: own state and roles, curator list
 //!   Heartbeat(status) (node certificate) ─▶ this tenure's health tracker (see `health`);
 //!                                          the status into the record when it differs
 //!                                          from the snapshot's (no etcd read otherwise)
+//!   RenewCertificates (node certificate) ─▶ issuance::renew: new node (and peer)
+//!                                          certificate
+//!   JoinConsensus (node certificate) ────▶ membership::join
 //! ```
+//! Handlers check the request and build the answer; certificates come from `issuance`,
+//! membership changes from `membership`, record writes from `writes`.
 
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -24,13 +29,16 @@ use proto::state::{HealthVerdict, Node, NodeState, NodeStatus};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::status_from;
-use super::{
-    NodeSnapshot, Services, Shared, identity, node_update_status, self_signed_key, stored_verdict,
+use super::health_book::stored_verdict;
+use super::shared::{NodeSnapshot, Services, Shared};
+use super::status::{
+    identity, node_update_status, record_address, record_key, self_signed_key, status_from,
 };
+use super::{issuance, membership};
+use crate::error::NodeUpdateError;
 use crate::health::Tracker;
 use crate::lifecycle::{Event, TransitionError};
-use crate::state::{self, NodeUpdateError};
+use crate::{records, ticket, writes};
 
 /// The longest version string a node may report.
 const MAX_VERSION_LEN: usize = 64;
@@ -142,7 +150,7 @@ impl api::curator_server::Curator for Services {
                 .as_ref()
                 .is_none_or(|s| s.1.as_ref() != Some(&status))
         {
-            state::modify_node(&self.0.curator, &leadership, &id, |current| {
+            writes::modify_node(&self.0.curator, &leadership, &id, |current| {
                 let node = current.ok_or_else(|| NodeUpdateError::NotFound(id.clone()))?;
                 if node.status.as_ref() == Some(&status) {
                     return Ok(None);
@@ -181,14 +189,14 @@ impl api::curator_server::Curator for Services {
         )
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let leadership = self.0.leadership().await?;
-        let existing = state::load_node(&self.0.curator, &id)
+        let existing = records::load_node(&self.0.curator, &id)
             .await
             .map_err(status_from)?;
         // The ticket authorizes creating a record. A node that already registered this
         // key may repeat the call (a lost reply, a restart) even after the ticket was
         // rotated: it only learns its own state.
         if existing.is_none()
-            && state::is_deleted(&self.0.curator, &id)
+            && records::is_deleted(&self.0.curator, &id)
                 .await
                 .map_err(status_from)?
         {
@@ -198,17 +206,17 @@ impl api::curator_server::Curator for Services {
             )));
         }
         if existing.is_none() {
-            let stored = state::register_ticket(&self.0.curator)
+            let stored = ticket::register_ticket(&self.0.curator)
                 .await
                 .map_err(status_from)?;
-            if !stored.is_some_and(|t| state::ticket_matches(&t, &r.register_ticket)) {
+            if !stored.is_some_and(|t| ticket::ticket_matches(&t, &r.register_ticket)) {
                 tracing::warn!(node = id, "registration refused: wrong register ticket");
                 return Err(Status::permission_denied(
                     "the register ticket is wrong or was rotated; create new parameters with `polisctl params register`",
                 ));
             }
         }
-        let node = state::apply_event(
+        let node = writes::apply_event(
             &self.0.curator,
             &leadership,
             &id,
@@ -258,7 +266,7 @@ impl api::curator_server::Curator for Services {
         let key = self_signed_key(&request)?;
         let id = identity::node_id(&key);
         let leadership = self.0.leadership().await?;
-        let node = state::load_node(&self.0.curator, &id)
+        let node = records::load_node(&self.0.curator, &id)
             .await
             .map_err(status_from)?;
         // Refuse before issuing anything; the guarded write below decides for real.
@@ -269,7 +277,7 @@ impl api::curator_server::Curator for Services {
             };
             Status::new(code, format!("node {id}: {source}"))
         };
-        crate::lifecycle::transition(node.as_ref().map(state::node_state), Event::Commit)
+        crate::lifecycle::transition(node.as_ref().map(records::node_state), Event::Commit)
             .map_err(transition_status)?;
         let node = node.expect("the transition refuses a missing record");
         if node.public_key != key {
@@ -277,25 +285,10 @@ impl api::curator_server::Curator for Services {
                 "node {id} is registered with a different key"
             )));
         }
-        let address = super::record_address(&node)?;
-        let lifetime = state::node_certificate_lifetime(Some(&self.0.configuration().await?));
-        let (store, ca) = self.0.cluster_ca().await?;
-        // Ensure semantics: a retried commit gets the certificate the first one recorded.
-        let certificate = store
-            .ensure_certificate(&state::node_certificate_prefix(&id), || {
-                ca.issue(
-                    &state::node_certificate_template(&id, address, lifetime),
-                    &key,
-                )
-            })
-            .await
-            .map_err(|e| Status::unavailable(format!("issuing the node certificate: {e}")))?;
-        if pki::certificate_public_key(&certificate).ok().as_deref() != Some(key.as_slice()) {
-            return Err(Status::internal(format!(
-                "the recorded certificate of node {id} is for another key"
-            )));
-        }
-        let node = state::apply_event(
+        let address = record_address(&node)?;
+        let (certificate, ca_certificate) =
+            issuance::commit_node_certificate(&self.0, &id, &key, address).await?;
+        let node = writes::apply_event(
             &self.0.curator,
             &leadership,
             &id,
@@ -305,15 +298,15 @@ impl api::curator_server::Curator for Services {
         )
         .await
         .map_err(node_update_status)?;
-        let nodes = state::list_nodes(&self.0.curator)
+        let nodes = records::list_nodes(&self.0.curator)
             .await
             .map_err(status_from)?;
         tracing::info!(node = id, "node committed: UP with its certificate");
         Ok(Response::new(api::CommitNodeResponse {
             node_certificate: certificate,
-            ca_certificate: ca.cert_der,
-            roles: state::role_names(&node),
-            curator_endpoints: state::curator_endpoints(&nodes),
+            ca_certificate,
+            roles: records::role_names(&node),
+            curator_endpoints: records::curator_endpoints(&nodes),
         }))
     }
 
@@ -338,7 +331,7 @@ impl api::curator_server::Curator for Services {
             let node = nodes.nodes.get(&id)?;
             Some(api::WatchNodeUpdate {
                 state: node.state,
-                roles: state::role_names(node),
+                roles: records::role_names(node),
                 curator_endpoints: nodes.curator_endpoints.clone(),
                 cluster_crl: crl
                     .current()
@@ -357,12 +350,7 @@ impl api::curator_server::Curator for Services {
             return Err(Status::permission_denied("only nodes join consensus"));
         };
         let leadership = self.0.leadership().await?;
-        let node = state::load_node(&self.0.curator, &id)
-            .await
-            .map_err(status_from)?
-            .ok_or_else(|| Status::not_found(format!("node {id} has no record")))?;
-        super::consensus_members::may_join(&node)?;
-        let answer = super::consensus_members::join(&self.0, &leadership, &node).await?;
+        let answer = membership::join(&self.0, &leadership, &id).await?;
         Ok(Response::new(answer))
     }
 
@@ -377,7 +365,7 @@ impl api::curator_server::Curator for Services {
         };
         let peer = request.get_ref().peer;
         let _leadership = self.0.leadership().await?;
-        let node = state::load_node(&self.0.curator, &id)
+        let node = records::load_node(&self.0.curator, &id)
             .await
             .map_err(status_from)?
             .ok_or_else(|| Status::not_found(format!("node {id} has no record")))?;
@@ -391,51 +379,16 @@ impl api::curator_server::Curator for Services {
                 "node {id} is registered with a different key"
             )));
         }
-        let key = super::record_key(&node)?;
-        let address = super::record_address(&node)?;
-        let lifetime = state::node_certificate_lifetime(Some(&self.0.configuration().await?));
-        let mut answer = api::RenewCertificatesResponse::default();
-        if peer {
-            // Checked before anything is issued: a refused call issues nothing.
-            if node
-                .roles
-                .as_ref()
-                .is_none_or(|r| r.consensus_member.is_none())
-            {
-                return Err(Status::failed_precondition(format!(
-                    "node {id} is not a consensus member; it has no etcd peer certificate to renew"
-                )));
-            }
-            let (certificate, ca) =
-                super::consensus_members::renew_peer(&self.0, &node, &key, address, lifetime)
-                    .await?;
-            answer.peer_certificate = certificate;
-            answer.peer_ca_certificate = ca;
-        }
-        // Recording is not guarded by leadership (the PKI store takes no guard, as for
-        // owner certificates): a deposed leader could at worst record a certificate for
-        // this node's own key, which it then never receives.
-        let (store, ca) = self.0.cluster_ca().await?;
-        let issued = ca
-            .issue(
-                &state::node_certificate_template(&id, address, lifetime),
-                &key,
-            )
-            .map_err(|e| Status::internal(format!("issuing the node certificate: {e}")))?;
-        let name = state::renewed_node_certificate_name(&id, &issued.serial);
-        answer.node_certificate = store
-            .ensure_certificate(&name, || Ok(issued.clone()))
-            .await
-            .map_err(|e| Status::unavailable(format!("recording the node certificate: {e}")))?;
-        answer.ca_certificate = ca.cert_der;
-        self.0.certificates_changed.notify_one();
-        tracing::info!(
-            node = id,
-            serial = hex::encode(&issued.serial),
-            peer,
-            lifetime_s = lifetime.as_secs(),
-            "renewed a node's certificates"
-        );
-        Ok(Response::new(answer))
+        let key = record_key(&node)?;
+        let address = record_address(&node)?;
+        let renewed = issuance::renew(&self.0, &node, &key, address, peer).await?;
+        let (node_certificate, ca_certificate) = renewed.node;
+        let (peer_certificate, peer_ca_certificate) = renewed.peer.unwrap_or_default();
+        Ok(Response::new(api::RenewCertificatesResponse {
+            node_certificate,
+            ca_certificate,
+            peer_certificate,
+            peer_ca_certificate,
+        }))
     }
 }

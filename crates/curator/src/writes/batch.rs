@@ -1,4 +1,5 @@
-//! Node record writes of the leader, combined per record (group commit).
+//! Node record writes of the leader, combined per record (group commit): the one place
+//! that puts a node record into etcd (`writes` decides what; this writes it).
 //!
 //! ```text
 //!   caller A ─┐ change(working copy) ─▶ accepted #1 ─┐
@@ -26,6 +27,8 @@
 //!   not stop the write others wait for.
 //! - Slots are per record and per leadership tenure; idle ones are dropped once more
 //!   than [`IDLE_SLOTS`] exist.
+//!
+//! May import only `error`, `records` (decoding) and `election` (the guard).
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -37,7 +40,7 @@ use proto::state::Node;
 use tokio::sync::oneshot;
 
 use crate::election::{self, Leadership};
-use crate::state::{CuratorError, NodeUpdateError};
+use crate::error::{CuratorError, NodeUpdateError};
 
 /// The highest node-record revision each leadership tenure wrote, by election key and
 /// revision: reads served from the watched snapshot wait until it shows these writes.
@@ -134,7 +137,7 @@ async fn read(curator: &Namespaced, key: &str, id: &str) -> Result<Base, NodeUpd
         .map_err(CuratorError::from)?;
     Ok(match response.kvs().first() {
         Some(kv) => Base {
-            node: Some(crate::state::decode_node(id, kv.value())?),
+            node: Some(crate::records::decode_node(id, kv.value())?),
             revision: kv.mod_revision(),
         },
         None => Base {

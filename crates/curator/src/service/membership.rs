@@ -1,40 +1,45 @@
-//! Changes of etcd membership, made by the leader for JoinConsensus and UpdateNodeRoles.
+//! Every change of etcd membership, made by the leader: a node joining (learner added,
+//! then promoted), the ConsensusMember role given and taken, and the quorum probe that
+//! decides whether a member may leave.
 //!
 //! ```text
-//!   JoinConsensus (node with role ConsensusMember, no etcd data)
+//!   UpdateNodeRoles add ─▶ add_role: record gains the role (the node then asks to join)
+//!   JoinConsensus (node with role ConsensusMember, no etcd data) ─▶ join
 //!     its learner exists already ─▶ answer again (no queueing), promotion resumed
 //!     else: membership lock ─▶ role re-checked ─▶ member_add(learner) ─▶ peer
-//!           certificate ─▶ answer the node
+//!           certificate (issuance) ─▶ answer the node
 //!           └─ task: promote as soon as etcd accepts, then release the lock
-//!   remove role
+//!   UpdateNodeRoles remove, decommission ─▶ remove_role
 //!     membership lock ─▶ plan_removal (quorum; members' curators asked) ─▶ own node?
 //!     hand leadership over ─▶ member_remove (while the node still votes) ─▶ revoke peer
 //!     certificates ─▶ record without the role (the node then stops etcd, wipes data)
+//!   DecommissionNode ─▶ may_leave: the same quorum check, up front
 //! ```
 //! The lock serializes membership changes within this leader; etcd's own rules (one
 //! learner at a time, no change within 5 s of reconnecting) cover a change of leader in
 //! between, and changes it refuses for now are retried for a while.
+//!
+//! Above `issuance` (a joining member's peer certificate) and below the handlers and
+//! `decommission`: may not import them.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use consensus::membership::{self, Member};
+use consensus::membership::{self as etcd, Member};
 use proto::api;
 use proto::state::{Node, NodeState};
 use tonic::Status;
 
-use super::{Shared, status_from};
+use super::shared::Shared;
+use super::status::{etcd_status, node_update_status, status_from};
+use super::{etcd_members, issuance};
 use crate::election::Leadership;
-use crate::state::{self, NodeUpdateError};
+use crate::error::NodeUpdateError;
+use crate::{layout, records, writes};
 
 /// How long a learner may take to catch up before its promotion is given up (the node
 /// asks again, which resumes it).
 const PROMOTION_PATIENCE: Duration = Duration::from_secs(30);
-
-fn etcd_status(what: &str, e: impl std::error::Error + 'static) -> Status {
-    Status::unavailable(format!("{what}: {}", supervisor::error_chain(&e)))
-}
 
 /// How long a membership change waits for etcd to accept it. etcd refuses membership
 /// changes ("unhealthy cluster") until its leader has been connected to a quorum of
@@ -69,61 +74,72 @@ where
     }
 }
 
-/// The peer URL etcd knows a node's member by.
-pub fn peer_url(node: &Node) -> Result<String, Status> {
-    Ok(consensus::config::peer_url(
-        super::record_address(node)?,
-        consensus::config::PEER_PORT,
-    ))
+/// Gives node `id` (UP) the ConsensusMember role; the node then asks to join
+/// ([`join`]). Returns the record.
+pub(super) async fn add_role(
+    shared: &Shared,
+    leadership: &Leadership,
+    id: &str,
+) -> Result<Node, Status> {
+    writes::modify_node(&shared.curator, leadership, id, |current| {
+        let mut node = current
+            .cloned()
+            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
+        if node.state != proto::state::NodeState::Up as i32 {
+            return Err(NodeUpdateError::NotUp(id.to_string()));
+        }
+        let roles = node.roles.get_or_insert_with(Default::default);
+        if roles.consensus_member.is_some() {
+            return Ok(None);
+        }
+        roles.consensus_member = Some(Default::default());
+        Ok(Some(node))
+    })
+    .await
+    .map_err(node_update_status)?
+    .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))
 }
 
-/// The member of node `node`, if it is one (by name, or by peer URL before it started).
-fn member_of<'a>(members: &'a [Member], node: &Node) -> Option<&'a Member> {
-    let url = peer_url(node).ok();
-    members
-        .iter()
-        .find(|m| m.name == node.id || url.as_ref().is_some_and(|u| m.peer_urls.contains(u)))
-}
-
-/// JoinConsensus for `node` (which holds the ConsensusMember role).
-pub async fn join(
+/// JoinConsensus for node `id`: its record must hold the ConsensusMember role
+/// ([`may_join`]); adds its learner (or finds the one added before), issues its peer
+/// certificate and answers; a task promotes the learner once etcd lets it.
+pub(super) async fn join(
     shared: &Arc<Shared>,
     leadership: &Leadership,
-    node: &Node,
+    id: &str,
 ) -> Result<api::JoinConsensusResponse, Status> {
+    let node = records::load_node(&shared.curator, id)
+        .await
+        .map_err(status_from)?
+        .ok_or_else(|| Status::not_found(format!("node {id} has no record")))?;
+    may_join(&node)?;
+    let node = &node;
     // Proof that this curator leads: only the leader changes etcd membership.
     let _ = leadership;
     let mut client = shared.curator.client();
-    let members = membership::members(&mut client)
-        .await
-        .map_err(|e| etcd_status("listing etcd members", e))?;
+    let members = etcd_members::list(&mut client).await?;
     // This node asking again (a lost reply, a restart before its etcd ran): its learner
     // is served without queueing behind the promotion its own answer is needed for.
-    let (member, members, guard) = match member_of(&members, node) {
+    let (member, members, guard) = match etcd_members::member_of(&members, node) {
         Some(m) => (m.clone(), members, None),
         None => {
             let guard = shared.membership.clone().lock_owned().await;
             // The role may have been taken away while this call waited.
-            let node = state::load_node(&shared.curator, &node.id)
+            let node = records::load_node(&shared.curator, &node.id)
                 .await
                 .map_err(status_from)?
                 .ok_or_else(|| Status::not_found(format!("node {} has no record", node.id)))?;
             may_join(&node)?;
-            let members = membership::members(&mut client)
-                .await
-                .map_err(|e| etcd_status("listing etcd members", e))?;
-            if let Some(m) = member_of(&members, &node) {
+            let members = etcd_members::list(&mut client).await?;
+            if let Some(m) = etcd_members::member_of(&members, &node) {
                 (m.clone(), members, Some(guard))
             } else {
                 if let Some(other) = members.iter().find(|m| m.is_learner) {
                     // A learner left behind by a join that never finished: promote it if
                     // etcd lets us; etcd takes no second learner meanwhile.
-                    let nudge = membership::promote_when_in_sync(
-                        &mut client,
-                        other.id,
-                        Duration::from_secs(2),
-                    )
-                    .await;
+                    let nudge =
+                        etcd::promote_when_in_sync(&mut client, other.id, Duration::from_secs(2))
+                            .await;
                     if nudge.is_err() {
                         return Err(Status::unavailable(format!(
                             "etcd member {:x} ({}) is a learner that has not caught up; its node must \
@@ -137,11 +153,11 @@ pub async fn join(
                         )));
                     }
                 }
-                let url = peer_url(&node)?;
+                let url = etcd_members::peer_url(&node)?;
                 let (added, all) = when_accepted("adding the etcd learner", || {
                     let mut client = client.clone();
                     let url = url.clone();
-                    async move { membership::add_learner(&mut client, &url).await }
+                    async move { etcd::add_learner(&mut client, &url).await }
                 })
                 .await?;
                 tracing::info!(
@@ -162,25 +178,9 @@ pub async fn join(
             node.id, member.id
         )));
     }
-    let peer_pki = state::etcd_pki(client.clone());
-    let peer_ca = peer_pki
-        .load_ca()
-        .await
-        .map_err(|e| etcd_status("loading the etcd peer CA", e))?
-        .ok_or_else(|| Status::internal("the cluster has no etcd peer CA"))?;
-    let key = super::record_key(node)?;
-    let address = super::record_address(node)?;
-    let lifetime = state::node_certificate_lifetime(Some(&shared.configuration().await?));
-    let certificate = peer_pki
-        .ensure_certificate(&state::peer_certificate_name(&node.id, member.id), || {
-            peer_ca.issue(
-                &state::peer_certificate_template(&node.id, address, lifetime),
-                &key,
-            )
-        })
-        .await
-        .map_err(|e| etcd_status("issuing the etcd peer certificate", e))?;
-    let crl = peer_pki
+    let (certificate, peer_ca_certificate) =
+        issuance::join_peer_certificate(shared, &client, node, member.id).await?;
+    let crl = layout::etcd_pki(client.clone())
         .crl()
         .await
         .map_err(|e| etcd_status("reading the etcd peer CRL", e))?;
@@ -206,7 +206,7 @@ pub async fn join(
         tokio::spawn(async move {
             let _guard = guard;
             let started = Instant::now();
-            match membership::promote_when_in_sync(&mut client, id, PROMOTION_PATIENCE).await {
+            match etcd::promote_when_in_sync(&mut client, id, PROMOTION_PATIENCE).await {
                 Ok(()) => tracing::info!(
                     node = node_id,
                     member = format!("{id:x}"),
@@ -219,48 +219,11 @@ pub async fn join(
     }
     Ok(api::JoinConsensusResponse {
         peer_certificate: certificate,
-        peer_ca_certificate: peer_ca.cert_der,
+        peer_ca_certificate,
         peer_crl: crl,
         initial_cluster,
         member_id: member.id,
     })
-}
-
-/// A new etcd peer certificate for `node`'s current etcd member (RenewCertificates),
-/// recorded under `peer-<id>-<member>-<serial>`; returns it and the peer CA (DER). The
-/// previous one is not revoked: it expires.
-pub async fn renew_peer(
-    shared: &Shared,
-    node: &Node,
-    key: &[u8; 32],
-    address: IpAddr,
-    lifetime: Duration,
-) -> Result<(Vec<u8>, Vec<u8>), Status> {
-    let mut client = shared.curator.client();
-    let members = membership::members(&mut client)
-        .await
-        .map_err(|e| etcd_status("listing etcd members", e))?;
-    let member = member_of(&members, node).ok_or_else(|| {
-        Status::failed_precondition(format!("node {} is no etcd member", node.id))
-    })?;
-    let peer_pki = state::etcd_pki(client);
-    let peer_ca = peer_pki
-        .load_ca()
-        .await
-        .map_err(|e| etcd_status("loading the etcd peer CA", e))?
-        .ok_or_else(|| Status::internal("the cluster has no etcd peer CA"))?;
-    let issued = peer_ca
-        .issue(
-            &state::peer_certificate_template(&node.id, address, lifetime),
-            key,
-        )
-        .map_err(|e| Status::internal(format!("issuing the etcd peer certificate: {e}")))?;
-    let name = state::renewed_peer_certificate_name(&node.id, member.id, &issued.serial);
-    let certificate = peer_pki
-        .ensure_certificate(&name, || Ok(issued.clone()))
-        .await
-        .map_err(|e| etcd_status("recording the etcd peer certificate", e))?;
-    Ok((certificate, peer_ca.cert_der))
 }
 
 /// Takes the ConsensusMember role from node `id`: refused when the remaining voters
@@ -269,21 +232,19 @@ pub async fn renew_peer(
 /// revoked and, last, the record loses the role (which makes the node stop etcd and
 /// wipe its data). Every step is idempotent: after a failure, running it again finishes
 /// the job. Returns the record.
-pub async fn remove_role(
+pub(super) async fn remove_role(
     shared: &Arc<Shared>,
     leadership: &Leadership,
     id: &str,
 ) -> Result<Node, Status> {
     let _guard = shared.membership.clone().lock_owned().await;
-    let node = state::load_node(&shared.curator, id)
+    let node = records::load_node(&shared.curator, id)
         .await
         .map_err(status_from)?
         .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))?;
     let mut client = shared.curator.client();
-    let members = membership::members(&mut client)
-        .await
-        .map_err(|e| etcd_status("listing etcd members", e))?;
-    let member = member_of(&members, &node).cloned();
+    let members = etcd_members::list(&mut client).await?;
+    let member = etcd_members::member_of(&members, &node).cloned();
     if let Some(member) = &member {
         check_removal(shared, &members, member, id).await?;
         if id == shared.config.node_id {
@@ -300,7 +261,7 @@ pub async fn remove_role(
         }
         when_accepted("removing the etcd member", || {
             let mut client = client.clone();
-            async move { membership::remove(&mut client, member.id).await }
+            async move { etcd::remove(&mut client, member.id).await }
         })
         .await?;
         tracing::info!(
@@ -309,14 +270,14 @@ pub async fn remove_role(
             "removed etcd member"
         );
     }
-    let peer_pki = state::etcd_pki(client.clone());
+    let peer_pki = layout::etcd_pki(client.clone());
     if let Some(peer_ca) = peer_pki
         .load_ca()
         .await
         .map_err(|e| etcd_status("loading the etcd peer CA", e))?
     {
         let revoked = peer_pki
-            .revoke_issued(&peer_ca, &state::peer_certificate_prefix(id))
+            .revoke_issued(&peer_ca, &layout::peer_certificate_prefix(id))
             .await
             .map_err(|e| etcd_status("revoking the etcd peer certificates", e))?;
         tracing::info!(
@@ -325,7 +286,7 @@ pub async fn remove_role(
             "revoked the node's etcd peer certificates"
         );
     }
-    let node = state::modify_node(&shared.curator, leadership, id, |current| {
+    let node = writes::modify_node(&shared.curator, leadership, id, |current| {
         let mut node = current
             .cloned()
             .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
@@ -336,14 +297,14 @@ pub async fn remove_role(
         Ok(Some(node))
     })
     .await
-    .map_err(super::node_update_status)?
+    .map_err(node_update_status)?
     .unwrap_or(node);
     Ok(node)
 }
 
 /// Refuses the removal of `member` (node `id`) when the remaining voters could not keep
-/// a quorum (see `membership::plan_removal`; members' curators are asked whether their
-/// etcd member is healthy).
+/// a quorum (see `consensus::membership::plan_removal`; members' curators are asked
+/// whether their etcd member is healthy).
 async fn check_removal(
     shared: &Arc<Shared>,
     members: &[Member],
@@ -352,7 +313,7 @@ async fn check_removal(
 ) -> Result<(), Status> {
     let answering = shared.answering_members(members).await;
     let healthy = |m: &Member| answering.contains(&m.id);
-    membership::plan_removal(members, member.id, healthy).map_err(|refused| {
+    etcd::plan_removal(members, member.id, healthy).map_err(|refused| {
         Status::failed_precondition(format!(
             "removing node {id} from consensus is refused: {refused}"
         ))
@@ -362,12 +323,10 @@ async fn check_removal(
 /// Whether node `node` could leave consensus now without costing the quorum: `Ok` when
 /// it is no etcd member or its removal is safe. Checked before a decommission starts,
 /// so that an unsafe one is refused up front instead of hanging half-done.
-pub async fn may_leave(shared: &Arc<Shared>, node: &Node) -> Result<(), Status> {
+pub(super) async fn may_leave(shared: &Arc<Shared>, node: &Node) -> Result<(), Status> {
     let mut client = shared.curator.client();
-    let members = membership::members(&mut client)
-        .await
-        .map_err(|e| etcd_status("listing etcd members", e))?;
-    match member_of(&members, node) {
+    let members = etcd_members::list(&mut client).await?;
+    match etcd_members::member_of(&members, node) {
         Some(member) => check_removal(shared, &members, member, &node.id).await,
         None => Ok(()),
     }
@@ -423,7 +382,7 @@ impl Shared {
 }
 
 /// Whether a node record holds the ConsensusMember role and may run etcd.
-pub fn may_join(node: &Node) -> Result<(), Status> {
+pub(super) fn may_join(node: &Node) -> Result<(), Status> {
     if node.state != NodeState::Up as i32 {
         return Err(Status::failed_precondition(format!(
             "node {} is not UP",

@@ -1,0 +1,58 @@
+//! The curator's errors: what failed against etcd or the stored records
+//! ([`CuratorError`]), and what refused a change of one node record
+//! ([`NodeUpdateError`]).
+//!
+//! A leaf: may not import any other module of this crate but the pure `lifecycle`
+//! (whose transition errors a node update carries); no I/O.
+
+/// A failure of the curator against etcd or its records.
+#[derive(Debug, thiserror::Error)]
+pub enum CuratorError {
+    #[error("etcd request failed")]
+    Etcd(#[from] etcd_client::Error),
+    #[error("etcd request failed")]
+    Consensus(#[from] consensus::ConsensusError),
+    #[error("stored {what} is corrupt")]
+    Corrupt {
+        what: String,
+        #[source]
+        source: prost::DecodeError,
+    },
+    #[error("this curator is not the leader (any more)")]
+    NotLeader,
+    #[error("the election lease was lost")]
+    LeaseLost,
+    #[error("{what}")]
+    Pki {
+        what: String,
+        #[source]
+        source: pki::PkiError,
+    },
+    #[error("unexpected etcd response: {0}")]
+    Protocol(&'static str),
+    #[error(
+        "the cluster was already bootstrapped with different state ({what} differs); refusing to overwrite it"
+    )]
+    BootstrapConflict { what: &'static str },
+}
+
+/// Errors of operations on one node.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeUpdateError {
+    #[error("node {0} does not exist")]
+    NotFound(String),
+    #[error(transparent)]
+    Labels(#[from] proto::labels::LabelError),
+    #[error("node {id}: {source}")]
+    Transition {
+        id: String,
+        #[source]
+        source: crate::lifecycle::TransitionError,
+    },
+    #[error("node {0} is registered with a different key")]
+    KeyMismatch(String),
+    #[error("node {0} is not UP")]
+    NotUp(String),
+    #[error(transparent)]
+    Curator(#[from] CuratorError),
+}

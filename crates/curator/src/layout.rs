@@ -1,0 +1,99 @@
+//! Where the curator's state lives: the consensus namespaces, the etcd keys inside
+//! them, the two CA stores, and the names certificates are recorded under in those
+//! stores.
+//!
+//! Inside `namespaced:curator/`:
+//! ```text
+//!   nodes/<node id>            proto::state::Node (protobuf)             records, writes
+//!   deleted/<node id>          the record of a deleted node (tombstone:   writes::delete_node
+//!                              never registers again)
+//!   global/initial_owner       raw Ed25519 public key of the owner named  bootstrap
+//!                              at bootstrap
+//!   global/register_ticket     32 random bytes, created on first request  ticket
+//!   cluster/configuration      config::ClusterConfiguration (protobuf)   bootstrap
+//!   cluster-pki/…              the cluster CA and issued certificates     cluster_pki
+//!                              (pki crate): node-<id>[-<serial>], owner-<serial>
+//!   leader/<lease>             LeaderElectionValue of the elected curator election
+//! ```
+//! and inside `namespaced:etcd-pki/` the etcd peer CA ([`etcd_pki`]), whose certificates
+//! are recorded as `peer-<id>[-<member>[-<serial>]]`.
+//!
+//! Names only: may not do I/O nor import any other module of this crate.
+
+use consensus::Namespaced;
+
+/// The consensus user this crate's keys live under.
+pub const NAMESPACE: &str = "curator";
+
+pub const INITIAL_OWNER_KEY: &str = "global/initial_owner";
+pub const CLUSTER_CONFIGURATION_KEY: &str = "cluster/configuration";
+pub const REGISTER_TICKET_KEY: &str = "global/register_ticket";
+
+/// Prefix of every node record's key ([`node_key`]).
+pub const NODES_PREFIX: &str = "nodes/";
+
+pub fn node_key(id: &str) -> String {
+    format!("{NODES_PREFIX}{id}")
+}
+
+/// Where a deleted node's record stays, as a tombstone: its key never registers again.
+pub fn tombstone_key(id: &str) -> String {
+    format!("deleted/{id}")
+}
+
+/// The cluster CA's store: `namespaced:curator/cluster-pki/`.
+pub fn cluster_pki(curator: &Namespaced) -> pki::CaStore {
+    pki::CaStore::new(curator.sub("cluster-pki"))
+}
+
+/// The consensus user holding the etcd peer CA: `namespaced:etcd-pki/`.
+pub const ETCD_PKI_NAMESPACE: &str = "etcd-pki";
+
+/// The etcd peer CA's store.
+pub fn etcd_pki(client: etcd_client::Client) -> pki::CaStore {
+    pki::CaStore::new(Namespaced::new(client, ETCD_PKI_NAMESPACE))
+}
+
+/// Prefix of the names under which the cluster CA records a node's certificates; also
+/// the name of its first one (CommitNode, bootstrap).
+pub fn node_certificate_prefix(node_id: &str) -> String {
+    format!("node-{node_id}")
+}
+
+/// Prefix of the names under which the etcd peer CA records a node's certificates; also
+/// the name of a bootstrap node's first one (its member ID is not known yet).
+pub fn peer_certificate_prefix(node_id: &str) -> String {
+    format!("peer-{node_id}")
+}
+
+/// Name under which a node's peer certificate for one etcd membership is stored; the
+/// member ID makes a re-joining node get a fresh certificate (the old one is revoked).
+pub fn peer_certificate_name(node_id: &str, member_id: u64) -> String {
+    format!("{}-{member_id:x}", peer_certificate_prefix(node_id))
+}
+
+/// Name of a node certificate issued by renewal: keeps the `node-<id>` prefix that
+/// CommitNode's first certificate is recorded under, so that revoking a node's
+/// certificates by prefix catches every one.
+pub fn renewed_node_certificate_name(node_id: &str, serial: &[u8]) -> String {
+    format!(
+        "{}-{}",
+        node_certificate_prefix(node_id),
+        hex::encode(serial)
+    )
+}
+
+/// Name of an etcd peer certificate issued by renewal (prefix `peer-<id>`, see
+/// [`peer_certificate_name`]).
+pub fn renewed_peer_certificate_name(node_id: &str, member_id: u64, serial: &[u8]) -> String {
+    format!(
+        "{}-{}",
+        peer_certificate_name(node_id, member_id),
+        hex::encode(serial)
+    )
+}
+
+/// Name of an owner certificate (Escrow): each one is new, named by its serial.
+pub fn owner_certificate_name(serial: &[u8]) -> String {
+    format!("owner-{}", hex::encode(serial))
+}

@@ -1,0 +1,232 @@
+//! Every certificate the curator issues, one function per call that hands one out:
+//! the node certificate (CommitNode), renewed node and etcd peer certificates
+//! (RenewCertificates), owner certificates (Escrow) and a joining member's etcd peer
+//! certificate (JoinConsensus, through `membership::join`).
+//!
+//! ```text
+//!   call               function                   CA          recorded as
+//!   CommitNode         commit_node_certificate    cluster     node-<id> (ensured: same on retry)
+//!   RenewCertificates  renew                      cluster     node-<id>-<serial>
+//!     with peer          └ (member lookup)        etcd peer   peer-<id>-<member>-<serial>
+//!   Escrow             escrow_owner_certificate   cluster     owner-<serial>
+//!   JoinConsensus      join_peer_certificate      etcd peer   peer-<id>-<member> (ensured)
+//!     (membership::join)
+//!   lifetimes: the cluster configuration's (templates::*_lifetime)
+//! ```
+//! Names come from `layout`, templates and lifetimes from `templates`. Nothing here is
+//! guarded by leadership (the PKI store takes no guard; see each function), and nothing
+//! here revokes.
+//!
+//! Below the handlers and `membership`: may not import them; the caller checks the
+//! request (identity, record state, key) before calling.
+
+use std::net::IpAddr;
+
+use proto::state::Node;
+use tonic::Status;
+
+use super::etcd_members;
+use super::shared::Shared;
+use super::status::{etcd_status, record_address, record_key, status_from};
+use crate::{layout, records, templates};
+
+/// The cluster configuration (certificate lifetimes); the default when none is stored.
+async fn configuration(shared: &Shared) -> Result<proto::config::ClusterConfiguration, Status> {
+    Ok(records::cluster_configuration(&shared.curator)
+        .await
+        .map_err(status_from)?
+        .unwrap_or_default())
+}
+
+/// The cluster CA's store and the CA (with its key), for issuing certificates.
+async fn cluster_ca(shared: &Shared) -> Result<(pki::CaStore, pki::Ca), Status> {
+    let store = layout::cluster_pki(&shared.curator);
+    let ca = store
+        .load_ca()
+        .await
+        .map_err(|e| Status::unavailable(format!("loading the cluster CA: {e}")))?
+        .ok_or_else(|| Status::internal("the cluster has no CA"))?;
+    Ok((store, ca))
+}
+
+/// CommitNode: node `id`'s first node certificate, for `key` at `address`, recorded as
+/// `node-<id>`; returns it and the cluster CA (DER).
+pub(super) async fn commit_node_certificate(
+    shared: &Shared,
+    id: &str,
+    key: &[u8; 32],
+    address: IpAddr,
+) -> Result<(Vec<u8>, Vec<u8>), Status> {
+    let lifetime = templates::node_certificate_lifetime(Some(&configuration(shared).await?));
+    let (store, ca) = cluster_ca(shared).await?;
+    // Ensure semantics: a retried commit gets the certificate the first one recorded.
+    let certificate = store
+        .ensure_certificate(&layout::node_certificate_prefix(id), || {
+            ca.issue(
+                &templates::node_certificate_template(id, address, lifetime),
+                key,
+            )
+        })
+        .await
+        .map_err(|e| Status::unavailable(format!("issuing the node certificate: {e}")))?;
+    if pki::certificate_public_key(&certificate).ok().as_deref() != Some(key.as_slice()) {
+        return Err(Status::internal(format!(
+            "the recorded certificate of node {id} is for another key"
+        )));
+    }
+    Ok((certificate, ca.cert_der))
+}
+
+/// What RenewCertificates hands out: a certificate and its CA's certificate (DER).
+pub(super) struct Renewed {
+    pub(super) node: (Vec<u8>, Vec<u8>),
+    /// Only when asked for.
+    pub(super) peer: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// RenewCertificates for `node` (UP, holding `key` at `address`): a new node
+/// certificate, recorded as `node-<id>-<serial>`, and with `peer` a new etcd peer
+/// certificate for its current etcd member (refused unless it holds the ConsensusMember
+/// role). The previous ones are not revoked: they expire.
+pub(super) async fn renew(
+    shared: &Shared,
+    node: &Node,
+    key: &[u8; 32],
+    address: IpAddr,
+    peer: bool,
+) -> Result<Renewed, Status> {
+    let id = &node.id;
+    let lifetime = templates::node_certificate_lifetime(Some(&configuration(shared).await?));
+    let mut renewed_peer = None;
+    if peer {
+        // Checked before anything is issued: a refused call issues nothing.
+        if node
+            .roles
+            .as_ref()
+            .is_none_or(|r| r.consensus_member.is_none())
+        {
+            return Err(Status::failed_precondition(format!(
+                "node {id} is not a consensus member; it has no etcd peer certificate to renew"
+            )));
+        }
+        renewed_peer = Some(renew_peer(shared, node, key, address, lifetime).await?);
+    }
+    // Recording is not guarded by leadership (the PKI store takes no guard, as for
+    // owner certificates): a deposed leader could at worst record a certificate for
+    // this node's own key, which it then never receives.
+    let (store, ca) = cluster_ca(shared).await?;
+    let issued = ca
+        .issue(
+            &templates::node_certificate_template(id, address, lifetime),
+            key,
+        )
+        .map_err(|e| Status::internal(format!("issuing the node certificate: {e}")))?;
+    let name = layout::renewed_node_certificate_name(id, &issued.serial);
+    let node_certificate = store
+        .ensure_certificate(&name, || Ok(issued.clone()))
+        .await
+        .map_err(|e| Status::unavailable(format!("recording the node certificate: {e}")))?;
+    shared.certificates_changed.notify_one();
+    tracing::info!(
+        node = id,
+        serial = hex::encode(&issued.serial),
+        peer,
+        lifetime_s = lifetime.as_secs(),
+        "renewed a node's certificates"
+    );
+    Ok(Renewed {
+        node: (node_certificate, ca.cert_der),
+        peer: renewed_peer,
+    })
+}
+
+/// A new etcd peer certificate for `node`'s current etcd member (RenewCertificates),
+/// recorded under `peer-<id>-<member>-<serial>`; returns it and the peer CA (DER). The
+/// previous one is not revoked: it expires.
+async fn renew_peer(
+    shared: &Shared,
+    node: &Node,
+    key: &[u8; 32],
+    address: IpAddr,
+    lifetime: std::time::Duration,
+) -> Result<(Vec<u8>, Vec<u8>), Status> {
+    let mut client = shared.curator.client();
+    let members = etcd_members::list(&mut client).await?;
+    let member = etcd_members::member_of(&members, node).ok_or_else(|| {
+        Status::failed_precondition(format!("node {} is no etcd member", node.id))
+    })?;
+    let peer_pki = layout::etcd_pki(client);
+    let peer_ca = peer_pki
+        .load_ca()
+        .await
+        .map_err(|e| etcd_status("loading the etcd peer CA", e))?
+        .ok_or_else(|| Status::internal("the cluster has no etcd peer CA"))?;
+    let issued = peer_ca
+        .issue(
+            &templates::peer_certificate_template(&node.id, address, lifetime),
+            key,
+        )
+        .map_err(|e| Status::internal(format!("issuing the etcd peer certificate: {e}")))?;
+    let name = layout::renewed_peer_certificate_name(&node.id, member.id, &issued.serial);
+    let certificate = peer_pki
+        .ensure_certificate(&name, || Ok(issued.clone()))
+        .await
+        .map_err(|e| etcd_status("recording the etcd peer certificate", e))?;
+    Ok((certificate, peer_ca.cert_der))
+}
+
+/// Escrow: a new owner certificate for `subject` (the owner's key), recorded as
+/// `owner-<serial>`; returns it and the cluster CA (DER).
+pub(super) async fn escrow_owner_certificate(
+    shared: &Shared,
+    subject: &[u8; 32],
+) -> Result<(Vec<u8>, Vec<u8>), Status> {
+    let lifetime = templates::owner_certificate_lifetime(Some(&configuration(shared).await?));
+    let (store, ca) = cluster_ca(shared).await?;
+    let template = templates::owner_certificate_template(lifetime);
+    let issued = ca
+        .issue(&template, subject)
+        .map_err(|e| Status::internal(format!("issuing the owner certificate: {e}")))?;
+    let name = layout::owner_certificate_name(&issued.serial);
+    // Not guarded by leadership (the PKI store takes no guard): a deposed leader could
+    // still record a certificate it issued, for a key that is the owner's anyway.
+    let certificate = store
+        .ensure_certificate(&name, || Ok(issued.clone()))
+        .await
+        .map_err(|e| Status::unavailable(format!("recording the owner certificate: {e}")))?;
+    tracing::info!(
+        serial = hex::encode(&issued.serial),
+        "issued an owner certificate"
+    );
+    Ok((certificate, ca.cert_der))
+}
+
+/// JoinConsensus: `node`'s etcd peer certificate as etcd member `member_id`, recorded as
+/// `peer-<id>-<member>` (ensured: a node asking again gets the same one); returns it and
+/// the peer CA (DER). `client` talks to this curator's etcd member.
+pub(super) async fn join_peer_certificate(
+    shared: &Shared,
+    client: &etcd_client::Client,
+    node: &Node,
+    member_id: u64,
+) -> Result<(Vec<u8>, Vec<u8>), Status> {
+    let peer_pki = layout::etcd_pki(client.clone());
+    let peer_ca = peer_pki
+        .load_ca()
+        .await
+        .map_err(|e| etcd_status("loading the etcd peer CA", e))?
+        .ok_or_else(|| Status::internal("the cluster has no etcd peer CA"))?;
+    let key = record_key(node)?;
+    let address = record_address(node)?;
+    let lifetime = templates::node_certificate_lifetime(Some(&configuration(shared).await?));
+    let certificate = peer_pki
+        .ensure_certificate(&layout::peer_certificate_name(&node.id, member_id), || {
+            peer_ca.issue(
+                &templates::peer_certificate_template(&node.id, address, lifetime),
+                &key,
+            )
+        })
+        .await
+        .map_err(|e| etcd_status("issuing the etcd peer certificate", e))?;
+    Ok((certificate, peer_ca.cert_der))
+}

@@ -1,0 +1,142 @@
+//! What every part of one curator shares: its settings ([`CuratorConfig`]), the node
+//! snapshot, the role, and the in-memory state the runnables keep ([`Shared`]), with the
+//! questions any part may ask of them (who leads, is the snapshot fresh, whom may this
+//! curator trust).
+//!
+//! The service layer's base: may not import any handler, runnable or operation module
+//! (`issuance`, `membership`, `decommission`, …); they all import this.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use consensus::Namespaced;
+use proto::state::Node;
+use tonic::Status;
+
+use super::certificates::CertificateView;
+use super::health_book::HealthBook;
+use crate::election::{self, Leadership, Role};
+use crate::health as rules;
+
+/// Settings of one curator.
+#[derive(Clone)]
+pub struct CuratorConfig {
+    pub node_id: String,
+    pub listen: SocketAddr,
+    /// This node's certificate and key: served to clients (from the next handshake on
+    /// after a renewal replaced them) and presented when forwarding or asking peers.
+    pub credentials: rpc::CredentialSlot,
+    pub ca_certificate: Vec<u8>,
+    pub lease_ttl: Duration,
+    /// Heartbeat period and timeout (the nodes' period must be the one given here).
+    pub heartbeat: rules::Timing,
+}
+
+/// Every node record, as of one etcd revision.
+#[derive(Debug, PartialEq)]
+pub struct Snapshot {
+    pub nodes: BTreeMap<String, Node>,
+    /// Every change of a node record up to this revision is in `nodes`.
+    pub revision: i64,
+    /// The election key under which the watch's first read was made: a snapshot based
+    /// on a read after this curator won holds every earlier leader's writes.
+    pub based_as_leader: Option<Vec<u8>>,
+    /// `records::curator_endpoints` of `nodes`, computed once per snapshot: every WatchNode
+    /// stream sends it, and scanning every record per stream per change would cost
+    /// streams × nodes on each write (a status or health verdict is one).
+    pub curator_endpoints: Vec<String>,
+}
+
+pub type NodeSnapshot = Arc<Snapshot>;
+
+/// Shared by all services of one curator.
+pub struct Shared {
+    pub(super) config: CuratorConfig,
+    pub(super) curator: Namespaced,
+    pub(super) role: event::Value<Role>,
+    /// Heartbeats and health verdicts of this leader tenure (see [`HealthBook`]).
+    pub(super) health: Mutex<HealthBook>,
+    /// Node records, fed by one etcd watch (the `nodes` runnable).
+    pub(super) nodes: event::Value<NodeSnapshot>,
+    /// Whether that watch runs: when this curator's etcd member stops serving (e.g. it
+    /// was removed from consensus) the snapshot is stale, and streams fed by it end.
+    pub(super) nodes_live: event::Value<bool>,
+    /// Held while etcd membership changes: etcd 3.4 has at most one learner, so a join
+    /// holds it until its learner is promoted, and joins and removals queue behind it.
+    pub(super) membership: Arc<tokio::sync::Mutex<()>>,
+    /// The cluster CRL (DER), fed by one etcd watch (the `crl` runnable).
+    pub(super) crl: event::Value<Arc<Vec<u8>>>,
+    /// The same CRL for this curator's own calls to other curators (forwarding, quorum
+    /// questions): a removed node cannot pose as one.
+    pub(super) crl_slot: rpc::CrlSlot,
+    /// What holds up each DECOMMISSIONING node, by node ID (the `decommission` runnable).
+    pub(super) decommission_problems: Mutex<HashMap<String, String>>,
+    /// Current certificates per node, for expiry warnings (the `certificates` runnable).
+    pub(super) certificates: event::Value<Arc<CertificateView>>,
+    /// Wakes the `certificates` runnable early: a certificate was just issued here.
+    pub(super) certificates_changed: tokio::sync::Notify,
+}
+
+impl Shared {
+    /// The current leadership, or Unavailable naming the leader.
+    pub(super) async fn leadership(&self) -> Result<Leadership, Status> {
+        if let Some(Role::Leader(l)) = self.role.current() {
+            return Ok(l);
+        }
+        let leader = election::current_leader(&self.curator).await.ok().flatten();
+        Err(Status::unavailable(match leader {
+            Some(l) => format!(
+                "this curator is not the leader; the leader is {} at {}",
+                l.node_id, l.endpoint
+            ),
+            None => "no curator leader is elected yet; retry shortly".to_string(),
+        }))
+    }
+
+    /// The node snapshot, once it holds every write made before this tenure and by it:
+    /// reads served from it are as fresh as reads from etcd. `None` when it does not get
+    /// there quickly (the caller reads etcd instead).
+    pub(super) async fn fresh_nodes(&self, leadership: &Leadership) -> Option<NodeSnapshot> {
+        let written = crate::writes::written_by(leadership);
+        let fresh = |s: &NodeSnapshot| {
+            s.based_as_leader.as_ref() == Some(&leadership.key) && s.revision >= written
+        };
+        if let Some(s) = self.nodes.current().filter(|s| fresh(s)) {
+            return Some(s);
+        }
+        let mut snapshots = self.nodes.watch();
+        tokio::time::timeout(FRESHNESS_WAIT, snapshots.get_matching(fresh))
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// How this curator checks the curators it calls: the cluster CA and the CRL.
+    pub(super) fn server_trust(&self) -> rpc::ServerTrust {
+        rpc::ServerTrust::ClusterCa {
+            ca: self.config.ca_certificate.clone(),
+            crl: self.crl_slot.clone(),
+        }
+    }
+
+    /// Whether `id` is a curator's node: UP with the ConsensusMember role. Only such
+    /// nodes may forward a caller's identity.
+    pub(super) fn is_curator_node(&self, id: &str) -> bool {
+        self.nodes.current().is_some_and(|nodes| {
+            nodes.nodes.get(id).is_some_and(|n| {
+                n.state == proto::state::NodeState::Up as i32
+                    && n.roles
+                        .as_ref()
+                        .is_some_and(|r| r.consensus_member.is_some())
+            })
+        })
+    }
+}
+
+/// How long a read waits for the node snapshot to catch up before reading etcd.
+const FRESHNESS_WAIT: Duration = Duration::from_millis(300);
+
+#[derive(Clone)]
+pub struct Services(pub(super) Arc<Shared>);

@@ -1,0 +1,187 @@
+//! Every change of a node record, made by the leader: a change decided on the current
+//! record ([`modify_node`]) and the named changes built on it (labels, lifecycle events),
+//! and the deletion that leaves a tombstone ([`delete_node`]).
+//!
+//! ```text
+//!   handlers, runnables ──▶ modify_node / apply_event / update_node_labels
+//!                                │ change(current record) → new record | nothing | refusal
+//!                                ▼
+//!                           batch::attempt ── one guarded CAS per batch ──▶ etcd nodes/<id>
+//!   DeleteNode ──────────▶ delete_node ── guarded CAS: delete + tombstone ──▶ deleted/<id>
+//! ```
+//! Every write here is guarded by leadership (`election::guard`) and by the record's
+//! revision. May import only `error`, `layout`, `lifecycle`, `records` and `election`:
+//! nothing here knows of gRPC or of the curator's services.
+
+mod batch;
+
+use consensus::Namespaced;
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use proto::state::Node;
+
+pub use batch::written_by;
+
+use crate::election::{self, Leadership};
+use crate::error::{CuratorError, NodeUpdateError};
+use crate::layout::{node_key, tombstone_key};
+use crate::lifecycle::{Event, Outcome, transition};
+use crate::records::{decode_node, node_state};
+
+/// How many times a change of a node record is attempted before giving up. With writes
+/// combined per record inside the leader (`batch`), an attempt fails only when someone
+/// else wrote the record in between or etcd failed.
+const CAS_ATTEMPTS: u32 = 20;
+
+/// Reads a node record, lets `change` decide its new value from the current one
+/// (`None`: no record), and writes it in one transaction guarded by leadership and by
+/// the record's revision; repeats (with a short randomized backoff) when the record
+/// changed in between or etcd failed. `change` returning `Ok(None)` writes nothing.
+/// Returns the record as written or as found. Concurrent changes of one record on this
+/// leader are applied in turn and written together (see `batch`), so they do not make
+/// each other retry.
+pub async fn modify_node(
+    curator: &Namespaced,
+    leadership: &Leadership,
+    id: &str,
+    mut change: impl FnMut(Option<&Node>) -> Result<Option<Node>, NodeUpdateError>,
+) -> Result<Option<Node>, NodeUpdateError> {
+    let key = curator.key(&node_key(id));
+    for attempt in 0..CAS_ATTEMPTS {
+        // The first retry is immediate: it usually only re-reads a cached record.
+        if attempt > 1 {
+            let jitter = u64::from(random_u16() % 8);
+            tokio::time::sleep(std::time::Duration::from_millis(
+                u64::from(attempt) + jitter,
+            ))
+            .await;
+        }
+        match batch::attempt(curator, leadership, &key, id, &mut change).await? {
+            batch::Attempt::Done(node) => return Ok(node),
+            batch::Attempt::Retry => continue,
+        }
+    }
+    Err(CuratorError::Protocol("node record kept changing").into())
+}
+
+fn random_u16() -> u16 {
+    let mut b = [0u8; 2];
+    // A failed random source only makes the backoff less random.
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+    u16::from_le_bytes(b)
+}
+
+/// Applies a label change to a node (see [`modify_node`]).
+pub async fn update_node_labels(
+    curator: &Namespaced,
+    leadership: &Leadership,
+    id: &str,
+    upsert: &std::collections::BTreeMap<String, String>,
+    delete: &[String],
+) -> Result<Node, NodeUpdateError> {
+    modify_node(curator, leadership, id, |current| {
+        let mut node = current
+            .cloned()
+            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
+        node.labels = proto::labels::apply(&node.labels, upsert, delete)?;
+        Ok(Some(node))
+    })
+    .await?
+    .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))
+}
+
+/// Applies a lifecycle `event` to the record of `id` (see [`crate::lifecycle`]):
+/// `create` builds the record when the event creates one. Returns the record after the
+/// event (unchanged when the event had already happened).
+pub async fn apply_event(
+    curator: &Namespaced,
+    leadership: &Leadership,
+    id: &str,
+    public_key: Option<&[u8]>,
+    event: Event,
+    create: impl Fn() -> Node,
+) -> Result<Node, NodeUpdateError> {
+    let transition_error = |source| NodeUpdateError::Transition {
+        id: id.to_string(),
+        source,
+    };
+    modify_node(curator, leadership, id, |current| {
+        if let (Some(node), Some(key)) = (current, public_key)
+            && node.public_key != key
+        {
+            return Err(NodeUpdateError::KeyMismatch(id.to_string()));
+        }
+        match transition(current.map(node_state), event).map_err(transition_error)? {
+            Outcome::Unchanged => Ok(None),
+            Outcome::Remove => Err(CuratorError::Protocol(
+                "a removal is written by delete_node, not as a state change",
+            )
+            .into()),
+            Outcome::Enter(state) => {
+                let mut node = current.cloned().unwrap_or_else(&create);
+                node.state = state as i32;
+                Ok(Some(node))
+            }
+        }
+    })
+    .await?
+    .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))
+}
+
+/// Deletes the record of `id` as the lifecycle allows (`Event::Delete`), leaving the
+/// record as it was under [`tombstone_key`]: one transaction guarded by leadership and
+/// by the record's revision, repeated when the record changed in between. Returns the
+/// deleted record.
+pub async fn delete_node(
+    curator: &Namespaced,
+    leadership: &Leadership,
+    id: &str,
+) -> Result<Node, NodeUpdateError> {
+    let key = curator.key(&node_key(id));
+    for _ in 0..CAS_ATTEMPTS {
+        let response = curator
+            .client()
+            .get(key.clone(), None)
+            .await
+            .map_err(CuratorError::from)?;
+        let Some(kv) = response.kvs().first() else {
+            return Err(NodeUpdateError::NotFound(id.to_string()));
+        };
+        let node = decode_node(id, kv.value())?;
+        match transition(Some(node_state(&node)), Event::Delete).map_err(|source| {
+            NodeUpdateError::Transition {
+                id: id.to_string(),
+                source,
+            }
+        })? {
+            Outcome::Remove => {}
+            Outcome::Unchanged | Outcome::Enter(_) => {
+                return Err(CuratorError::Protocol("delete without removal").into());
+            }
+        }
+        let txn = Txn::new()
+            .when([
+                election::guard(leadership),
+                Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision()),
+            ])
+            .and_then([
+                TxnOp::delete(key.clone(), None),
+                TxnOp::put(curator.key(&tombstone_key(id)), kv.value(), None),
+            ])
+            .or_else([TxnOp::get(leadership.key.clone(), None)]);
+        let response = curator
+            .client()
+            .txn(txn)
+            .await
+            .map_err(CuratorError::from)?;
+        if response.succeeded() {
+            if let Some(header) = response.header() {
+                batch::record_written(leadership, header.revision());
+            }
+            return Ok(node);
+        }
+        if !election::still_leads(&response, leadership) {
+            return Err(CuratorError::NotLeader.into());
+        }
+    }
+    Err(CuratorError::Protocol("node record kept changing").into())
+}
