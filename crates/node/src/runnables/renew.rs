@@ -26,11 +26,13 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use pki::Validity;
 use proto::api;
 
-use crate::cluster::NodeValues;
-use crate::decision::ClusterState;
-use crate::register::{Backoff, ProblemLog, pause};
-use crate::roleserver::{Settings, curator_client};
+use crate::cluster_state::ClusterState;
+use crate::curator_client::curator_client;
+use crate::files::read_pem_certificate;
+use crate::retry::{Backoff, ProblemLog, pause};
+use crate::settings::Settings;
 use crate::storage::{pem, write_atomic};
+use crate::values::NodeValues;
 
 /// Longest sleep between two looks at the certificates.
 const MAX_NAP: Duration = Duration::from_secs(60);
@@ -203,15 +205,6 @@ async fn renew(
         );
     }
     Ok(())
-}
-
-/// The DER inside a PEM certificate file.
-fn read_pem_certificate(path: &Path) -> Result<Vec<u8>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(pem::parse(text)
-        .with_context(|| format!("{} is not PEM", path.display()))?
-        .into_contents())
 }
 
 #[cfg(test)]
