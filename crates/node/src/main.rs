@@ -1,6 +1,6 @@
 //! `polis-node`: the agent every machine of a Polis cluster runs.
 //!
-//! On every start the node decides once what it is (see `decision`): a node that
+//! On every start the node decides once what it is (see `start::decision`): a node that
 //! already belongs to a cluster *joins* it again; a fresh node *bootstraps* a new cluster
 //! or *registers* into an existing one, as its node parameters say. Everything after
 //! that decision runs as runnables under a supervisor:
@@ -19,8 +19,45 @@
 //!       │       ├── health       leader: health verdicts into the records on change
 //!       │       └── listener
 //!       ├── rolefetch            watches this node's record and the curator list
-//!       └── heartbeat            tells the curator this node is alive, with its status;
-//!                                Split when no curator answers for the timeout
+//!       ├── heartbeat            tells the curator this node is alive, with its status;
+//!       │                        Split when no curator answers for the timeout
+//!       └── renew                renews the node (and etcd peer) certificate, live
+//! ```
+//!
+//! Modules, in layers: a module imports only from layers below it (and from its own
+//! layer where an arrow says so), never upwards, so no two modules import each other.
+//!
+//! ```text
+//!   main.rs         flags, logging, runtime, signals; wires values, settings and the
+//!                   two top runnables; wipes the root after LeftCluster
+//!   ─────────────── orchestration ───────────────────────────────────────────────────
+//!   roleserver      root.role: starts rolefetch, heartbeat, renew; the control plane
+//!                   while the node holds ConsensusMember
+//!   ─────────────── runnables/ (never import each other) ───────────────────────────
+//!   cluster         root.cluster: carries out the Plan (bootstrap::prepare, register)
+//!   controlplane    etcd + curator; bootstrap::finish or the member checks; crlsync
+//!   rolefetch       this node's record: roles, curators, CRL, decommission
+//!   heartbeat       alive + status; Home ⇄ Split
+//!   renew           node and etcd peer certificates, applied live
+//!   ─────────────── start/ (once per start) ────────────────────────────────────────
+//!   preflight       every refusal before anything is written; the Plan
+//!     │ ──▶ decision    the start decision (pure)
+//!     │ ──▶ join        a member's identity, roles, directory, loaded and checked
+//!     └──▶ bootstrap    prepare (before etcd), trace (preflight), finish (control
+//!            │          plane, once etcd runs)
+//!            └──▶ decision (BootstrapTrace)
+//!   register        the register path (RegisterNode, CommitNode)
+//!   ─────────────── leaves (shared by all; import only leaves listed below them) ──
+//!   curator_client  client with the node certificate; cluster CRL intake and saving
+//!   values          NodeValues: membership, cluster state, curators, roles, CRL, ...
+//!   settings        Settings (from the flags)
+//!   files           peer files, PEM, node key, directory, member.pb (on storage)
+//!   membership      Membership, BootstrapData, JoinData (pure data)
+//!   cluster_state   ClusterState, Contact (pure)
+//!   retry           Backoff, ProblemLog, pause, call_until_answered
+//!   fatal           FatalSender, LeftCluster
+//!   crash           POLIS_CRASH_AFTER crash points (feature `crash-points`)
+//!   storage         root layout, lock, atomic writes, protobuf files
 //! ```
 //!
 //! Invariants:

@@ -11,7 +11,7 @@ use consensus::RaftTiming;
 
 use crate::storage::Root;
 
-/// Node settings the role server needs.
+/// Node settings the role server and its runnables need.
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub root: Root,

@@ -13,6 +13,10 @@
 //! ```
 //! A learner answers no linearizable reads, so readiness is a local read and "voter" is
 //! a separate wait: a linearizable read succeeds once the leader promoted it.
+//!
+//! The `root.role.controlplane` runnable: it publishes `NodeValues::services` and makes
+//! the node Home once; may not change roles or the curator list (rolefetch does), nor
+//! start or stop itself (the role server does).
 
 use std::net::SocketAddr;
 use std::time::Duration;

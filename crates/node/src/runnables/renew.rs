@@ -18,6 +18,9 @@
 //! left) and logged once per problem. The runnable wakes at least every 1/12 of the
 //! shortest lifetime (capped at a minute), so a peer certificate that appeared since
 //! (the node joined consensus) is looked at in time.
+//!
+//! Touches only the certificate files and the credential slot: may not change roles,
+//! the cluster state or the curator list.
 
 use std::path::Path;
 use std::time::Duration;

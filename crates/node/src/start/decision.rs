@@ -1,4 +1,5 @@
-//! The once-per-start decision of the cluster manager, as a pure function.
+//! The once-per-start decision (taken in preflight, carried out by the cluster manager),
+//! as a pure function: no I/O, and imports no other module of this crate.
 //!
 //! ```text
 //!   sealed configuration present ───────────────────────────────▶ Join
