@@ -1,6 +1,6 @@
 //! `polis-node`: the agent every machine of a Polis cluster runs.
 //!
-//! On every start the node decides once what it is (see `start::decision`): a node that
+//! On every start the node decides once what it is (see `decision`): a node that
 //! already belongs to a cluster *joins* it again; a fresh node *bootstraps* a new cluster
 //! or *registers* into an existing one, as its node parameters say. Everything after
 //! that decision runs as runnables under a supervisor:
@@ -26,6 +26,8 @@
 //!
 //! Modules, in layers: a module imports only from layers below it (and from its own
 //! layer where an arrow says so), never upwards, so no two modules import each other.
+//! They sit side by side in `src/`: a module's path is the target of its log lines
+//! (`POLIS_LOG=info,polis_node::register=debug`), and these stay what they were.
 //!
 //! ```text
 //!   main.rs         flags, logging, runtime, signals; wires values, settings and the
@@ -33,13 +35,13 @@
 //!   ─────────────── orchestration ───────────────────────────────────────────────────
 //!   roleserver      root.role: starts rolefetch, heartbeat, renew; the control plane
 //!                   while the node holds ConsensusMember
-//!   ─────────────── runnables/ (never import each other) ───────────────────────────
+//!   ─────────────── runnables (never import each other; talk through NodeValues) ────
 //!   cluster         root.cluster: carries out the Plan (bootstrap::prepare, register)
 //!   controlplane    etcd + curator; bootstrap::finish or the member checks; crlsync
 //!   rolefetch       this node's record: roles, curators, CRL, decommission
 //!   heartbeat       alive + status; Home ⇄ Split
 //!   renew           node and etcd peer certificates, applied live
-//!   ─────────────── start/ (once per start) ────────────────────────────────────────
+//!   ─────────────── start paths (once per start; never import a runnable) ──────────
 //!   preflight       every refusal before anything is written; the Plan
 //!     │ ──▶ decision    the start decision (pure)
 //!     │ ──▶ join        a member's identity, roles, directory, loaded and checked
@@ -77,6 +79,7 @@
 //!   its sealed configuration and directory, leaves `esp/decommissioned` saying so, and
 //!   exits 0; a root holding that note refuses to start.
 
+// Leaves: shared by all, importing only leaves (see the module map above).
 mod cluster_state;
 mod crash;
 mod curator_client;
@@ -88,10 +91,21 @@ mod settings;
 mod storage;
 mod values;
 
-mod start;
+// Start paths: once per start.
+mod bootstrap;
+mod decision;
+mod join;
+mod preflight;
+mod register;
 
-mod runnables;
+// Runnables.
+mod cluster;
+mod controlplane;
+mod heartbeat;
+mod renew;
+mod rolefetch;
 
+// Orchestration.
 mod roleserver;
 
 use std::net::IpAddr;
@@ -106,7 +120,6 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::cluster_state::ClusterState;
 use crate::fatal::LeftCluster;
 use crate::settings::Settings;
-use crate::start::preflight;
 use crate::storage::Root;
 use crate::values::NodeValues;
 
@@ -269,7 +282,7 @@ async fn run(args: Args) -> Result<()> {
             let cluster_values = values.clone();
             let cluster_fatal = fatal.clone();
             ctx.run("cluster", move |ctx| {
-                runnables::cluster::run(
+                cluster::run(
                     ctx,
                     root.clone(),
                     address,

@@ -25,15 +25,16 @@
 //! starts the control plane when ConsensusMember appears and stops it — then wipes the
 //! node's etcd data and peer credentials — when it goes (`supervisor::Stoppable`).
 //!
-//! It only orchestrates: the runnables live in `runnables`, the client in
-//! `curator_client`; nothing below imports the role server.
+//! It only orchestrates: the runnables live in their own modules (`controlplane`,
+//! `rolefetch`, `heartbeat`, `renew`), the client in `curator_client`; nothing imports
+//! the role server.
 
 use crate::curator_client::load_saved_crl;
 use crate::fatal::FatalSender;
 use crate::files::{forget_consensus, has_etcd_data};
-use crate::runnables::{heartbeat, renew, rolefetch};
 use crate::settings::Settings;
 use crate::values::NodeValues;
+use crate::{heartbeat, renew, rolefetch};
 
 /// The `root.role` runnable: waits until the node belongs to a cluster, then runs
 /// rolefetch, heartbeat and renew, and the control plane while the roles call for it.
@@ -83,12 +84,7 @@ pub async fn run(
                 tracing::info!("this node is a consensus member: starting its control plane");
                 let (settings, values, fatal) = (settings.clone(), values.clone(), fatal.clone());
                 controlplane = Some(ctx.run_stoppable("controlplane", move |ctx| {
-                    crate::runnables::controlplane::run(
-                        ctx,
-                        settings.clone(),
-                        values.clone(),
-                        fatal.clone(),
-                    )
+                    crate::controlplane::run(ctx, settings.clone(), values.clone(), fatal.clone())
                 })?);
             }
             (false, running) => {

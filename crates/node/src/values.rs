@@ -27,7 +27,7 @@ pub struct NodeValues {
     pub crl: rpc::CrlSlot,
     /// The node certificate and key every curator client and the curator's server use,
     /// loaded from the root once it holds them; replaced live on renewal (see
-    /// `crate::runnables::renew`).
+    /// `crate::renew`).
     pub credentials: NodeCredentials,
     /// Which of the node's services run (set by the control plane), for its status.
     pub services: event::Value<RunningServices>,

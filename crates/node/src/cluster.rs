@@ -2,13 +2,13 @@
 //! role server.
 //!
 //! ```text
-//!   start::preflight ──Plan──▶ cluster manager ──Membership──▶ role server / controlplane
+//!   preflight (main) ──Plan──▶ cluster manager ──Membership──▶ role server / controlplane
 //!                                     │                              │
 //!                                     └──── logs every change of ◀───┘ ClusterState
 //! ```
-//! Bootstrap prepares everything etcd needs to start (see `start::bootstrap`); the
+//! Bootstrap prepares everything etcd needs to start (see `bootstrap`); the
 //! sealed configuration is only written by the control plane once the cluster records
-//! are in etcd. Register (see `start::register`) runs here to its end (approval may take
+//! are in etcd. Register (see `register`) runs here to its end (approval may take
 //! hours) and then hands the role server the same data a join would. A join was loaded
 //! and checked in preflight already.
 //!
@@ -22,10 +22,10 @@ use proto::config::LocalRoles;
 
 use crate::fatal::FatalSender;
 use crate::membership::{Membership, initial_curators};
-use crate::start::preflight::Plan;
-use crate::start::{bootstrap, register};
+use crate::preflight::Plan;
 use crate::storage::Root;
 use crate::values::NodeValues;
+use crate::{bootstrap, register};
 
 /// The `root.cluster` runnable body: carry out the plan, then log cluster state changes.
 pub async fn run(

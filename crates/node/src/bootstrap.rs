@@ -36,11 +36,11 @@ use proto::config::{ClusterBootstrap, ClusterConfiguration, LocalRoles, SealedCo
 use proto::state::{ConsensusMemberRole, Node, NodeRoles, NodeState};
 
 use crate::crash::crash_point;
+use crate::decision::BootstrapTrace;
 use crate::files::{
     PEER_FILES, read_node_key, read_pem_certificate, save_directory, write_peer_files,
 };
 use crate::membership::BootstrapData;
-use crate::start::decision::BootstrapTrace;
 use crate::storage::{Root, dir_non_empty, read_file, read_proto, write_atomic, write_proto};
 
 /// A failed step is either worth retrying (etcd hiccup) or proof that this root cannot

@@ -26,6 +26,7 @@ use consensus::{EtcdConfig, InitialClusterState, PeerTlsFiles, Readiness, Runnin
 use proto::api;
 use proto::config::{ConsensusMembership, SealedConfiguration};
 
+use crate::bootstrap::{self, Step};
 use crate::cluster_state::Contact;
 use crate::curator_client::curator_client;
 use crate::fatal::FatalSender;
@@ -33,7 +34,6 @@ use crate::files::{has_etcd_data, recorded_membership, write_peer_files};
 use crate::membership::Membership;
 use crate::retry::{Answer, call_until_answered, pause};
 use crate::settings::Settings;
-use crate::start::bootstrap::{self, Step};
 use crate::storage::{Root, read_file, read_proto, write_proto};
 use crate::values::{NodeValues, RunningServices, apply_contact};
 

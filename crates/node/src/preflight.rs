@@ -21,11 +21,11 @@ use proto::config::{
 };
 
 use crate::crash::check_crash_points;
+use crate::decision::{Decision, ParametersKind, RootFacts, decide};
 use crate::files::{has_etcd_data, parse_endpoints, recorded_membership};
 use crate::membership::JoinData;
-use crate::start::decision::{Decision, ParametersKind, RootFacts, decide};
-use crate::start::{bootstrap, join};
 use crate::storage::{Root, RootLock, read_proto};
+use crate::{bootstrap, join};
 
 /// What preflight decided and validated before the supervisor started.
 #[derive(Debug, Clone)]
