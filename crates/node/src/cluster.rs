@@ -2,7 +2,7 @@
 //! role server.
 //!
 //! ```text
-//!   preflight (main) ──Plan──▶ cluster manager ──Membership──▶ role server / controlplane
+//!   preflight ─────────Plan──▶ cluster manager ──Membership──▶ role server / controlplane
 //!                                     │                              │
 //!                                     └──── logs every change of ◀───┘ ClusterState
 //! ```
