@@ -1,4 +1,13 @@
-//! The bootstrap of a new cluster, once its etcd runs: the cluster's PKI and records
+//! The bootstrap of a new cluster, in two halves around the start of its etcd.
+//!
+//! Before etcd ([`prepare`], run by the cluster manager): everything etcd needs to start
+//! (node key, both CAs, the peer certificate, an empty peer CRL) goes on disk. It first
+//! records its parameters in the root (`bootstrap.pb`): a crash at any later moment
+//! leaves a root that resumes this same bootstrap when started with the same parameters
+//! (the node key is kept; see `decision` and [`trace`], which preflight reads), and
+//! refuses anything else — never a second cluster.
+//!
+//! Once etcd runs ([`finish`], run by the control plane): the cluster's PKI and records
 //! go into etcd, the node's credentials onto disk, and the sealed configuration last.
 //!
 //! ```text
@@ -8,21 +17,31 @@
 //!     ─▶ roles.pb, directory.pb ─▶ sealed configuration (last) ─▶ Home
 //! ```
 //! Every step is idempotent, so a restart of the control plane repeats it safely, and
-//! so does a start resuming an interrupted bootstrap (`cluster::prepare_bootstrap`):
+//! so does a start resuming an interrupted bootstrap ([`prepare`]):
 //! etcd's membership proves its data is this node's; CAs an earlier attempt stored are
 //! taken from etcd (the peer CA's key exists nowhere else), and when none was stored the
 //! ones made for this attempt are, and the peer files are rewritten for them.
+//!
+//! A start path: may not start runnables or touch shared values; it is handed a running
+//! etcd by the control plane.
 
 use std::net::{IpAddr, SocketAddr};
 
-use anyhow::{Context as _, anyhow};
+use anyhow::{Context as _, Result, anyhow};
 use consensus::Running;
 use curator::BootstrapRecords;
-use proto::config::{ClusterConfiguration, LocalRoles, SealedConfiguration};
+use identity::NodeKey;
+use pki::{CA_LIFETIME, Ca};
+use proto::config::{ClusterBootstrap, ClusterConfiguration, LocalRoles, SealedConfiguration};
 use proto::state::{ConsensusMemberRole, Node, NodeRoles, NodeState};
 
-use crate::cluster::{BootstrapData, crash_point};
-use crate::storage::{Root, write_atomic, write_proto};
+use crate::crash::crash_point;
+use crate::decision::BootstrapTrace;
+use crate::files::{
+    PEER_FILES, read_node_key, read_pem_certificate, save_directory, write_peer_files,
+};
+use crate::membership::BootstrapData;
+use crate::storage::{Root, dir_non_empty, read_file, read_proto, write_atomic, write_proto};
 
 /// A failed step is either worth retrying (etcd hiccup) or proof that this root cannot
 /// come up as its cluster (mismatched identity).
@@ -35,6 +54,127 @@ impl<E: Into<anyhow::Error>> From<E> for Step {
     fn from(e: E) -> Self {
         Step::Retry(e.into())
     }
+}
+
+/// Bootstrap, up to the point where etcd can start. Resumes an interrupted bootstrap
+/// (the decision checked that the root holds only its state): its node key is kept;
+/// while etcd has no data yet, CAs and peer files are made anew.
+pub fn prepare(
+    root: &Root,
+    address: IpAddr,
+    parameters: ClusterBootstrap,
+) -> Result<BootstrapData> {
+    let configuration = parameters
+        .initial_cluster_configuration
+        .clone()
+        .unwrap_or_default();
+    curator::templates::check_configuration(&configuration)
+        .context("the bootstrap parameters' cluster configuration is unusable")?;
+    let lifetime = curator::templates::node_certificate_lifetime(Some(&configuration));
+    let record = root.bootstrap_record();
+    let resumed = record.exists();
+    if !resumed {
+        // First, so that anything written after it is known to be this bootstrap's.
+        write_proto(&record, &parameters).context("recording the bootstrap parameters")?;
+    }
+    let key_path = root.node_key();
+    let key = if resumed && key_path.exists() {
+        read_node_key(root)?
+    } else {
+        let key = NodeKey::generate().context("generating the node key")?;
+        write_atomic(&key_path, key.pkcs8_der()).context("saving the node key")?;
+        key
+    };
+    let node_id = key.node_id();
+    let resumed_etcd = dir_non_empty(&root.etcd_data());
+    if resumed {
+        tracing::info!(node_id, resumed_etcd, "resuming an interrupted bootstrap");
+    } else {
+        tracing::info!(node_id, "bootstrapping a new cluster");
+    }
+    crash_point("node-key");
+    // When etcd already has data, the CAs it may hold are only known once it runs;
+    // these are used if it holds none (see `bootstrap::finish`).
+    let cluster_ca =
+        Ca::generate("Polis Cluster CA", CA_LIFETIME).context("creating the cluster CA")?;
+    let peer_ca =
+        Ca::generate("Polis etcd Peer CA", CA_LIFETIME).context("creating the etcd peer CA")?;
+    let peer_certificate = peer_ca
+        .issue(
+            &curator::templates::peer_certificate_template(&node_id, address, lifetime),
+            &key.public_key(),
+        )
+        .context("issuing the etcd peer certificate")?;
+    if !resumed_etcd {
+        let crl = peer_ca.crl(&[], 1).context("creating the etcd peer CRL")?;
+        write_peer_files(root, &key, &peer_ca.cert_der, &peer_certificate.der, &crl)
+            .context("writing etcd peer TLS files")?;
+    }
+    crash_point("peer-files");
+    Ok(BootstrapData {
+        key,
+        parameters,
+        cluster_ca,
+        peer_ca,
+        peer_certificate,
+        resumed_etcd,
+    })
+}
+
+/// What an interrupted bootstrap left in the root, judged against `parameters` (the
+/// bootstrap parameters of this start, if any); `None` when the root holds no
+/// bootstrap record. Reads only.
+pub fn trace(root: &Root, parameters: Option<&ClusterBootstrap>) -> Result<Option<BootstrapTrace>> {
+    let record_path = root.bootstrap_record();
+    if !record_path.exists() {
+        return Ok(None);
+    }
+    let recorded: ClusterBootstrap = read_proto(&record_path, "bootstrap record")?;
+    let same_parameters = parameters == Some(&recorded);
+    let foreign = foreign_state(root).with_context(|| {
+        format!(
+            "checking what the interrupted bootstrap in {} left",
+            root.root.display()
+        )
+    })?;
+    Ok(Some(BootstrapTrace {
+        same_parameters,
+        foreign,
+    }))
+}
+
+/// Why state in the root is not the recorded bootstrap's, if it is not.
+fn foreign_state(root: &Root) -> Result<Option<String>> {
+    let etcd_data = dir_non_empty(&root.etcd_data());
+    let key_path = root.node_key();
+    if !key_path.exists() {
+        let others = [root.node_certificate(), root.cluster_ca()];
+        return Ok(if etcd_data || others.iter().any(|p| p.exists()) {
+            Some("etcd data or node credentials without the node key".into())
+        } else {
+            None
+        });
+    }
+    let key = read_node_key(root)?;
+    let public_key = key.public_key().to_vec();
+    if root.node_certificate().exists() {
+        let der = read_file(&root.node_certificate(), "node certificate")?;
+        if pki::certificate_public_key(&der)? != public_key {
+            return Ok(Some("the node certificate is for another key".into()));
+        }
+    }
+    if etcd_data {
+        for file in PEER_FILES {
+            if !root.etcd_peer_dir().join(file).is_file() {
+                return Ok(Some(format!("etcd data without the etcd peer file {file}")));
+            }
+        }
+        let peer_certificate = read_pem_certificate(&root.etcd_peer_dir().join("cert.pem"))?;
+        if pki::certificate_public_key(&peer_certificate)? != public_key {
+            return Ok(Some("the etcd peer certificate is for another key".into()));
+        }
+    }
+    Ok(None)
 }
 
 /// Writes the new cluster's state into etcd, then the sealed configuration (last).
@@ -74,7 +214,7 @@ pub async fn finish(
             // key is lost): replace them with this attempt's, which are (etcd reads
             // them per handshake; a one-member cluster has no peer to lose meanwhile).
             let crl = etcd_pki.crl().await.context("loading the etcd peer CRL")?;
-            crate::cluster::write_peer_files(
+            write_peer_files(
                 root,
                 &b.key,
                 &peer_ca.cert_der,
@@ -153,7 +293,7 @@ pub async fn finish(
         },
     )
     .context("saving the node's roles")?;
-    crate::roleserver::save_directory(
+    save_directory(
         root,
         &[SocketAddr::new(address, rpc::CURATOR_PORT).to_string()],
     )?;
@@ -223,14 +363,7 @@ fn stored_attempt_peer_certificate(
     peer_ca: &pki::Ca,
     key: &identity::NodeKey,
 ) -> Result<pki::Issued, Step> {
-    let read = |file: &str| -> anyhow::Result<Vec<u8>> {
-        let path = root.etcd_peer_dir().join(file);
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        Ok(pem::parse(text)
-            .with_context(|| format!("{} is not PEM", path.display()))?
-            .into_contents())
-    };
+    let read = |file: &str| read_pem_certificate(&root.etcd_peer_dir().join(file));
     let (ca, der) = (read("ca.pem")?, read("cert.pem")?);
     if ca != peer_ca.cert_der
         || pki::certificate_public_key(&der).map_err(anyhow::Error::from)? != key.public_key()

@@ -13,21 +13,29 @@
 //! ```
 //! A learner answers no linearizable reads, so readiness is a local read and "voter" is
 //! a separate wait: a linearizable read succeeds once the leader promoted it.
+//!
+//! The `root.role.controlplane` runnable: it publishes `NodeValues::services` and makes
+//! the node Home once; may not change roles or the curator list (rolefetch does), nor
+//! start or stop itself (the role server does).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, anyhow};
 use consensus::{EtcdConfig, InitialClusterState, PeerTlsFiles, Readiness, Running, Status};
 use proto::api;
 use proto::config::{ConsensusMembership, SealedConfiguration};
 
-use crate::bootstrap::Step;
-use crate::cluster::{Membership, NodeValues, RunningServices, apply_contact, write_peer_files};
-use crate::decision::Contact;
-use crate::register::{Answer, call_until_answered, pause};
-use crate::roleserver::{Settings, curator_client};
+use crate::bootstrap::{self, Step};
+use crate::cluster_state::Contact;
+use crate::curator_client::curator_client;
+use crate::fatal::FatalSender;
+use crate::files::{has_etcd_data, recorded_membership, write_peer_files};
+use crate::membership::Membership;
+use crate::retry::{Answer, call_until_answered, pause};
+use crate::settings::Settings;
 use crate::storage::{Root, read_file, read_proto, write_proto};
+use crate::values::{NodeValues, RunningServices, apply_contact};
 
 /// How this start brings up the local etcd member.
 enum EtcdStart {
@@ -81,32 +89,6 @@ fn etcd_config(settings: &Settings, node_id: &str, start: &EtcdStart) -> EtcdCon
         timing: settings.raft_timing,
         readiness,
     }
-}
-
-/// Whether the root holds etcd data (this node was a member before).
-pub fn has_etcd_data(root: &Root) -> bool {
-    root.etcd_data().join("member").is_dir()
-}
-
-/// The etcd member this node is, as recorded: `data/etcd/member.pb` (written when it
-/// joined consensus after joining the cluster; all zeros once it left consensus, which
-/// also voids the sealed IDs), else the sealed configuration (bootstrap). `None` when
-/// this node is no recorded member.
-fn recorded_membership(
-    root: &Root,
-    sealed: Option<&SealedConfiguration>,
-) -> Result<Option<ConsensusMembership>> {
-    let path = root.consensus_membership();
-    if path.exists() {
-        let recorded: ConsensusMembership = read_proto(&path, "consensus membership")?;
-        return Ok((recorded.etcd_member_id != 0).then_some(recorded));
-    }
-    Ok(sealed
-        .filter(|s| s.etcd_member_id != 0)
-        .map(|s| ConsensusMembership {
-            etcd_cluster_id: s.etcd_cluster_id,
-            etcd_member_id: s.etcd_member_id,
-        }))
 }
 
 /// Asks the cluster to make this node an etcd learner; writes the peer files it gets.
@@ -204,7 +186,7 @@ pub async fn run(
     ctx: supervisor::Context,
     settings: Settings,
     values: NodeValues,
-    fatal: crate::roleserver::FatalSender,
+    fatal: FatalSender,
 ) -> supervisor::RunnableResult {
     let membership = values.membership.watch().get().await?;
     let node_id = membership.key().node_id();
@@ -254,7 +236,7 @@ pub async fn run(
     }
     let outcome = match (&membership, &start) {
         (Membership::Bootstrap(b), EtcdStart::Bootstrap) => {
-            crate::bootstrap::finish(&settings.root, settings.address, &running, b).await
+            bootstrap::finish(&settings.root, settings.address, &running, b).await
         }
         _ => check_member(&settings.root, &running, &membership, sealed.as_ref()).await,
     };
@@ -422,38 +404,4 @@ async fn crl_sync(
             );
         }
     }
-}
-
-/// After the ConsensusMember role was taken away and the control plane stopped: the
-/// node is no etcd member any more; its etcd data and peer credentials go.
-pub fn forget_consensus(root: &Root) -> Result<()> {
-    for dir in [root.etcd_data(), root.etcd_peer_dir()] {
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("removing {}", dir.display())),
-        }
-    }
-    // "No member" — also over a bootstrap node's sealed member ID, so that it can join
-    // consensus again later as a new member.
-    write_proto(
-        &root.consensus_membership(),
-        &ConsensusMembership::default(),
-    )
-    .context("recording that this node left consensus")?;
-    crate::storage::ensure_private_dir(&root.etcd_peer_dir())?;
-    Ok(())
-}
-
-/// Preflight for a consensus member's restart: a member whose etcd data is gone would
-/// come back as a new, empty member; a node that never finished joining has none yet.
-pub fn check_member_root(root: &Root, sealed: &SealedConfiguration) -> Result<()> {
-    if recorded_membership(root, Some(sealed))?.is_some() && !has_etcd_data(root) {
-        bail!(
-            "this node is a consensus member, but its etcd data at {} is missing; \
-             starting would create a new, empty member",
-            root.etcd_data().display()
-        );
-    }
-    Ok(())
 }

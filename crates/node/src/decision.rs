@@ -1,4 +1,5 @@
-//! The once-per-start decision of the cluster manager, as a pure function.
+//! The once-per-start decision (taken in preflight, carried out by the cluster manager),
+//! as a pure function: no I/O, and imports no other module of this crate.
 //!
 //! ```text
 //!   sealed configuration present ───────────────────────────────▶ Join
@@ -21,7 +22,6 @@
 //! (checked against the node key before the start, and etcd's membership once etcd
 //! runs, in `bootstrap::finish`).
 
-use std::fmt;
 use std::path::PathBuf;
 
 /// What the root holds, as far as the decision is concerned.
@@ -152,91 +152,9 @@ pub fn decide(
     }
 }
 
-/// The cluster state as seen by this node (DESIGN.md, Lifecycle).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClusterState {
-    /// Not yet known: the node is starting.
-    Unknown,
-    /// Registered with a cluster, waiting for the owner's approval.
-    Foreign,
-    /// Approved; committing (receiving its certificate).
-    Trusted,
-    /// Full member of its cluster.
-    Home,
-    /// A member that has lost every curator for longer than the heartbeat timeout; back
-    /// to Home when contact returns.
-    Split,
-    /// Being decommissioned: leaving its cluster for good. Nothing moves it back.
-    Disowning,
-}
-
-/// What moves a node between Home and Split (the other states are set by registration
-/// and, for Disowning, by decommissioning).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Contact {
-    /// The node belongs to its cluster: its control plane runs, or (a worker) a curator
-    /// answered its node watch.
-    Joined,
-    /// No curator has answered a heartbeat for longer than the heartbeat timeout.
-    Lost,
-    /// A heartbeat was answered again.
-    Restored,
-}
-
-impl ClusterState {
-    /// The state after `contact`, or `None` when it stays as it is (pure). Explicitly:
-    /// ```text
-    ///   Unknown | Foreign | Trusted ──Joined──▶ Home ──Lost──▶ Split ──Restored──▶ Home
-    ///   Disowning: nothing moves it
-    /// ```
-    /// Joined never ends Split (only a heartbeat answered again does, so a restarting
-    /// control plane or a node watch answered by a curator without a leader cannot flip
-    /// a split node back), and nothing moves a node out of Disowning.
-    pub fn after(self, contact: Contact) -> Option<ClusterState> {
-        use ClusterState::*;
-        match (self, contact) {
-            (Unknown | Foreign | Trusted, Contact::Joined) => Some(Home),
-            (Home, Contact::Lost) => Some(Split),
-            (Split, Contact::Restored) => Some(Home),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for ClusterState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cluster_state_transitions() {
-        use ClusterState::*;
-        use Contact::*;
-        let cases = [
-            (Unknown, Joined, Some(Home)),
-            (Foreign, Joined, Some(Home)),
-            (Trusted, Joined, Some(Home)),
-            (Home, Joined, None),
-            (Split, Joined, None),
-            (Disowning, Joined, None),
-            (Home, Lost, Some(Split)),
-            (Split, Lost, None),
-            (Unknown, Lost, None),
-            (Disowning, Lost, None),
-            (Split, Restored, Some(Home)),
-            (Home, Restored, None),
-            (Unknown, Restored, None),
-            (Disowning, Restored, None),
-        ];
-        for (state, contact, want) in cases {
-            assert_eq!(state.after(contact), want, "{state} after {contact:?}");
-        }
-    }
 
     fn facts(sealed: bool, state: bool, params: Option<ParametersKind>) -> RootFacts {
         RootFacts {

@@ -19,8 +19,47 @@
 //!       │       ├── health       leader: health verdicts into the records on change
 //!       │       └── listener
 //!       ├── rolefetch            watches this node's record and the curator list
-//!       └── heartbeat            tells the curator this node is alive, with its status;
-//!                                Split when no curator answers for the timeout
+//!       ├── heartbeat            tells the curator this node is alive, with its status;
+//!       │                        Split when no curator answers for the timeout
+//!       └── renew                renews the node (and etcd peer) certificate, live
+//! ```
+//!
+//! Modules, in layers: a module imports only from layers below it (and from its own
+//! layer where an arrow says so), never upwards, so no two modules import each other.
+//! They sit side by side in `src/`: a module's path is the target of its log lines
+//! (`POLIS_LOG=info,polis_node::register=debug`), and these stay what they were.
+//!
+//! ```text
+//!   main.rs         flags, logging, runtime, signals; wires values, settings and the
+//!                   two top runnables; wipes the root after LeftCluster
+//!   ─────────────── orchestration ───────────────────────────────────────────────────
+//!   roleserver      root.role: starts rolefetch, heartbeat, renew; the control plane
+//!                   while the node holds ConsensusMember
+//!   ─────────────── runnables (never import each other; talk through NodeValues) ────
+//!   cluster         root.cluster: carries out the Plan (bootstrap::prepare, register)
+//!   controlplane    etcd + curator; bootstrap::finish or the member checks; crlsync
+//!   rolefetch       this node's record: roles, curators, CRL, decommission
+//!   heartbeat       alive + status; Home ⇄ Split
+//!   renew           node and etcd peer certificates, applied live
+//!   ─────────────── start paths (once per start; never import a runnable) ──────────
+//!   preflight       every refusal before anything is written; the Plan
+//!     │ ──▶ decision    the start decision (pure)
+//!     │ ──▶ join        a member's identity, roles, directory, loaded and checked
+//!     └──▶ bootstrap    prepare (before etcd), trace (preflight), finish (control
+//!            │          plane, once etcd runs)
+//!            └──▶ decision (BootstrapTrace)
+//!   register        the register path (RegisterNode, CommitNode)
+//!   ─────────────── leaves (shared by all; import only leaves listed below them) ──
+//!   curator_client  client with the node certificate; cluster CRL intake and saving
+//!   values          NodeValues: membership, cluster state, curators, roles, CRL, ...
+//!   settings        Settings (from the flags)
+//!   files           peer files, PEM, node key, directory, member.pb (on storage)
+//!   membership      Membership, BootstrapData, JoinData (pure data)
+//!   cluster_state   ClusterState, Contact (pure)
+//!   retry           Backoff, ProblemLog, pause, call_until_answered
+//!   fatal           FatalSender, LeftCluster
+//!   crash           POLIS_CRASH_AFTER crash points (feature `crash-points`)
+//!   storage         root layout, lock, atomic writes, protobuf files
 //! ```
 //!
 //! Invariants:
@@ -40,28 +79,49 @@
 //!   its sealed configuration and directory, leaves `esp/decommissioned` saying so, and
 //!   exits 0; a root holding that note refuses to start.
 
+// Leaves: shared by all, importing only leaves (see the module map above).
+mod cluster_state;
+mod crash;
+mod curator_client;
+mod fatal;
+mod files;
+mod membership;
+mod retry;
+mod settings;
+mod storage;
+mod values;
+
+// Start paths: once per start.
 mod bootstrap;
+mod decision;
+mod join;
+mod preflight;
+mod register;
+
+// Runnables.
 mod cluster;
 mod controlplane;
-mod decision;
-mod register;
+mod heartbeat;
 mod renew;
+mod rolefetch;
+
+// Orchestration.
 mod roleserver;
-mod storage;
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, ValueEnum};
-use proto::config::{ClusterRegister, NodeParameters, SealedConfiguration, node_parameters};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cluster::{NodeValues, Plan};
-use crate::decision::{ClusterState, Decision, ParametersKind, RootFacts, decide};
-use crate::storage::{Root, RootLock, read_proto};
+use crate::cluster_state::ClusterState;
+use crate::fatal::LeftCluster;
+use crate::settings::Settings;
+use crate::storage::Root;
+use crate::values::NodeValues;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -155,222 +215,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// Fails unless `address` is assigned to an interface of this machine.
-fn check_address(address: IpAddr) -> Result<()> {
-    match std::net::TcpListener::bind((address, 0)) {
-        Ok(_) => Ok(()),
-        Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
-            bail!("address {address} is not present on this machine (no interface has it)")
-        }
-        Err(e) => Err(e).with_context(|| format!("checking address {address}")),
-    }
-}
-
-/// How long a start waits for a port that is still in use.
-const PORT_WAIT: Duration = Duration::from_secs(3);
-
-/// Fails unless `port` can be bound on `address` within `wait`. A port in use is polled:
-/// right after `kill -9` the dying etcd holds the peer port for a few milliseconds.
-fn check_port_free(address: IpAddr, port: u16, what: &str, wait: Duration) -> Result<()> {
-    let deadline = std::time::Instant::now() + wait;
-    loop {
-        match std::net::TcpListener::bind((address, port)) {
-            Ok(_) => return Ok(()),
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AddrInUse
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => {
-                return Err(e).with_context(|| {
-                    format!(
-                        "{what} port {address}:{port} is not available (is another node running there?)"
-                    )
-                });
-            }
-        }
-    }
-}
-
-/// Raises the open-files soft limit to the hard limit: every curator connection is a
-/// descriptor, and the default soft limit (often 1024) is far below what a curator
-/// serving a thousand nodes needs. Returns the limit now in force.
-fn raise_open_files_limit() -> std::io::Result<u64> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if limit.rlim_cur < limit.rlim_max {
-            let raised = libc::rlimit {
-                rlim_cur: limit.rlim_max,
-                rlim_max: limit.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            limit = raised;
-        }
-    }
-    Ok(limit.rlim_cur)
-}
-
-/// The ports a consensus member listens on: etcd peers and the curator.
-fn check_control_plane_ports(address: IpAddr) -> Result<()> {
-    check_port_free(
-        address,
-        consensus::config::PEER_PORT,
-        "etcd peer",
-        PORT_WAIT,
-    )?;
-    check_port_free(address, rpc::CURATOR_PORT, "curator", PORT_WAIT)
-}
-
-fn check_etcd_binary(path: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(()),
-        _ => Err(consensus::ConsensusError::BinaryMissing { path: path.into() }.into()),
-    }
-}
-
-/// Everything that can refuse the start, before anything is written (but the root lock,
-/// which the returned plan must be carried out under).
-fn preflight(args: &Args, root: &Root) -> Result<(RootLock, Plan)> {
-    check_address(args.address)?;
-    cluster::check_crash_points()?;
-    if root.root.exists() && !root.root.is_dir() {
-        bail!("node root {} is not a directory", root.root.display());
-    }
-    let lock = root.lock()?;
-    let marker = root.decommissioned_marker();
-    if marker.exists() {
-        let note = std::fs::read_to_string(&marker).unwrap_or_default();
-        bail!(
-            "{}; this root holds nothing of it any more. To use this machine in a cluster again, \
-             remove {} and start it with new register parameters",
-            note.trim_end_matches(['.', '\n']),
-            marker.display()
-        );
-    }
-    Ok((lock, decide_plan(args, root)?))
-}
-
-fn decide_plan(args: &Args, root: &Root) -> Result<Plan> {
-    let sealed_path = root.sealed_configuration();
-    let params_path = args
-        .params
-        .clone()
-        .unwrap_or_else(|| root.default_parameters());
-    let sealed_present = sealed_path.exists();
-    let parameters: Option<NodeParameters> = if sealed_present {
-        None
-    } else if args.params.is_some() || params_path.exists() {
-        Some(read_proto(&params_path, "node parameters")?)
-    } else {
-        None
-    };
-    let cluster_state = root.cluster_state_present();
-    let facts = RootFacts {
-        sealed_configuration: sealed_present.then(|| sealed_path.clone()),
-        etcd_data: cluster_state.contains(&root.etcd_data()),
-        cluster_state,
-        parameters: parameters.as_ref().map(|p| match p.cluster {
-            Some(node_parameters::Cluster::Bootstrap(_)) => ParametersKind::Bootstrap,
-            Some(node_parameters::Cluster::Register(_)) => ParametersKind::Register,
-            None => ParametersKind::Empty,
-        }),
-        parameters_path: params_path.clone(),
-        bootstrap_trace: cluster::bootstrap_trace(
-            root,
-            match parameters.as_ref().and_then(|p| p.cluster.as_ref()) {
-                Some(node_parameters::Cluster::Bootstrap(b)) => Some(b),
-                _ => None,
-            },
-        )?,
-    };
-    let decision = decide(&facts, sealed_path.clone(), root.data())?;
-    tracing::info!(?decision, "start decision");
-    match decision {
-        Decision::Join => {
-            let sealed: SealedConfiguration = read_proto(&sealed_path, "sealed configuration")?;
-            identity::validate_node_id(&sealed.node_id).with_context(|| {
-                format!(
-                    "sealed configuration in {} is corrupt",
-                    sealed_path.display()
-                )
-            })?;
-            if sealed.address != args.address.to_string() {
-                bail!(
-                    "this node joined its cluster with address {}, but was started with --address {}; \
-                     changing a node's address is not supported",
-                    sealed.address,
-                    args.address
-                );
-            }
-            let join = cluster::prepare_join(root, sealed)?;
-            if join.roles.consensus_member {
-                check_etcd_binary(&args.etcd_binary)?;
-                controlplane::check_member_root(root, &join.sealed)?;
-                check_control_plane_ports(args.address)?;
-            }
-            Ok(Plan::Join(std::sync::Arc::new(join)))
-        }
-        Decision::Bootstrap => {
-            let Some(node_parameters::Cluster::Bootstrap(b)) = parameters.and_then(|p| p.cluster)
-            else {
-                unreachable!("decided bootstrap from bootstrap parameters");
-            };
-            let labels = b.labels.clone().into_iter().collect();
-            proto::labels::apply(&Default::default(), &labels, &[]).with_context(|| {
-                format!(
-                    "node parameters {} hold invalid labels",
-                    params_path.display()
-                )
-            })?;
-            check_etcd_binary(&args.etcd_binary)?;
-            identity::public_key_from_slice(&b.owner_public_key).with_context(|| {
-                format!(
-                    "owner public key in node parameters {} is invalid",
-                    params_path.display()
-                )
-            })?;
-            check_control_plane_ports(args.address)?;
-            Ok(Plan::Bootstrap(b))
-        }
-        Decision::Register => {
-            let Some(node_parameters::Cluster::Register(r)) = parameters.and_then(|p| p.cluster)
-            else {
-                unreachable!("decided register from register parameters");
-            };
-            let what = format!("node parameters {}", params_path.display());
-            check_register_parameters(&r).with_context(|| format!("{what} are invalid"))?;
-            Ok(Plan::Register(std::sync::Arc::new(r), what))
-        }
-    }
-}
-
-/// Register parameters must name a ticket, a CA certificate, curators and valid labels.
-fn check_register_parameters(r: &ClusterRegister) -> Result<()> {
-    if r.register_ticket.is_empty() {
-        bail!("they hold no register ticket");
-    }
-    pki::certificate_public_key(&r.ca_certificate)
-        .context("their cluster CA certificate is unreadable")?;
-    if r.curator_endpoints.is_empty() {
-        bail!("they name no curator endpoint");
-    }
-    register::parse_endpoints(&r.curator_endpoints)?;
-    let labels = r.labels.clone().into_iter().collect();
-    proto::labels::apply(&Default::default(), &labels, &[]).context("they hold invalid labels")?;
-    Ok(())
-}
-
 async fn run(args: Args) -> Result<()> {
     if args.etcd_election_timeout_ms < 5 * args.etcd_heartbeat_ms {
         bail!("--etcd-election-timeout-ms must be at least 5 times --etcd-heartbeat-ms");
@@ -388,11 +232,16 @@ async fn run(args: Args) -> Result<()> {
         std::path::absolute(&args.root)
             .with_context(|| format!("resolving node root {}", args.root.display()))?,
     );
-    match raise_open_files_limit() {
+    match preflight::raise_open_files_limit() {
         Ok(limit) => tracing::info!(limit, "open files limit"),
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
     }
-    let (_lock, plan) = preflight(&args, &root)?;
+    let flags = preflight::Flags {
+        address: args.address,
+        params: args.params.clone(),
+        etcd_binary: args.etcd_binary.clone(),
+    };
+    let (_lock, plan) = preflight::preflight(&flags, &root)?;
     root.prepare()?;
 
     let values = NodeValues {
@@ -406,7 +255,7 @@ async fn run(args: Args) -> Result<()> {
     };
     values.services.set(Default::default());
     values.cluster_state.set(ClusterState::Unknown);
-    let settings = roleserver::Settings {
+    let settings = Settings {
         root: root.clone(),
         address: args.address,
         etcd_binary: args.etcd_binary.clone(),
@@ -465,7 +314,7 @@ async fn run(args: Args) -> Result<()> {
     supervisor.shutdown().await;
     tracing::info!("all runnables stopped");
     match outcome {
-        Err(e) if e.downcast_ref::<roleserver::LeftCluster>().is_some() => {
+        Err(e) if e.downcast_ref::<LeftCluster>().is_some() => {
             // Every service has stopped: nothing uses the data any more.
             node_root.wipe_after_decommission(&e.to_string())?;
             tracing::info!("{e}: its data was wiped");
@@ -473,51 +322,5 @@ async fn run(args: Args) -> Result<()> {
             Ok(())
         }
         other => other,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_port_freed_within_the_wait_is_accepted() {
-        let address: IpAddr = [127, 0, 0, 1].into();
-        let held = std::net::TcpListener::bind((address, 0)).unwrap();
-        let port = held.local_addr().unwrap().port();
-        let releaser = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
-            drop(held);
-        });
-        let started = std::time::Instant::now();
-        check_port_free(address, port, "test", PORT_WAIT).unwrap();
-        assert!(started.elapsed() >= Duration::from_millis(250));
-        releaser.join().unwrap();
-    }
-
-    #[test]
-    fn a_port_held_beyond_the_wait_is_refused() {
-        let address: IpAddr = [127, 0, 0, 1].into();
-        let held = std::net::TcpListener::bind((address, 0)).unwrap();
-        let port = held.local_addr().unwrap().port();
-        let err = check_port_free(address, port, "curator", Duration::from_millis(100))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains(&format!("curator port 127.0.0.1:{port}")),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn the_open_files_limit_is_raised_to_the_hard_limit() {
-        let limit = raise_open_files_limit().unwrap();
-        let mut now = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: getrlimit with a valid pointer.
-        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut now) }, 0);
-        assert_eq!((now.rlim_cur, now.rlim_max), (limit, limit));
     }
 }

@@ -18,127 +18,23 @@
 //! point resumes here on the next start with the same key: RegisterNode answers the
 //! record's current state, CommitNode the certificate it issued the first time.
 //! Approval arrives on the RegisterNode stream (a watch), not by polling.
+//!
+//! A start path, run by the cluster manager: it publishes only the cluster states it
+//! passes (Foreign, Trusted); may not start runnables or touch other shared values.
 
-use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
+use std::net::IpAddr;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use identity::NodeKey;
 use proto::api::{self, NodeState};
 use proto::config::{ClusterDirectory, ClusterRegister, SealedConfiguration};
 
-use crate::cluster::{JoinData, crash_point};
-use crate::decision::ClusterState;
-use crate::storage::{Root, read_file, write_atomic, write_proto};
-
-/// Retry pacing towards unreachable curators.
-const RETRY_MIN: Duration = Duration::from_millis(200);
-const RETRY_MAX: Duration = Duration::from_secs(10);
-
-/// Logs a problem when it differs from the last one logged: a node retrying for hours
-/// says so once per change, not once per attempt.
-#[derive(Default)]
-pub struct ProblemLog {
-    last: Option<String>,
-}
-
-impl ProblemLog {
-    pub fn problem(&mut self, what: String) {
-        if self.last.as_deref() != Some(what.as_str()) {
-            tracing::warn!("{what}; retrying");
-            self.last = Some(what);
-        }
-    }
-    pub fn resolved(&mut self, what: &str) {
-        if self.last.take().is_some() {
-            tracing::info!("{what}");
-        }
-    }
-}
-
-/// Exponential backoff between [`RETRY_MIN`] and [`RETRY_MAX`]: the supervisor's policy,
-/// with the attempt count kept here.
-pub struct Backoff {
-    policy: supervisor::Backoff,
-    attempt: u32,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            policy: supervisor::Backoff {
-                initial: RETRY_MIN,
-                max: RETRY_MAX,
-                multiplier: 2.0,
-            },
-            attempt: 0,
-        }
-    }
-}
-
-impl Backoff {
-    pub fn next(&mut self) -> Duration {
-        let wait = self.policy.delay(self.attempt);
-        self.attempt = self.attempt.saturating_add(1);
-        wait
-    }
-    pub fn reset(&mut self) {
-        self.attempt = 0;
-    }
-}
-
-/// Sleeps unless cancelled first; false when cancelled.
-pub async fn pause(ctx: &supervisor::Context, wait: Duration) -> bool {
-    tokio::select! {
-        _ = tokio::time::sleep(wait) => true,
-        _ = ctx.cancelled() => false,
-    }
-}
-
-/// How [`call_until_answered`] ended.
-pub enum Answer<T> {
-    Ok(T),
-    /// A refusal `permanent` deemed final.
-    Refused(rpc::CallError),
-    Cancelled,
-}
-
-/// Makes `call` through `client` until a curator answers it: failures are retried with
-/// backoff and logged once per change (as `what: …`); those `permanent` says no retry
-/// can fix end it. Follows the endpoints the client holds.
-pub async fn call_until_answered<T, F, Fut>(
-    ctx: &supervisor::Context,
-    client: &rpc::CuratorClient,
-    what: &str,
-    permanent: impl Fn(&rpc::CallError) -> bool,
-    call: F,
-) -> Answer<T>
-where
-    F: Fn(tonic::transport::Channel) -> Fut,
-    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    let mut problems = ProblemLog::default();
-    let mut backoff = Backoff::default();
-    loop {
-        let outcome = tokio::select! {
-            r = client.call(&call) => r,
-            _ = ctx.cancelled() => return Answer::Cancelled,
-        };
-        match outcome {
-            Ok(answer) => {
-                problems.resolved(&format!("{what}: a curator answered"));
-                return Answer::Ok(answer);
-            }
-            Err(e) if permanent(&e) => return Answer::Refused(e),
-            Err(e) => {
-                problems.problem(format!("{what}: {e}"));
-                if !pause(ctx, backoff.next()).await {
-                    return Answer::Cancelled;
-                }
-            }
-        }
-    }
-}
+use crate::cluster_state::ClusterState;
+use crate::crash::crash_point;
+use crate::files::{parse_endpoints, read_node_key};
+use crate::membership::{JoinData, roles_from_names};
+use crate::retry::{Answer, Backoff, ProblemLog, call_until_answered, pause};
+use crate::storage::{Root, write_atomic, write_proto};
 
 /// Whether a failed call can never succeed by retrying: the curator refused this node
 /// (wrong ticket, decommissioned key, bad input) or the parameters pin the wrong CA.
@@ -165,8 +61,7 @@ fn refusal(e: rpc::CallError, params_what: &str) -> anyhow::Error {
 fn load_or_create_key(root: &Root) -> Result<NodeKey> {
     let path = root.node_key();
     if path.exists() {
-        let key = NodeKey::from_pkcs8(&read_file(&path, "node key")?)
-            .with_context(|| format!("node key in {} is corrupt", path.display()))?;
+        let key = read_node_key(root)?;
         tracing::info!(
             node_id = key.node_id(),
             "resuming an interrupted registration"
@@ -180,11 +75,6 @@ fn load_or_create_key(root: &Root) -> Result<NodeKey> {
         "registering into an existing cluster"
     );
     Ok(key)
-}
-
-/// Parses curator endpoints as the parameters and the directory hold them.
-pub fn parse_endpoints(raw: &[String]) -> Result<Vec<SocketAddr>> {
-    Ok(rpc::parse_endpoints(raw)?)
 }
 
 /// Runs the register path to its end. `None` when cancelled first.
@@ -300,7 +190,7 @@ pub async fn register(
     if certified != key.public_key() {
         bail!("the curator sent a node certificate for another key");
     }
-    let roles = crate::cluster::roles_from_names(&committed.roles);
+    let roles = roles_from_names(&committed.roles);
     // A role given between a commit and its retry is fine: the role server starts the
     // control plane, which joins consensus like for any role change.
     let directory = ClusterDirectory {
@@ -338,18 +228,9 @@ pub async fn register(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::net::SocketAddr;
 
-    #[test]
-    fn backoff_grows_to_a_ceiling_and_resets() {
-        let mut b = Backoff::default();
-        let waits: Vec<Duration> = (0..10).map(|_| b.next()).collect();
-        assert_eq!(waits[0], RETRY_MIN);
-        assert!(waits.windows(2).all(|w| w[1] >= w[0]));
-        assert_eq!(*waits.last().unwrap(), RETRY_MAX);
-        b.reset();
-        assert_eq!(b.next(), RETRY_MIN);
-    }
+    use super::*;
 
     #[test]
     fn only_refusals_and_a_wrong_ca_are_permanent() {

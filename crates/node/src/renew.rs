@@ -18,6 +18,9 @@
 //! left) and logged once per problem. The runnable wakes at least every 1/12 of the
 //! shortest lifetime (capped at a minute), so a peer certificate that appeared since
 //! (the node joined consensus) is looked at in time.
+//!
+//! Touches only the certificate files and the credential slot: may not change roles,
+//! the cluster state or the curator list.
 
 use std::path::Path;
 use std::time::Duration;
@@ -26,11 +29,13 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use pki::Validity;
 use proto::api;
 
-use crate::cluster::NodeValues;
-use crate::decision::ClusterState;
-use crate::register::{Backoff, ProblemLog, pause};
-use crate::roleserver::{Settings, curator_client};
+use crate::cluster_state::ClusterState;
+use crate::curator_client::curator_client;
+use crate::files::read_pem_certificate;
+use crate::retry::{Backoff, ProblemLog, pause};
+use crate::settings::Settings;
 use crate::storage::{pem, write_atomic};
+use crate::values::NodeValues;
 
 /// Longest sleep between two looks at the certificates.
 const MAX_NAP: Duration = Duration::from_secs(60);
@@ -203,15 +208,6 @@ async fn renew(
         );
     }
     Ok(())
-}
-
-/// The DER inside a PEM certificate file.
-fn read_pem_certificate(path: &Path) -> Result<Vec<u8>> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(pem::parse(text)
-        .with_context(|| format!("{} is not PEM", path.display()))?
-        .into_contents())
 }
 
 #[cfg(test)]

@@ -20,6 +20,9 @@
 //! Directories are 0700, secret files 0600, and every file is written atomically
 //! (temporary file, fsync, rename, fsync of the directory) — except `lock`, which must
 //! keep its inode because the lock is on it; it only ever holds a PID.
+//!
+//! The bottom layer: paths and file primitives only; may not know what a file means
+//! (that is `files`) and imports no other module of this crate.
 
 use std::fs;
 use std::io::{Read as _, Seek as _, Write as _};

@@ -1,0 +1,51 @@
+//! Crash points: the `POLIS_CRASH_AFTER` test hook that kills the process right after a
+//! named step of bootstrap or registration, to prove both resume safely.
+//!
+//! The hook itself is compiled in only with the `crash-points` cargo feature (test
+//! builds); without it [`crash_point`] is an empty inline function and
+//! [`check_crash_points`] refuses a start that asks for one. A leaf: may not import
+//! any other module of this crate.
+
+use anyhow::{Result, bail};
+
+/// Names the crash-point variable (see [`crash_point`]).
+pub const CRASH_AFTER_VARIABLE: &str = "POLIS_CRASH_AFTER";
+
+/// Test hook for crash safety, compiled in only with the `crash-points` feature (test
+/// builds; release builds carry none of it): when `POLIS_CRASH_AFTER` names `step`, the
+/// process kills itself with SIGKILL right after that step, exactly like `kill -9` (no
+/// cleanup runs). Bootstrap steps: node-key, peer-files, etcd-ready, cluster-pki,
+/// node-certificate, records, sealed. Register steps: register-key, register-foreign,
+/// register-trusted, register-committed, register-credentials, register-sealed.
+#[cfg(feature = "crash-points")]
+pub fn crash_point(step: &str) {
+    if std::env::var_os(CRASH_AFTER_VARIABLE).is_some_and(|v| v == step) {
+        tracing::warn!(step, "{CRASH_AFTER_VARIABLE}: killing this process");
+        // SAFETY: kill(2) on our own pid.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
+
+#[cfg(not(feature = "crash-points"))]
+#[inline(always)]
+pub fn crash_point(_step: &str) {}
+
+/// Checked in preflight: a crash point that was asked for is armed (and says so, the
+/// line tests wait for), or the start is refused, so that a test never passes because
+/// the binary silently ignored its crash point.
+pub fn check_crash_points() -> Result<()> {
+    let Some(step) = std::env::var_os(CRASH_AFTER_VARIABLE) else {
+        return Ok(());
+    };
+    if cfg!(feature = "crash-points") {
+        tracing::warn!(step = %step.to_string_lossy(), "crash point armed");
+        Ok(())
+    } else {
+        bail!(
+            "{CRASH_AFTER_VARIABLE} is set, but this polis-node was built without crash points; \
+             build it with `--features node/crash-points` (scripts/test does) or unset the variable"
+        )
+    }
+}

@@ -1,0 +1,61 @@
+//! The node's side of talking to its curators: a leader-aware client with this node's
+//! certificate that checks the curators' certificates against the cluster CA and the
+//! newest cluster CRL, and that CRL's intake and persistence (`data/node/crl.der`).
+//!
+//! Builds clients; may not make calls itself, retry, or decide anything about roles.
+
+use anyhow::{Context as _, Result};
+
+use crate::settings::Settings;
+use crate::storage::{read_file, write_atomic};
+use crate::values::NodeValues;
+
+/// A client of the cluster's curators with this node's certificate (the current one:
+/// after a renewal its next call connects with the new certificate), checking theirs
+/// against the cluster CA and the newest CRL this node has seen.
+pub fn curator_client(settings: &Settings, values: &NodeValues) -> Result<rpc::CuratorClient> {
+    let credentials = values.credentials.slot(&settings.root)?;
+    let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
+    Ok(rpc::CuratorClient::with_slot(
+        values.curators.current().unwrap_or_default(),
+        rpc::ServerTrust::ClusterCa {
+            ca,
+            crl: values.crl.clone(),
+        },
+        Some(credentials),
+    ))
+}
+
+/// Takes `crl` (from a curator, or the saved copy) into the node's CRL slot when it is
+/// the cluster CA's and newer than the one held; saves it when it was new.
+pub fn offer_crl(
+    settings: &Settings,
+    values: &NodeValues,
+    ca: &[u8],
+    crl: &[u8],
+    save: bool,
+) -> Result<()> {
+    match values.crl.offer(ca, crl) {
+        Ok(true) if save => {
+            write_atomic(&settings.root.cluster_crl(), crl).context("saving the cluster CRL")?;
+            tracing::info!(
+                revoked = pki::crl_serials(crl).map(|s| s.len()).unwrap_or_default(),
+                "cluster CRL updated"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("ignoring a cluster CRL: {e}"),
+    }
+    Ok(())
+}
+
+/// Takes the CRL saved by an earlier run into the node's CRL slot, if there is one.
+pub fn load_saved_crl(settings: &Settings, values: &NodeValues) -> Result<()> {
+    let saved_crl = settings.root.cluster_crl();
+    if saved_crl.exists() {
+        let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
+        let crl = read_file(&saved_crl, "cluster CRL")?;
+        offer_crl(settings, values, &ca, &crl, false)?;
+    }
+    Ok(())
+}

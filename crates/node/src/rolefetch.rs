@@ -1,0 +1,226 @@
+//! The `root.role.rolefetch` runnable: watches this node's record and the curator list
+//! (Curator.WatchNode, a stream authenticated with the node certificate).
+//!
+//! ```text
+//!   WatchNode ──▶ curator list ──▶ cluster directory (esp/directory.pb), NodeValues::curators
+//!             ──▶ cluster CRL  ──▶ NodeValues::crl, data/node/crl.der
+//!             ──▶ roles        ──▶ data/node/roles.pb, then NodeValues::roles
+//!             ──▶ DECOMMISSIONING / DECOMMISSIONED ──▶ Disowning / LeftCluster
+//!   a worker is Home once a curator answers for it
+//! ```
+//! Publishes what the cluster says of this node; may not start or stop services (the
+//! role server follows `NodeValues::roles`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+
+use crate::cluster_state::{ClusterState, Contact};
+use crate::curator_client::{curator_client, offer_crl};
+use crate::fatal::{FatalSender, LeftCluster};
+use crate::files::save_directory;
+use crate::membership::roles_from_names;
+use crate::retry::{Backoff, ProblemLog, pause};
+use crate::settings::Settings;
+use crate::storage::{read_file, write_atomic, write_proto};
+use crate::values::{NodeValues, apply_contact};
+
+/// Watches this node's record and the curator list (Curator.WatchNode): keeps the
+/// cluster directory current, makes a worker Home once a curator answers for it, and
+/// carries out a decommission: DECOMMISSIONING makes the node Disowning; DECOMMISSIONED,
+/// or its certificate refused as revoked while Disowning, ends the node
+/// ([`LeftCluster`]).
+pub async fn run(
+    ctx: supervisor::Context,
+    settings: Settings,
+    values: NodeValues,
+    fatal: FatalSender,
+) -> supervisor::RunnableResult {
+    // Runs from the start on consensus members too: a member whose role was taken while
+    // it was down learns it here (its own control plane may never come up).
+    values.membership.watch().get().await?;
+    let mut client = curator_client(&settings, &values)?;
+    let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
+    ctx.signal_healthy();
+    // Whether the node watch was renewed because this node's etcd member stopped.
+    let mut resynced = false;
+    let mut problems = ProblemLog::default();
+    let mut backoff = Backoff::default();
+    let own = SocketAddr::new(settings.address, rpc::CURATOR_PORT);
+    loop {
+        // Other curators first: this node's own curator answers from its own etcd
+        // member, which is the one that stops serving when the node leaves consensus.
+        let mut endpoints = values.curators.current().unwrap_or_default();
+        if let Some(at) = endpoints.iter().position(|e| *e == own) {
+            let mine = endpoints.remove(at);
+            endpoints.push(mine);
+        }
+        client.set_endpoints(endpoints);
+        let call = client.call(|channel| async move {
+            proto::api::curator_client::CuratorClient::new(channel)
+                .watch_node(proto::api::WatchNodeRequest {})
+                .await
+        });
+        let mut stream = tokio::select! {
+            r = call => match r {
+                Ok(s) => s,
+                Err(rpc::CallError::Status(status)) if rpc::is_revoked(&status) => {
+                    // Node certificates are revoked only when the node is decommissioned
+                    // or deleted.
+                    let node_id = node_id(&values).await?;
+                    if disowning(&settings, &values) {
+                        tracing::info!("this node's certificate was revoked: decommission complete");
+                        let _ = fatal.send(LeftCluster { node_id }.into());
+                    } else {
+                        let _ = fatal.send(anyhow::anyhow!(
+                            "the cluster refuses this node's certificate as revoked: node {node_id} was \
+                             decommissioned or deleted while it was down, and cannot rejoin its cluster. \
+                             Its data is kept in {}; to use this machine in a cluster again, remove it \
+                             and register the machine anew",
+                            settings.root.root.display()
+                        ));
+                    }
+                    ctx.cancelled().await;
+                    return Ok(());
+                }
+                Err(e) => {
+                    problems.problem(format!("watching this node's record: {e}"));
+                    if !pause(&ctx, backoff.next()).await {
+                        return Ok(());
+                    }
+                    continue;
+                }
+            },
+            _ = ctx.cancelled() => return Ok(()),
+        };
+        problems.resolved("watching this node's record again");
+        backoff.reset();
+        loop {
+            let update = tokio::select! {
+                u = stream.message() => u,
+                _ = own_etcd_gone(&values, &mut resynced) => {
+                    // Removed from consensus, its etcd stopped: the news of the role going
+                    // may be stuck with this node's own curator, or with a stream that
+                    // predates it. Ask the other curators afresh (a new client: the one
+                    // that answered last is tried first otherwise).
+                    problems.problem(
+                        "this node's etcd member stopped while it holds the ConsensusMember role; \
+                         asking the other curators for its record"
+                            .into(),
+                    );
+                    client = curator_client(&settings, &values)?;
+                    break;
+                }
+                _ = ctx.cancelled() => return Ok(()),
+            };
+            let Ok(Some(update)) = update else {
+                problems.problem("the curator closed the node watch".into());
+                break;
+            };
+            let mut endpoints: Vec<SocketAddr> = update
+                .curator_endpoints
+                .iter()
+                .filter_map(|e| rpc::parse_endpoint(e).ok())
+                .collect();
+            if !endpoints.is_empty() {
+                save_directory(&settings.root, &update.curator_endpoints)?;
+                if roles_need_control_plane(&values) && !endpoints.contains(&own) {
+                    endpoints.insert(0, own);
+                }
+                if values.curators.current().as_ref() != Some(&endpoints) {
+                    tracing::info!(curators = ?endpoints, "curator directory updated");
+                    values.curators.set(endpoints);
+                }
+            }
+            if !update.cluster_crl.is_empty() {
+                offer_crl(&settings, &values, &ca, &update.cluster_crl, true)?;
+            }
+            match proto::api::NodeState::try_from(update.state) {
+                Ok(proto::api::NodeState::Decommissioning) => enter_disowning(&settings, &values)?,
+                Ok(proto::api::NodeState::Decommissioned) => {
+                    enter_disowning(&settings, &values)?;
+                    let node_id = node_id(&values).await?;
+                    let _ = fatal.send(LeftCluster { node_id }.into());
+                    ctx.cancelled().await;
+                    return Ok(());
+                }
+                _ => {}
+            }
+            let roles = roles_from_names(&update.roles);
+            if values.roles.current().as_ref() != Some(&roles) {
+                // Saved first: a restart starts the services these roles call for.
+                write_proto(&settings.root.local_roles(), &roles)
+                    .context("saving the node's roles")?;
+                tracing::info!(consensus_member = roles.consensus_member, "roles changed");
+                values.roles.set(roles);
+            }
+            // A worker enters its cluster here (a consensus member in its control
+            // plane); only heartbeats move a node between Home and Split.
+            if !roles_need_control_plane(&values) {
+                apply_contact(&values.cluster_state, Contact::Joined);
+            }
+        }
+        if !pause(&ctx, backoff.next()).await {
+            return Ok(());
+        }
+    }
+}
+
+/// The node is being decommissioned: Disowning, recorded in the root (so that a restart
+/// before the end still knows it), logged once.
+fn enter_disowning(settings: &Settings, values: &NodeValues) -> Result<()> {
+    if values.cluster_state.current() == Some(ClusterState::Disowning) {
+        return Ok(());
+    }
+    write_atomic(&settings.root.disowning_marker(), b"")
+        .context("recording that this node is being decommissioned")?;
+    tracing::info!("this node is being decommissioned: leaving the cluster");
+    values.cluster_state.set(ClusterState::Disowning);
+    Ok(())
+}
+
+/// Whether this node knows it is being decommissioned (now or before a restart).
+fn disowning(settings: &Settings, values: &NodeValues) -> bool {
+    values.cluster_state.current() == Some(ClusterState::Disowning)
+        || settings.root.disowning_marker().exists()
+}
+
+async fn node_id(values: &NodeValues) -> Result<String> {
+    Ok(values.membership.watch().get().await?.key().node_id())
+}
+
+/// How long a consensus member's etcd may be down before rolefetch stops trusting its
+/// current node watch (see [`own_etcd_gone`]).
+const OWN_ETCD_GRACE: Duration = Duration::from_secs(5);
+
+/// Resolves once this node holds the ConsensusMember role but its etcd member has not
+/// run for [`OWN_ETCD_GRACE`] (it was removed from consensus, or is failing); never on a
+/// worker. Once per stop of the etcd member: `fired` remembers that it resolved, until
+/// the member runs again.
+async fn own_etcd_gone(values: &NodeValues, fired: &mut bool) {
+    let mut services = values.services.watch();
+    loop {
+        if *fired {
+            if services.get_matching(|s| s.etcd_member).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            *fired = false;
+        }
+        if services.get_matching(|s| !s.etcd_member).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tokio::time::sleep(OWN_ETCD_GRACE).await;
+        if values.services.current().is_some_and(|s| !s.etcd_member)
+            && roles_need_control_plane(values)
+        {
+            *fired = true;
+            return;
+        }
+    }
+}
+
+/// Whether the node's current roles call for a control plane (whose curator is local).
+fn roles_need_control_plane(values: &NodeValues) -> bool {
+    values.roles.current().is_some_and(|r| r.consensus_member)
+}

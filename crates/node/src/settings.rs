@@ -1,0 +1,26 @@
+//! The node's settings, fixed for the life of the process (from its flags): root,
+//! address, etcd binary and timing, curator lease, heartbeat timing, start time.
+//!
+//! Plain data: may not do I/O; imports only `storage` (for the root's paths).
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use consensus::RaftTiming;
+
+use crate::storage::Root;
+
+/// Node settings the role server and its runnables need.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub root: Root,
+    pub address: IpAddr,
+    pub etcd_binary: PathBuf,
+    pub raft_timing: RaftTiming,
+    pub curator_lease_ttl: Duration,
+    /// How often this node heartbeats; its curator's timeout (`curator::health`).
+    pub heartbeat: curator::health::Timing,
+    /// When this polis-node process started (reported in its status).
+    pub started_at_unix_ms: u64,
+}

@@ -1,0 +1,76 @@
+//! The node's shared values: what its runnables publish and watch (membership, cluster
+//! state, curators, roles, CRL, credentials, running services).
+//!
+//! Holds values, not behaviour: may not talk to the curator or start anything; reads
+//! only the node certificate and key, once, for the credentials.
+
+use std::net::SocketAddr;
+
+use anyhow::{Context as _, Result};
+use proto::config::LocalRoles;
+
+use crate::cluster_state::{ClusterState, Contact};
+use crate::membership::Membership;
+use crate::storage::{Root, read_file};
+
+/// Shared values of one node.
+#[derive(Clone)]
+pub struct NodeValues {
+    pub membership: event::Value<Membership>,
+    pub cluster_state: event::Value<ClusterState>,
+    /// The cluster's curators as this node last learned them (cluster directory).
+    pub curators: event::Value<Vec<SocketAddr>>,
+    /// The node's roles: from the root at start, then as the cluster changes them.
+    pub roles: event::Value<LocalRoles>,
+    /// The newest cluster CRL seen (saved in `data/node/crl.der`): every call to a
+    /// curator checks the curator's certificate against it.
+    pub crl: rpc::CrlSlot,
+    /// The node certificate and key every curator client and the curator's server use,
+    /// loaded from the root once it holds them; replaced live on renewal (see
+    /// `crate::renew`).
+    pub credentials: NodeCredentials,
+    /// Which of the node's services run (set by the control plane), for its status.
+    pub services: event::Value<RunningServices>,
+}
+
+/// The node's credentials, shared by every user in the process: loaded from the root on
+/// first use (a bootstrapping node writes its certificate only in `bootstrap::finish`).
+#[derive(Clone, Default)]
+pub struct NodeCredentials(std::sync::Arc<std::sync::Mutex<Option<rpc::CredentialSlot>>>);
+
+impl NodeCredentials {
+    /// The slot, loading it from `root` the first time.
+    pub fn slot(&self, root: &Root) -> Result<rpc::CredentialSlot> {
+        let mut loaded = self.0.lock().expect("credentials lock poisoned");
+        if let Some(slot) = loaded.as_ref() {
+            return Ok(slot.clone());
+        }
+        let slot = rpc::CredentialSlot::new(rpc::Credentials {
+            certificate: read_file(&root.node_certificate(), "node certificate")?,
+            key_pkcs8: read_file(&root.node_key(), "node key")?,
+        })
+        .context("loading the node certificate and key")?;
+        *loaded = Some(slot.clone());
+        Ok(slot)
+    }
+}
+
+/// The node's services that run now (reported with its heartbeats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunningServices {
+    /// Its etcd member runs (and has not stopped since).
+    pub etcd_member: bool,
+    /// Its curator was started (it serves once it has a listener).
+    pub curator: bool,
+}
+
+/// Moves the node's cluster state by `contact` ([`ClusterState::after`]), atomically;
+/// true when it changed.
+pub fn apply_contact(state: &event::Value<ClusterState>, contact: Contact) -> bool {
+    state.update(|current| {
+        current
+            .copied()
+            .unwrap_or(ClusterState::Unknown)
+            .after(contact)
+    })
+}
