@@ -1,4 +1,5 @@
 //! `cluster certificates`.
+//! May not format results itself (`render::certificates` does).
 
 use std::path::Path;
 

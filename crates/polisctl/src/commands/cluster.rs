@@ -1,4 +1,5 @@
 //! `cluster info` and `cluster rotate-ticket`.
+//! May not format results itself (`render::cluster` does).
 
 use std::path::Path;
 
@@ -9,6 +10,7 @@ use crate::output::Format;
 use crate::render::cluster::print_cluster_info;
 use crate::session::owner_session;
 
+/// `cluster info`; refreshes the remembered curator endpoints on the way.
 pub(crate) async fn cluster_info(
     config: &Path,
     raw_endpoints: &[String],

@@ -1,5 +1,5 @@
 //! `node decommission` and `node delete`: the end of a node's life.
-//! Prints each step itself (no table to render).
+//! Prints each step itself (no table to render); may not use other commands.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

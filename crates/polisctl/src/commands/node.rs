@@ -1,5 +1,6 @@
 //! `node list`, `node describe`, `node add-role` / `remove-role`, `node approve` and
 //! `node label` (`node decommission` and `node delete`: `decommission`).
+//! May not format results itself (`render::node` does).
 
 use std::path::Path;
 
@@ -40,6 +41,7 @@ pub(crate) async fn list_ids(
         .collect())
 }
 
+/// `node list`, filtered by state, role and labels.
 pub(crate) async fn node_list(
     config: &Path,
     raw_endpoints: &[String],
@@ -65,6 +67,7 @@ pub(crate) async fn node_list(
     Ok(())
 }
 
+/// `node describe`.
 pub(crate) async fn node_describe(
     config: &Path,
     raw_endpoints: &[String],
@@ -107,6 +110,7 @@ pub(crate) fn parse_label_changes(changes: &[String]) -> Result<LabelChanges> {
     Ok(LabelChanges { upsert, delete })
 }
 
+/// `node label`: sets and removes labels, then shows the node.
 pub(crate) async fn node_label(
     config: &Path,
     raw_endpoints: &[String],

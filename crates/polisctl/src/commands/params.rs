@@ -1,5 +1,7 @@
 //! `params bootstrap` and `params register`: node parameters for the first node of a
 //! new cluster, and for a node registering into this one.
+//! May not change the cluster: it only reads the register ticket and the cluster's
+//! information.
 
 use std::path::Path;
 

@@ -1,5 +1,6 @@
 //! `cluster status`, and the voters as the curators' own etcd members report them (for
 //! `cluster launch`). Asks every curator it can find, so it answers without a quorum.
+//! May not decide the quorum itself (`consensus_summary`) nor format (`render::status`).
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -30,6 +30,8 @@ fn certificate_json(c: &api::CertificateInfo) -> Value {
     })
 }
 
+/// One row per certificate: kind, node, serial, expiry relative to `now`, revoked,
+/// current.
 pub(crate) fn print_certificates(list: &[api::CertificateInfo], now: u64, format: Format) {
     match format {
         Format::Quiet => {}

@@ -57,6 +57,7 @@ fn hex_encode(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// `node list`: one row per node, then the nodes' warnings.
 pub(crate) fn print_node_list(nodes: &[api::NodeInfo], format: Format) {
     match format {
         Format::Quiet => {}
@@ -103,6 +104,7 @@ pub(crate) fn print_node_list(nodes: &[api::NodeInfo], format: Format) {
     }
 }
 
+/// `node describe`: one node in full.
 pub(crate) fn print_node(node: &api::NodeInfo, format: Format) {
     match format {
         Format::Quiet => {}

@@ -6,6 +6,8 @@ use serde_json::{Value, json};
 use crate::consensus_summary::MemberStatus;
 use crate::output::{self, Format};
 
+/// The members (a table, or JSON / YAML with the quorum), the curators that did not
+/// answer, whether there is a quorum, and the nodes' warnings.
 pub(crate) fn print_status(
     members: &[MemberStatus],
     quorum: bool,
