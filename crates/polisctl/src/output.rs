@@ -1,4 +1,5 @@
-//! Rendering results as a table, JSON or YAML.
+//! The rendering primitives (pure): the output format flag, YAML from JSON values, plain
+//! text tables and UTC times. May not know any command's results (that is `render`).
 
 use clap::ValueEnum;
 use serde_json::Value;
@@ -113,6 +114,28 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// `unix_ms` (milliseconds since the Unix epoch) as an RFC 3339 UTC time, to the second.
+pub fn utc_time(unix_ms: u64) -> String {
+    let secs = unix_ms / 1000;
+    let (days, day_secs) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        day_secs / 3600,
+        day_secs / 60 % 60,
+        day_secs % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,28 +167,6 @@ mod tests {
         );
         assert_eq!(t, "ID       STATE\na        UP\nlong-id  NEW\n");
     }
-}
-
-/// `unix_ms` (milliseconds since the Unix epoch) as an RFC 3339 UTC time, to the second.
-pub fn utc_time(unix_ms: u64) -> String {
-    let secs = unix_ms / 1000;
-    let (days, day_secs) = ((secs / 86_400) as i64, secs % 86_400);
-    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        day_secs / 3600,
-        day_secs / 60 % 60,
-        day_secs % 60
-    )
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //! approved, nodes 2 and 3 get ConsensusMember (three voters). Existing DIR: the nodes
 //! that are not running are started again (no parameters: they rejoin). `--stop` stops
 //! them (SIGTERM); `cluster destroy` stops them and removes DIR.
+//! Runs the other commands as steps (quietly); the only command module that uses others.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -19,8 +20,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 
-use crate::cluster;
+use crate::commands::{cluster, node, params, status};
 use crate::output::Format;
+use crate::render::node::print_node_list;
+use crate::trust::{self, CaApproval};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -142,7 +145,7 @@ fn addresses(first: Ipv4Addr, n: usize) -> Result<Vec<IpAddr>> {
 }
 
 /// `cluster launch`.
-pub async fn launch(
+pub(crate) async fn launch(
     dir: &Path,
     nodes: usize,
     first_address: Ipv4Addr,
@@ -174,33 +177,33 @@ pub async fn launch(
         cluster_domain: "polis.internal".into(),
         ..Default::default()
     };
-    crate::write_bootstrap_params(&config, &params, configuration, &[])?;
+    params::write_bootstrap_params(&config, &params, configuration, &[])?;
     start_node(&binary, &dir, 1, addresses[0], Some(&params))?;
     let first = vec![addresses[0].to_string()];
     retry("taking ownership of the new cluster", || async {
-        cluster::take_ownership(&config, &first, cluster::CaApproval::Accept).await
+        trust::take_ownership(&config, &first, CaApproval::Accept).await
     })
     .await?;
 
     if nodes > 1 {
         eprintln!("Registering {} more nodes", nodes - 1);
         let register = dir.join("register.params");
-        crate::write_register_params(&config, &[], &register, vec![]).await?;
+        params::write_register_params(&config, &[], &register, vec![]).await?;
         for (k, address) in addresses.iter().enumerate().skip(1) {
             start_node(&binary, &dir, k + 1, *address, Some(&register))?;
         }
         let want = nodes - 1;
         retry("waiting for the nodes to register", || async {
-            let new = cluster::list_ids(&config, &[], Some("new")).await?;
+            let new = node::list_ids(&config, &[], Some("new")).await?;
             if new.len() < want {
                 bail!("{} of {want} registered", new.len());
             }
             Ok(())
         })
         .await?;
-        cluster::node_approve(&config, &[], &[], true).await?;
+        node::node_approve(&config, &[], &[], true).await?;
         retry("waiting for the nodes to come UP", || async {
-            let up = cluster::list_ids(&config, &[], Some("up")).await?;
+            let up = node::list_ids(&config, &[], Some("up")).await?;
             if up.len() < nodes {
                 bail!("{} of {nodes} UP", up.len());
             }
@@ -213,7 +216,7 @@ pub async fn launch(
     for (k, address) in addresses.iter().enumerate().skip(1).take(2) {
         let id = node_id_at(&config, *address).await?;
         eprintln!("Making node{} a consensus member", k + 1);
-        cluster::node_roles(
+        node::node_roles(
             &config,
             &[],
             Format::Quiet,
@@ -223,7 +226,7 @@ pub async fn launch(
         )
         .await?;
         retry("waiting for the new member to vote", || async {
-            let voters = cluster::voters(&config, &[]).await?;
+            let voters = status::voters(&config, &[]).await?;
             if !voters.contains(&id) {
                 bail!("not a voter yet");
             }
@@ -239,7 +242,7 @@ pub async fn launch(
 }
 
 async fn node_id_at(config: &Path, address: IpAddr) -> Result<String> {
-    cluster::list_nodes(config, &[])
+    node::list_nodes(config, &[])
         .await?
         .into_iter()
         .find(|n| n.address == address.to_string())
@@ -249,10 +252,10 @@ async fn node_id_at(config: &Path, address: IpAddr) -> Result<String> {
 
 async fn print_summary(dir: &Path, config: &Path) -> Result<()> {
     let nodes = retry("listing the nodes", || async {
-        cluster::list_nodes(config, &[]).await
+        node::list_nodes(config, &[]).await
     })
     .await?;
-    cluster::print_node_list(&nodes, Format::Table);
+    print_node_list(&nodes, Format::Table);
     println!();
     println!("polisctl config: {}", config.display());
     println!(
@@ -313,7 +316,7 @@ async fn relaunch(dir: &Path, binary: &Path) -> Result<()> {
 }
 
 /// `cluster launch --stop` and `cluster destroy`.
-pub fn stop(dir: &Path, remove: bool) -> Result<()> {
+pub(crate) fn stop(dir: &Path, remove: bool) -> Result<()> {
     if !state_file(dir).exists() {
         bail!("{} holds no launched cluster", dir.display());
     }

@@ -1,4 +1,5 @@
 //! `node decommission` and `node delete`: the end of a node's life.
+//! Prints each step itself (no table to render); may not use other commands.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -6,14 +7,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use proto::api::{self, NodeState};
 
-use crate::cluster::{owner_session, state_name};
+use crate::names::state_name;
+use crate::session::owner_session;
 
 /// How often a waiting `node decommission` asks how far the node got.
 const POLL: Duration = Duration::from_millis(200);
 
 /// `node decommission`: starts the decommission of each node and, unless `wait` is
 /// `None`, waits up to that long for each to reach DECOMMISSIONED, printing every step.
-pub async fn node_decommission(
+pub(crate) async fn node_decommission(
     config: &Path,
     raw_endpoints: &[String],
     ids: &[String],
@@ -82,7 +84,11 @@ fn report(id: &str, node: &api::NodeInfo) {
 
 /// `node delete`: deletes each node's record (DECOMMISSIONED, NEW or STANDBY nodes);
 /// every ID is tried, and the command fails if any deletion failed.
-pub async fn node_delete(config: &Path, raw_endpoints: &[String], ids: &[String]) -> Result<()> {
+pub(crate) async fn node_delete(
+    config: &Path,
+    raw_endpoints: &[String],
+    ids: &[String],
+) -> Result<()> {
     let session = owner_session(config, raw_endpoints).await?;
     let mut failed = 0;
     for id in ids {

@@ -1,0 +1,277 @@
+//! The command line: clap's definitions of every command and flag (their doc comments
+//! are the help texts), the argument parsers, and where the config directory is.
+//! May not act on anything: main dispatches the parsed command to `commands`.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+use crate::output;
+
+/// Operate Polis clusters.
+#[derive(Debug, Parser)]
+#[command(name = "polisctl", version)]
+pub(crate) struct Cli {
+    /// Configuration directory holding the owner key, certificate and pinned CA.
+    #[arg(long, global = true, env = "POLISCTL_CONFIG")]
+    pub(crate) config: Option<PathBuf>,
+    /// Curator endpoints (IP or IP:PORT, comma-separated); tried in order. Default: the
+    /// endpoints remembered in the config directory.
+    #[arg(long, global = true, value_delimiter = ',', env = "POLISCTL_ENDPOINTS")]
+    pub(crate) endpoints: Vec<String>,
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum, default_value = "table")]
+    pub(crate) output: output::Format,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Create node parameters.
+    #[command(subcommand)]
+    Params(ParamsCommand),
+    /// Prove the owner key to the cluster, pin its CA and receive an owner certificate.
+    Takeownership {
+        /// Pin the cluster CA without asking.
+        #[arg(long, conflicts_with = "ca_fingerprint")]
+        accept_ca: bool,
+        /// Pin the cluster CA only if its SHA-256 fingerprint is HEX.
+        #[arg(long, value_name = "HEX")]
+        ca_fingerprint: Option<String>,
+    },
+    /// Cluster-wide information.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+    /// Inspect and change nodes.
+    #[command(subcommand)]
+    Node(NodeCommand),
+    /// Print a shell completion script.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ParamsCommand {
+    /// Parameters for the first node of a new cluster; creates the owner key if absent.
+    Bootstrap {
+        /// Where to write the parameters.
+        #[arg(long)]
+        out: PathBuf,
+        /// The cluster's DNS domain.
+        #[arg(long, default_value = "polis.internal")]
+        cluster_domain: String,
+        /// Node labels, KEY=VALUE (repeatable).
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+        /// Lifetime of node and etcd peer certificates: seconds, or a number with a unit
+        /// (s, m, h, d, y), e.g. 90d. Nodes renew theirs at 2/3 of it. [default: 1y]
+        #[arg(long, value_parser = parse_lifetime, value_name = "DURATION")]
+        node_certificate_lifetime: Option<u64>,
+        /// Lifetime of owner certificates (as above); polisctl renews the owner's at 2/3
+        /// of it. [default: 30d]
+        #[arg(long, value_parser = parse_lifetime, value_name = "DURATION")]
+        owner_certificate_lifetime: Option<u64>,
+    },
+    /// Parameters for a new node to register into this cluster: the register ticket,
+    /// the pinned cluster CA and the current curator endpoints. They stop working for
+    /// nodes that have not registered yet when the ticket is rotated.
+    Register {
+        /// Where to write the parameters.
+        #[arg(long)]
+        out: PathBuf,
+        /// Labels the node registers with, KEY=VALUE (repeatable).
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ClusterCommand {
+    /// The cluster's CA, configuration and curators.
+    Info,
+    /// The etcd members (voter or learner), the leader, each member's raft index; asks
+    /// every curator's own etcd member, so it answers without a quorum too. Exits 1
+    /// when there is no quorum.
+    Status,
+    /// Start a local development cluster of N polis-node processes on loopback
+    /// addresses under DIR (the first three become consensus members), or start an
+    /// existing one in DIR again.
+    Launch {
+        dir: PathBuf,
+        /// How many nodes.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// The first node's address; the others follow (127.0.0.2, .3, …).
+        #[arg(long, default_value = "127.0.0.2")]
+        first_address: std::net::Ipv4Addr,
+        /// Stop the cluster in DIR instead (SIGTERM to every node).
+        #[arg(long)]
+        stop: bool,
+        /// The polis-node binary [default: next to polisctl, else on PATH].
+        #[arg(long)]
+        node_binary: Option<PathBuf>,
+    },
+    /// Stop the cluster launched in DIR and remove DIR.
+    Destroy { dir: PathBuf },
+    /// Every certificate the cluster's CAs issued (node, owner, etcd peer): node,
+    /// serial, expiry, whether revoked, and whether it is the one in use.
+    Certificates,
+    /// Replace the register ticket. Node parameters made with the old ticket stop
+    /// working for nodes that have not registered yet; registered nodes can still be
+    /// approved.
+    RotateTicket,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum NodeCommand {
+    /// List nodes.
+    List {
+        /// Only nodes in this state (NEW, STANDBY, UP, …).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only nodes with this role (e.g. ConsensusMember).
+        #[arg(long)]
+        role: Option<String>,
+        /// Only nodes with this label (KEY=VALUE, repeatable).
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+    },
+    /// Show one node (including its public key: check it before approving).
+    Describe { id: String },
+    /// Give a node a role. ConsensusMember: the node joins etcd (learner, then voter) and
+    /// runs a curator, without restarting.
+    AddRole {
+        id: String,
+        #[arg(value_name = "ROLE")]
+        role: String,
+    },
+    /// Take a role from a node. ConsensusMember: refused when the remaining voters could
+    /// not keep a quorum; otherwise the node leaves etcd (its peer certificate revoked)
+    /// and stops its etcd and curator.
+    RemoveRole {
+        id: String,
+        #[arg(value_name = "ROLE")]
+        role: String,
+    },
+    /// Admit registered nodes (NEW → STANDBY); they then commit and come UP.
+    Approve {
+        /// Node IDs.
+        #[arg(required_unless_present = "all_new")]
+        ids: Vec<String>,
+        /// Approve every node waiting for approval.
+        #[arg(long)]
+        all_new: bool,
+    },
+    /// Take UP nodes out of the cluster for good: out of consensus (refused when the
+    /// remaining voters could not keep a quorum), roles removed, certificates revoked;
+    /// a running node wipes its data and exits. Waits until each is DECOMMISSIONED.
+    Decommission {
+        /// Node IDs.
+        #[arg(required = true)]
+        ids: Vec<String>,
+        /// Return once the decommission has started.
+        #[arg(long)]
+        no_wait: bool,
+        /// Longest wait for each node, in seconds.
+        #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+        timeout: u64,
+    },
+    /// Delete the records of DECOMMISSIONED nodes, or of NEW/STANDBY nodes that should
+    /// never join. A deleted node's key can never register again.
+    Delete {
+        /// Node IDs.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Set labels (KEY=VALUE) and remove them (KEY-) on a node.
+    Label {
+        id: String,
+        #[arg(required = true, value_name = "KEY=VALUE|KEY-")]
+        changes: Vec<String>,
+    },
+}
+
+/// A certificate lifetime: seconds, or a number with a unit (s, m, h, d, y); within
+/// the PKI's bounds (`pki::check_lifetime`).
+fn parse_lifetime(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 3600, 90m, 12h, 30d, 1y)"))?;
+    let unit_secs = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        "y" => 365 * 86400,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {s:?}; use s, m, h, d or y"
+            ));
+        }
+    };
+    let secs = number
+        .checked_mul(unit_secs)
+        .ok_or_else(|| format!("{s:?} is too long"))?;
+    pki::check_lifetime(std::time::Duration::from_secs(secs)).map_err(|e| e.to_string())?;
+    Ok(secs)
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("label {s:?} is not KEY=VALUE"))?;
+    if k.is_empty() {
+        return Err(format!("label {s:?} has an empty key"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+impl Cli {
+    /// The config directory: `--config`, else `~/.config/polis`.
+    pub(crate) fn config_dir(&self) -> Result<PathBuf> {
+        if let Some(c) = &self.config {
+            return Ok(c.clone());
+        }
+        let home = std::env::var_os("HOME").context("HOME is not set; pass --config DIR")?;
+        Ok(PathBuf::from(home).join(".config").join("polis"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifetimes_parse_with_units_and_bounds() {
+        for (text, secs) in [
+            ("20", Some(20)),
+            ("20s", Some(20)),
+            ("90m", Some(5400)),
+            ("12h", Some(43200)),
+            ("30d", Some(2_592_000)),
+            ("1y", Some(31_536_000)),
+            ("4", None),
+            ("11y", None),
+            ("1w", None),
+            ("x", None),
+            ("", None),
+            ("99999999999999999999y", None),
+        ] {
+            assert_eq!(parse_lifetime(text).ok(), secs, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn labels_parse() {
+        assert_eq!(parse_label("a=b"), Ok(("a".into(), "b".into())));
+        assert!(parse_label("ab").is_err());
+        assert!(parse_label("=b").is_err());
+    }
+}

@@ -1,0 +1,101 @@
+//! `cluster status`, and the voters as the curators' own etcd members report them (for
+//! `cluster launch`). Asks every curator it can find, so it answers without a quorum.
+//! May not decide the quorum itself (`consensus_summary`) nor format (`render::status`).
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::{Result, bail};
+use proto::api;
+
+use crate::commands::node::list_nodes;
+use crate::consensus_summary::{MemberStatus, summarize};
+use crate::output::Format;
+use crate::render::status::print_status;
+use crate::session::owner_session;
+
+/// `cluster status`: asks every curator's own etcd member (no quorum needed to answer),
+/// shows the members, and fails when there is no quorum.
+pub(crate) async fn cluster_status(
+    config: &Path,
+    raw_endpoints: &[String],
+    format: Format,
+) -> Result<()> {
+    let (members, quorum, unreachable) = consensus_status(config, raw_endpoints).await?;
+    // Node warnings need the leader, so only with a quorum; their absence is no error.
+    let warnings: Vec<String> = if quorum {
+        match list_nodes(config, raw_endpoints).await {
+            Ok(nodes) => nodes
+                .iter()
+                .flat_map(|n| {
+                    n.warnings
+                        .iter()
+                        .map(move |w| format!("node {}: {w}", n.id))
+                })
+                .collect(),
+            Err(e) => vec![format!("could not list nodes for their warnings: {e:#}")],
+        }
+    } else {
+        Vec::new()
+    };
+    print_status(&members, quorum, &unreachable, &warnings, format);
+    if !quorum {
+        bail!("the cluster has no etcd quorum");
+    }
+    Ok(())
+}
+
+/// The node IDs of the etcd voters, as the curators' own members report them.
+pub(crate) async fn voters(config: &Path, raw_endpoints: &[String]) -> Result<Vec<String>> {
+    let (members, _, _) = consensus_status(config, raw_endpoints).await?;
+    Ok(members
+        .into_iter()
+        .filter(|m| !m.learner && m.raft.is_some())
+        .map(|m| m.node)
+        .collect())
+}
+
+/// Asks every curator it can find for its own etcd member's view.
+async fn consensus_status(
+    config: &Path,
+    raw_endpoints: &[String],
+) -> Result<(Vec<MemberStatus>, bool, Vec<String>)> {
+    let session = owner_session(config, raw_endpoints).await?;
+    let mut to_ask: Vec<SocketAddr> = session.endpoints();
+    let mut asked = Vec::new();
+    let mut answers: Vec<api::GetConsensusStatusResponse> = Vec::new();
+    let mut unreachable = Vec::new();
+    while let Some(endpoint) = to_ask.pop() {
+        if asked.contains(&endpoint) {
+            continue;
+        }
+        asked.push(endpoint);
+        let answer = async {
+            let channel = rpc::connect(endpoint, session.trust(), Some(&session.credentials()))
+                .await
+                .map_err(|e| e.to_string())?;
+            api::curator_local_client::CuratorLocalClient::new(channel)
+                .get_consensus_status(api::GetConsensusStatusRequest {})
+                .await
+                .map(|r| r.into_inner())
+                .map_err(|s| s.message().to_string())
+        };
+        match tokio::time::timeout(std::time::Duration::from_secs(5), answer).await {
+            Ok(Ok(a)) => {
+                // Every member runs a curator on its peer address.
+                for m in &a.members {
+                    for url in &m.peer_urls {
+                        if let Some(ip) = rpc::url_address(url) {
+                            to_ask.push(SocketAddr::new(ip, rpc::CURATOR_PORT));
+                        }
+                    }
+                }
+                answers.push(a);
+            }
+            Ok(Err(e)) => unreachable.push(format!("{endpoint}: {e}")),
+            Err(_) => unreachable.push(format!("{endpoint}: no answer within 5 s")),
+        }
+    }
+    let (members, quorum) = summarize(&answers);
+    Ok((members, quorum, unreachable))
+}

@@ -1,0 +1,218 @@
+//! The files in the config directory, and nothing else: reading and writing them.
+//!
+//! ```text
+//!   <config>/owner-key.pem    the owner's Ed25519 private key (PKCS#8 PEM)   0600
+//!   <config>/owner.pem        the owner certificate from `takeownership`      0600
+//!   <config>/ca.pem           the pinned cluster CA certificate               0600
+//!   <config>/crl.pem          the newest cluster CRL polisctl has seen        0600
+//!   <config>/endpoints        the cluster's curators, one per line            0600
+//! ```
+//! Invariants: the directory is 0700 and every file in it 0600, written atomically; a key
+//! file readable by others is refused, as ssh does.
+//! May not talk to the cluster or print results (a leaf: it uses no other module).
+
+use std::fs;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use identity::NodeKey;
+
+pub(crate) fn owner_key_path(config: &Path) -> PathBuf {
+    config.join("owner-key.pem")
+}
+
+/// Loads the owner key, creating it (and the 0700 config directory) if absent.
+pub(crate) fn ensure_owner_key(config: &Path) -> Result<NodeKey> {
+    if !config.exists() {
+        privatefs::ensure_private_dir(config)?;
+    }
+    let mode = fs::metadata(config)
+        .with_context(|| format!("reading {}", config.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        bail!(
+            "config directory {} has permissions {:o}, which let others in; chmod 700 it",
+            config.display(),
+            mode & 0o777
+        );
+    }
+    let path = owner_key_path(config);
+    if path.exists() {
+        return load_owner_key(&path);
+    }
+    let key = NodeKey::generate().context("generating the owner key")?;
+    let pem = pem::encode(&pem::Pem::new("PRIVATE KEY", key.pkcs8_der()));
+    write_private(&path, pem.as_bytes())
+        .with_context(|| format!("writing owner key to {}", path.display()))?;
+    eprintln!("created owner key {}", path.display());
+    Ok(key)
+}
+
+pub(crate) fn load_owner_key(path: &Path) -> Result<NodeKey> {
+    let mode = fs::metadata(path)
+        .with_context(|| format!("reading owner key {}", path.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        bail!(
+            "owner key {} has permissions {:o}, which are too open; chmod 600 it",
+            path.display(),
+            mode & 0o777
+        );
+    }
+    let text = fs::read_to_string(path)
+        .with_context(|| format!("reading owner key {}", path.display()))?;
+    let parsed = pem::parse(&text)
+        .with_context(|| format!("owner key {} is not a PEM file", path.display()))?;
+    if parsed.tag() != "PRIVATE KEY" {
+        bail!(
+            "owner key {} holds a {}, not a PRIVATE KEY",
+            path.display(),
+            parsed.tag()
+        );
+    }
+    NodeKey::from_pkcs8(parsed.contents())
+        .with_context(|| format!("owner key {} is not an Ed25519 key", path.display()))
+}
+
+/// Writes a 0600 file atomically (see `privatefs`).
+pub(crate) fn write_private(path: &Path, contents: &[u8]) -> Result<()> {
+    Ok(privatefs::write_atomic(path, contents)?)
+}
+
+pub(crate) fn owner_certificate_path(config: &Path) -> PathBuf {
+    config.join("owner.pem")
+}
+
+pub(crate) fn ca_path(config: &Path) -> PathBuf {
+    config.join("ca.pem")
+}
+
+/// The newest cluster CRL polisctl has seen: curators' certificates are checked
+/// against it, so that a removed node cannot pose as one.
+pub(crate) fn crl_path(config: &Path) -> PathBuf {
+    config.join("crl.pem")
+}
+
+/// A CRL slot holding the saved CRL, if it checks out against `ca`.
+pub(crate) fn saved_crl(config: &Path, ca: &[u8]) -> Result<rpc::CrlSlot> {
+    let slot = rpc::CrlSlot::new();
+    if let Some(crl) = read_pem(&crl_path(config), "X509 CRL", "cluster CRL")? {
+        slot.offer(ca, &crl).with_context(|| {
+            format!(
+                "the saved cluster CRL {} is not this cluster's; remove it",
+                crl_path(config).display()
+            )
+        })?;
+    }
+    Ok(slot)
+}
+
+pub(crate) fn read_pem(path: &Path, tag: &str, what: &str) -> Result<Option<Vec<u8>>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {what} {}", path.display())),
+    };
+    let parsed = pem::parse(&text)
+        .with_context(|| format!("{what} {} is not a PEM file", path.display()))?;
+    if parsed.tag() != tag {
+        bail!(
+            "{what} {} holds a {}, not a {tag}",
+            path.display(),
+            parsed.tag()
+        );
+    }
+    Ok(Some(parsed.into_contents()))
+}
+
+pub(crate) fn write_pem(path: &Path, tag: &str, der: &[u8]) -> Result<()> {
+    write_private(path, pem::encode(&pem::Pem::new(tag, der)).as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn endpoints_path(config: &Path) -> PathBuf {
+    config.join("endpoints")
+}
+
+fn parse_endpoints(raw: &[String]) -> Result<Vec<SocketAddr>> {
+    Ok(rpc::parse_endpoints(raw)?)
+}
+
+/// The curators to talk to: `--endpoints` when given, else those remembered in the
+/// config directory (written by `takeownership`, refreshed from the cluster).
+pub(crate) fn endpoints(config: &Path, raw: &[String]) -> Result<Vec<SocketAddr>> {
+    if !raw.is_empty() {
+        return parse_endpoints(raw);
+    }
+    let path = endpoints_path(config);
+    let remembered = match std::fs::read_to_string(&path) {
+        Ok(text) => text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(str::to_string)
+            .collect::<Vec<_>>(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    if remembered.is_empty() {
+        bail!(
+            "no curator endpoint given and none remembered in {}; pass --endpoints IP[:PORT]",
+            path.display()
+        );
+    }
+    parse_endpoints(&remembered).with_context(|| format!("{} is corrupt", path.display()))
+}
+
+/// Remembers the cluster's curators in the config directory (when they changed).
+pub(crate) fn remember_endpoints(config: &Path, endpoints: &[String]) -> Result<()> {
+    if endpoints.is_empty() {
+        return Ok(());
+    }
+    let path = endpoints_path(config);
+    let text = format!(
+        "# curator endpoints, refreshed by polisctl from the cluster\n{}\n",
+        endpoints.join("\n")
+    );
+    if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
+        write_private(&path, text.as_bytes())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_key_is_created_once_with_private_permissions() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("cfg");
+        let a = ensure_owner_key(&config).unwrap();
+        let b = ensure_owner_key(&config).unwrap();
+        assert_eq!(a.public_key(), b.public_key());
+        let dir_mode = fs::metadata(&config).unwrap().permissions().mode() & 0o777;
+        let key_mode = fs::metadata(owner_key_path(&config))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!((dir_mode, key_mode), (0o700, 0o600));
+    }
+
+    #[test]
+    fn too_open_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("cfg");
+        ensure_owner_key(&config).unwrap();
+        let key = owner_key_path(&config);
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o644)).unwrap();
+        let err = ensure_owner_key(&config).unwrap_err().to_string();
+        assert!(err.contains("too open"), "{err}");
+    }
+}

@@ -1,0 +1,127 @@
+//! What the etcd members' own answers add up to: the member list and whether there is
+//! a quorum (pure). May not talk to the cluster or print.
+
+use proto::api;
+
+/// One etcd member as `cluster status` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct MemberStatus {
+    pub(crate) id: u64,
+    pub(crate) node: String,
+    pub(crate) learner: bool,
+    pub(crate) leader: bool,
+    /// The member's own answer: (raft index, raft term), if it answered.
+    pub(crate) raft: Option<(u64, u64)>,
+}
+
+/// What the cluster status adds up to (pure): the members, and whether the voters that
+/// answered agree on a leader and are a majority of all voters.
+pub(crate) fn summarize(answers: &[api::GetConsensusStatusResponse]) -> (Vec<MemberStatus>, bool) {
+    let mut members: std::collections::BTreeMap<u64, MemberStatus> = Default::default();
+    for a in answers {
+        for m in &a.members {
+            members.entry(m.id).or_insert(MemberStatus {
+                id: m.id,
+                node: m.name.clone(),
+                learner: m.is_learner,
+                leader: false,
+                raft: None,
+            });
+        }
+    }
+    // The leader most answering voters name.
+    let mut votes: std::collections::BTreeMap<u64, usize> = Default::default();
+    for a in answers.iter().filter(|a| !a.is_learner && a.leader_id != 0) {
+        *votes.entry(a.leader_id).or_default() += 1;
+    }
+    let leader = votes.iter().max_by_key(|(_, n)| **n).map(|(id, _)| *id);
+    for a in answers {
+        if let Some(m) = members.get_mut(&a.member_id) {
+            m.raft = Some((a.raft_index, a.raft_term));
+            m.learner = a.is_learner;
+            if m.node.is_empty() {
+                m.node = a.node_id.clone();
+            }
+        }
+    }
+    if let Some(l) = leader.and_then(|l| members.get_mut(&l)) {
+        l.leader = true;
+    }
+    let voters = members.values().filter(|m| !m.learner).count();
+    let agreeing = answers
+        .iter()
+        .filter(|a| !a.is_learner && Some(a.leader_id) == leader && a.leader_id != 0)
+        .count();
+    let quorum = voters > 0 && agreeing > voters / 2;
+    (members.into_values().collect(), quorum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(
+        member: u64,
+        leader: u64,
+        learner: bool,
+        members: &[(u64, bool)],
+    ) -> api::GetConsensusStatusResponse {
+        api::GetConsensusStatusResponse {
+            node_id: format!("n{member}"),
+            member_id: member,
+            cluster_id: 1,
+            leader_id: leader,
+            raft_index: 10,
+            raft_term: 2,
+            is_learner: learner,
+            members: members
+                .iter()
+                .map(|(id, learner)| api::ConsensusMember {
+                    id: *id,
+                    name: format!("n{id}"),
+                    peer_urls: vec![],
+                    is_learner: *learner,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn cluster_status_needs_a_majority_of_voters_agreeing_on_a_leader() {
+        let three = [(1, false), (2, false), (3, false)];
+        // All three answer and agree.
+        let (members, quorum) = summarize(&[
+            answer(1, 1, false, &three),
+            answer(2, 1, false, &three),
+            answer(3, 1, false, &three),
+        ]);
+        assert!(quorum);
+        assert_eq!(
+            members
+                .iter()
+                .filter(|m| m.leader)
+                .map(|m| m.id)
+                .collect::<Vec<_>>(),
+            [1]
+        );
+        // Two of three agree: still a quorum; the silent one shows as not answering.
+        let (members, quorum) =
+            summarize(&[answer(1, 1, false, &three), answer(2, 1, false, &three)]);
+        assert!(quorum);
+        assert!(members.iter().any(|m| m.id == 3 && m.raft.is_none()));
+        // One of three answers: no quorum.
+        assert!(!summarize(&[answer(1, 1, false, &three)]).1);
+        // Nobody knows a leader: no quorum.
+        assert!(!summarize(&[answer(1, 0, false, &three), answer(2, 0, false, &three)]).1);
+        // A learner's answer does not count towards the quorum.
+        let with_learner = [(1, false), (2, false), (3, true)];
+        assert!(
+            !summarize(&[
+                answer(1, 1, false, &with_learner),
+                answer(3, 1, true, &with_learner)
+            ])
+            .1
+        );
+        assert!(summarize(&[]).0.is_empty());
+    }
+}

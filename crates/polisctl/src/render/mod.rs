@@ -1,0 +1,8 @@
+//! Rendering command results (nodes, certificates, the consensus status, cluster
+//! information) as a table, JSON or YAML, on top of the primitives in `output`.
+//! May not talk to the cluster or touch files: results in, text on stdout out.
+
+pub(crate) mod certificates;
+pub(crate) mod cluster;
+pub(crate) mod node;
+pub(crate) mod status;

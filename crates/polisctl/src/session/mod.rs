@@ -1,0 +1,189 @@
+//! The owner's session with the cluster: loads the owner's credentials from the config
+//! directory, renews the owner certificate once 2/3 of its lifetime have passed
+//! (`escrow`), makes Management calls that follow the leader, refreshes the saved CRL
+//! once per command, and maps failures to one-line errors (`errors`).
+//! May not print results (commands and `render` do) nor parse the command line.
+
+mod errors;
+mod escrow;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow};
+use proto::api;
+use tonic::transport::Channel;
+
+use crate::config_dir::{
+    ca_path, crl_path, endpoints, load_owner_key, owner_certificate_path, owner_key_path, read_pem,
+    remember_endpoints, saved_crl, write_pem,
+};
+pub(crate) use errors::call_error;
+use errors::call_failure;
+pub(crate) use escrow::escrow;
+use escrow::{OwnerCertificate, owner_certificate_state};
+
+/// The owner's connection to the cluster: pinned CA, CRL, owner certificate and key,
+/// endpoints.
+pub(crate) struct OwnerSession {
+    client: rpc::CuratorClient,
+    config: PathBuf,
+    ca: Vec<u8>,
+    crl: rpc::CrlSlot,
+    /// Whether this session fetched the current CRL yet (once per command).
+    crl_refreshed: std::sync::atomic::AtomicBool,
+}
+
+/// Loads the owner's credentials, refusing early with a useful message when they are
+/// missing. An owner certificate past 2/3 of its lifetime is renewed first (AAA.Escrow
+/// with the owner key) and saved atomically; when that fails, a still valid one is used
+/// (with a warning), an expired one is an error.
+pub(crate) async fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<OwnerSession> {
+    let endpoints = endpoints(config, raw_endpoints)?;
+    let ca = read_pem(&ca_path(config), "CERTIFICATE", "pinned CA")?.ok_or_else(|| {
+        anyhow!(
+            "no pinned cluster CA in {}; run `polisctl takeownership` first",
+            config.display()
+        )
+    })?;
+    let path = owner_certificate_path(config);
+    let mut certificate =
+        read_pem(&path, "CERTIFICATE", "owner certificate")?.ok_or_else(|| {
+            anyhow!(
+                "no owner certificate in {}; run `polisctl takeownership` first",
+                config.display()
+            )
+        })?;
+    let key_path = owner_key_path(config);
+    let key = load_owner_key(&key_path)?;
+    let validity = pki::Validity::of(&certificate)
+        .with_context(|| format!("owner certificate {}", path.display()))?;
+    let state = owner_certificate_state(validity, pki::unix_now());
+    if state != OwnerCertificate::Fresh {
+        match escrow(
+            &endpoints,
+            &ca,
+            &key,
+            &key_path,
+            "renewing the owner certificate",
+        )
+        .await
+        {
+            Ok(response) => {
+                write_pem(&path, "CERTIFICATE", &response.owner_certificate)?;
+                certificate = response.owner_certificate;
+            }
+            Err(e) if state == OwnerCertificate::RenewDue => {
+                eprintln!("polisctl: warning: {e:#}; using the current owner certificate");
+            }
+            Err(e) => {
+                return Err(e.context(format!(
+                    "the owner certificate {} has expired",
+                    path.display()
+                )));
+            }
+        }
+    }
+    OwnerSession::new(
+        config,
+        endpoints,
+        ca,
+        rpc::Credentials {
+            certificate,
+            key_pkcs8: key.pkcs8_der().to_vec(),
+        },
+    )
+}
+
+impl OwnerSession {
+    /// A session with these credentials, checking curators against `ca` and the saved CRL.
+    pub(crate) fn new(
+        config: &Path,
+        endpoints: Vec<SocketAddr>,
+        ca: Vec<u8>,
+        credentials: rpc::Credentials,
+    ) -> Result<OwnerSession> {
+        let crl = saved_crl(config, &ca)?;
+        let trust = rpc::ServerTrust::ClusterCa {
+            ca: ca.clone(),
+            crl: crl.clone(),
+        };
+        Ok(OwnerSession {
+            client: rpc::CuratorClient::new(endpoints, trust, Some(credentials))?,
+            config: config.to_path_buf(),
+            ca,
+            crl,
+            crl_refreshed: Default::default(),
+        })
+    }
+
+    /// Fetches the cluster's current CRL from the curator that answered (once per
+    /// session) and saves it when it is newer than the saved one. A failure only costs
+    /// freshness: it is reported, not fatal.
+    async fn refresh_crl(&self) {
+        use std::sync::atomic::Ordering;
+        if self.crl_refreshed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let fetched = self
+            .client
+            .call(|channel| async move {
+                api::curator_local_client::CuratorLocalClient::new(channel)
+                    .get_ca_certificate(api::GetCaCertificateRequest {})
+                    .await
+            })
+            .await;
+        let outcome = match fetched {
+            Ok(answer) if answer.crl.is_empty() => Ok(()),
+            Ok(answer) => match self.crl.offer(&self.ca, &answer.crl) {
+                Ok(true) => write_pem(&crl_path(&self.config), "X509 CRL", &answer.crl),
+                Ok(false) => Ok(()),
+                Err(e) => Err(e.into()),
+            },
+            Err(e) => Err(anyhow!("{e}")),
+        };
+        if let Err(e) = outcome {
+            eprintln!("polisctl: warning: refreshing the cluster CRL: {e:#}");
+        }
+    }
+
+    /// A Management call, following the leader (see [`rpc::CuratorClient`]).
+    pub(crate) async fn management<T, F, Fut>(&self, what: &str, call: F) -> Result<T>
+    where
+        F: Fn(api::management_client::ManagementClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let answer = self
+            .client
+            .call(|channel| call(api::management_client::ManagementClient::new(channel)))
+            .await
+            .map_err(|f| call_failure(what, f))?;
+        self.refresh_crl().await;
+        Ok(answer)
+    }
+
+    /// Cluster information; refreshes the remembered curator endpoints on the way.
+    pub(crate) async fn cluster_info(&self) -> Result<api::GetClusterInfoResponse> {
+        let info = self
+            .management("reading cluster info", |mut m| async move {
+                m.get_cluster_info(api::GetClusterInfoRequest {}).await
+            })
+            .await?;
+        remember_endpoints(&self.config, &info.curator_endpoints)?;
+        Ok(info)
+    }
+
+    pub(crate) fn trust(&self) -> &rpc::ServerTrust {
+        self.client.trust()
+    }
+    pub(crate) fn credentials(&self) -> rpc::Credentials {
+        self.client
+            .credentials()
+            .expect("an owner session always has credentials")
+    }
+
+    /// The curators this session knows of.
+    pub(crate) fn endpoints(&self) -> Vec<SocketAddr> {
+        self.client.endpoints()
+    }
+}

@@ -1,0 +1,162 @@
+//! Taking ownership of a cluster: the first contact, the operator's approval of the
+//! cluster CA (pinned from then on), and the first owner certificate.
+//! May not print anything but its own prompt and result; built on `session`.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow, bail};
+use proto::api;
+use tonic::transport::Channel;
+
+use crate::config_dir::{
+    ca_path, endpoints, load_owner_key, owner_certificate_path, owner_key_path, read_pem, write_pem,
+};
+use crate::session::{OwnerSession, call_error, escrow};
+
+/// How the operator approves the cluster CA on first contact.
+pub(crate) enum CaApproval {
+    Accept,
+    Fingerprint(String),
+    Ask,
+}
+
+/// Connects to the first reachable endpoint.
+async fn connect(
+    endpoints: &[SocketAddr],
+    trust: &rpc::ServerTrust,
+    credentials: Option<&rpc::Credentials>,
+) -> Result<Channel> {
+    let mut last = None;
+    for e in endpoints {
+        match rpc::connect(*e, trust, credentials).await {
+            Ok(c) => return Ok(c),
+            Err(err) => last = Some(err),
+        }
+    }
+    Err(last
+        .map(anyhow::Error::from)
+        .unwrap_or_else(|| anyhow!("no endpoints")))
+}
+
+fn normalize_fingerprint(f: &str) -> String {
+    f.trim()
+        .trim_start_matches("SHA256:")
+        .chars()
+        .filter(|c| *c != ':')
+        .collect::<String>()
+        .to_ascii_lowercase()
+}
+
+fn approve_ca(fingerprint: &str, approval: &CaApproval) -> Result<()> {
+    match approval {
+        CaApproval::Accept => Ok(()),
+        CaApproval::Fingerprint(expected) => {
+            if normalize_fingerprint(expected) == fingerprint {
+                Ok(())
+            } else {
+                bail!(
+                    "CA fingerprint mismatch: the cluster presents SHA256:{fingerprint}, expected {}",
+                    expected.trim()
+                )
+            }
+        }
+        CaApproval::Ask => {
+            if !std::io::stdin().is_terminal() {
+                bail!(
+                    "the cluster CA (SHA256:{fingerprint}) is not pinned yet and there is no terminal to confirm it; \
+                     pass --accept-ca or --ca-fingerprint HEX"
+                );
+            }
+            eprint!(
+                "The cluster CA certificate has SHA-256 fingerprint\n  {fingerprint}\nPin it and continue? [y/N] "
+            );
+            std::io::stderr().flush().ok();
+            let mut answer = String::new();
+            std::io::stdin()
+                .lock()
+                .read_line(&mut answer)
+                .context("reading the answer")?;
+            if matches!(answer.trim(), "y" | "Y" | "yes" | "YES") {
+                Ok(())
+            } else {
+                bail!("CA not accepted; nothing changed")
+            }
+        }
+    }
+}
+
+pub(crate) async fn take_ownership(
+    config: &Path,
+    raw_endpoints: &[String],
+    approval: CaApproval,
+) -> Result<()> {
+    let endpoints = endpoints(config, raw_endpoints)?;
+    let key_path = owner_key_path(config);
+    if !key_path.exists() {
+        bail!(
+            "no owner key at {}; it is created by `polisctl params bootstrap` for the cluster you own",
+            key_path.display()
+        );
+    }
+    let key = load_owner_key(&key_path)?;
+
+    // First contact: fetch the CA over TLS without trusting the server yet.
+    let channel = connect(&endpoints, &rpc::ServerTrust::FirstUse, None).await?;
+    let ca = api::curator_local_client::CuratorLocalClient::new(channel)
+        .get_ca_certificate(api::GetCaCertificateRequest {})
+        .await
+        .map_err(|s| call_error("fetching the cluster CA", s))?
+        .into_inner()
+        .ca_certificate;
+    let fingerprint = rpc::fingerprint(&ca);
+    match read_pem(&ca_path(config), "CERTIFICATE", "pinned CA")? {
+        Some(pinned) if pinned == ca => {}
+        Some(pinned) => bail!(
+            "CA fingerprint mismatch: {} pins SHA256:{}, but the endpoint presents SHA256:{fingerprint}",
+            ca_path(config).display(),
+            rpc::fingerprint(&pinned)
+        ),
+        None => approve_ca(&fingerprint, &approval)?,
+    }
+
+    // Now with the CA pinned: prove the owner key and receive a certificate.
+    let response = escrow(&endpoints, &ca, &key, &key_path, "taking ownership").await?;
+    write_pem(&ca_path(config), "CERTIFICATE", &ca)?;
+    write_pem(
+        &owner_certificate_path(config),
+        "CERTIFICATE",
+        &response.owner_certificate,
+    )?;
+    // Remember the cluster's curators, so that later commands need no --endpoints.
+    let session = OwnerSession::new(
+        config,
+        endpoints,
+        ca.clone(),
+        rpc::Credentials {
+            certificate: response.owner_certificate.clone(),
+            key_pkcs8: key.pkcs8_der().to_vec(),
+        },
+    )?;
+    session.cluster_info().await?;
+    println!("Took ownership of the cluster (CA SHA256:{fingerprint}).");
+    println!(
+        "Owner certificate: {}",
+        owner_certificate_path(config).display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_normalize() {
+        assert_eq!(normalize_fingerprint("SHA256:AB:cd"), "abcd");
+        assert!(approve_ca("abcd", &CaApproval::Fingerprint("AB:CD".into())).is_ok());
+        let err = approve_ca("abcd", &CaApproval::Fingerprint("ffff".into())).unwrap_err();
+        assert!(err.to_string().contains("mismatch"));
+    }
+}
