@@ -20,7 +20,10 @@
 //! so does a start resuming an interrupted bootstrap ([`prepare`]):
 //! etcd's membership proves its data is this node's; CAs an earlier attempt stored are
 //! taken from etcd (the peer CA's key exists nowhere else), and when none was stored the
-//! ones made for this attempt are, and the peer files are rewritten for them.
+//! ones made for this attempt are, and the peer files are rewritten for them. etcd data
+//! from a first start that never answered (no `data/etcd/bootstrap-ready`, written
+//! when it first does) is removed instead: its log may lack the cluster's first
+//! membership entry, without which etcd never elects a leader.
 //!
 //! A start path: may not start runnables or touch shared values; it is handed a running
 //! etcd by the control plane.
@@ -86,7 +89,22 @@ pub fn prepare(
         key
     };
     let node_id = key.node_id();
-    let resumed_etcd = dir_non_empty(&root.etcd_data());
+    let mut resumed_etcd = dir_non_empty(&root.etcd_data());
+    if resumed && resumed_etcd && !root.etcd_bootstrap_ready().exists() {
+        // etcd was killed before it ever answered. Its write-ahead log may exist without
+        // the new cluster's first membership entry, and such a member never elects a
+        // leader; nothing of this bootstrap was written into it yet (that starts once
+        // etcd answers). It starts afresh: same member and cluster IDs, derived from the
+        // node ID and address.
+        let data = root.etcd_data();
+        tracing::warn!(
+            path = %data.display(),
+            "etcd data of a first start that never became ready: removing it"
+        );
+        std::fs::remove_dir_all(&data)
+            .with_context(|| format!("removing never-ready etcd data {}", data.display()))?;
+        resumed_etcd = false;
+    }
     if resumed {
         tracing::info!(node_id, resumed_etcd, "resuming an interrupted bootstrap");
     } else {
@@ -185,6 +203,10 @@ pub async fn finish(
     running: &Running,
     b: &BootstrapData,
 ) -> Result<(), Step> {
+    let ready_marker = root.etcd_bootstrap_ready();
+    if !ready_marker.exists() {
+        write_atomic(&ready_marker, b"").context("recording that etcd answered")?;
+    }
     crash_point("etcd-ready");
     let node_id = b.key.node_id();
     check_only_member(running, &node_id, address).await?;

@@ -90,6 +90,11 @@ impl Root {
     pub fn etcd_data(&self) -> PathBuf {
         self.data().join("etcd").join("data")
     }
+    /// Written when a bootstrapping node's etcd first answered: from then on its data
+    /// holds at least the new cluster's first membership (see `bootstrap::prepare`).
+    pub fn etcd_bootstrap_ready(&self) -> PathBuf {
+        self.data().join("etcd").join("bootstrap-ready")
+    }
     /// The etcd member this node became when it joined consensus after joining.
     pub fn consensus_membership(&self) -> PathBuf {
         self.data().join("etcd").join("member.pb")
