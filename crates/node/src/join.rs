@@ -70,7 +70,8 @@ fn local_roles(root: &Root, sealed: &SealedConfiguration) -> Result<LocalRoles> 
     }
 }
 
-/// Certificates are not renewed yet: say so loudly well before they run out.
+/// A certificate close to its end at start means renewal (at 2/3 of its lifetime, by
+/// `renew` once the node is Home) has not happened for a long while: say so loudly.
 fn warn_if_expiring(root: &Root) {
     const WARN_BEFORE: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
     let peer = read_pem_certificate(&root.etcd_peer_dir().join("cert.pem")).ok();
@@ -83,7 +84,7 @@ fn warn_if_expiring(root: &Root) {
             }
             Ok(Some(left)) if left < WARN_BEFORE => tracing::warn!(
                 days_left = left.as_secs() / 86400,
-                "the {what} expires soon and is not renewed automatically yet"
+                "the {what} expires soon; it is renewed once this node reaches a curator"
             ),
             Ok(Some(_)) => {}
             Err(e) => tracing::warn!("cannot read the {what}: {e}"),
