@@ -4,17 +4,23 @@
 //! certificates and the files that decide what a node is. Both write them through here:
 //!
 //! ```text
-//!   write_atomic(path, bytes):  <dir>/.<name>.tmp (0600) ─write─fsync─▶ rename ─▶ fsync <dir>
+//!   write_atomic(path, bytes):  <dir>/.<name>.<random>.tmp  created new (O_EXCL), 0600
+//!                               ─write─fsync─▶ rename over <path> ─▶ fsync <dir>
 //! ```
 //!
 //! Invariants:
 //! - A reader (or a node restarting after a crash) sees the old file or the new one,
 //!   never a mix or a truncated file.
 //! - Files are created 0600 and directories 0700 (existing directories are tightened).
+//! - A secret is only ever written into a file this call created: the temporary name is
+//!   random and opened with `O_CREAT|O_EXCL` (which never follows a symlink) with mode
+//!   0600 from the start, so nothing planted at a predictable name (a symlink to another
+//!   file, a world-readable file) receives a byte. A symlink at `path` itself is replaced,
+//!   never followed. A failed write leaves no temporary file behind.
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, DirBuilder, File};
 use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// An I/O error with the path and the step that failed.
@@ -57,19 +63,21 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), FsError> {
         path: path.to_path_buf(),
         source: io::Error::from(io::ErrorKind::InvalidInput),
     })?;
-    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(at("creating", &tmp))?;
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(name);
+    prefix.push(".");
+    let mut file = tempfile::Builder::new()
+        .prefix(&prefix)
+        .suffix(".tmp")
+        .permissions(fs::Permissions::from_mode(0o600))
+        .tempfile_in(&dir)
+        .map_err(at("creating a temporary file in", &dir))?;
     file.write_all(contents)
-        .and_then(|()| file.sync_all())
-        .map_err(at("writing", &tmp))?;
-    drop(file);
-    fs::rename(&tmp, path).map_err(at("renaming into place", path))?;
+        .and_then(|()| file.as_file().sync_all())
+        .map_err(at("writing a temporary file for", path))?;
+    // On failure the temporary file is dropped, and with it removed.
+    file.persist(path)
+        .map_err(|e| at("renaming into place", path)(e.error))?;
     File::open(&dir)
         .and_then(|d| d.sync_all())
         .map_err(at("syncing directory", &dir))
@@ -108,6 +116,67 @@ mod tests {
     #[test]
     fn errors_name_the_path() {
         let err = write_atomic(Path::new("/nonexistent-dir/x"), b"x").unwrap_err();
-        assert!(err.to_string().contains("/nonexistent-dir/.x.tmp"), "{err}");
+        assert!(err.to_string().contains("/nonexistent-dir"), "{err}");
+    }
+
+    #[test]
+    fn a_symlink_planted_at_the_old_temporary_name_receives_nothing() {
+        // Before: the temporary file was `.<name>.tmp`, opened with create + truncate,
+        // which follows a symlink: the secret went into the link's target.
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"keep me").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join(".secret.tmp")).unwrap();
+        let path = dir.path().join("secret");
+        write_atomic(&path, b"the key").unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"keep me");
+        assert_eq!(fs::read(&path).unwrap(), b"the key");
+    }
+
+    #[test]
+    fn temporary_names_are_unpredictable_and_private_from_the_first_byte() {
+        // A world-readable file planted at the old name is neither used nor widened into.
+        let dir = tempfile::tempdir().unwrap();
+        let planted = dir.path().join(".secret.tmp");
+        fs::write(&planted, b"").unwrap();
+        fs::set_permissions(&planted, fs::Permissions::from_mode(0o644)).unwrap();
+        let path = dir.path().join("secret");
+        write_atomic(&path, b"the key").unwrap();
+        assert_eq!(fs::read(&planted).unwrap(), b"");
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+
+    #[test]
+    fn a_symlink_at_the_path_is_replaced_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"keep me").unwrap();
+        let path = dir.path().join("secret");
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        write_atomic(&path, b"the key").unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"keep me");
+        assert!(
+            !fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(fs::read(&path).unwrap(), b"the key");
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("occupied");
+        fs::create_dir(&path).unwrap();
+        fs::write(path.join("inside"), b"x").unwrap();
+        let err = write_atomic(&path, b"the key").unwrap_err();
+        assert!(err.to_string().contains("occupied"), "{err}");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("occupied")]);
     }
 }
