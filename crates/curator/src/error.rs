@@ -53,6 +53,8 @@ pub enum NodeUpdateError {
     KeyMismatch(String),
     #[error("node {0} is not UP")]
     NotUp(String),
+    #[error("node {0} was deleted from this cluster; its key cannot register again")]
+    Deleted(String),
     #[error(transparent)]
     Curator(#[from] CuratorError),
 }

@@ -47,6 +47,6 @@ pub use cluster::{Cluster, endpoints};
 pub use ctl::polisctl;
 pub use etcd::BareEtcd;
 pub use net::{NetNs, unique_loopback};
-pub use node::{Node, is_home_line};
+pub use node::{Node, is_home_line, read_register_params};
 pub use process::{Proc, bin, bin_dir, process_alive};
 pub use wait::{TIMEOUT, wait_until};

@@ -223,3 +223,13 @@ impl Node {
             .with_context(|| format!("waiting for cluster state {state}"))
     }
 }
+
+/// The register parameters in a node parameters file (`polisctl params register`).
+pub fn read_register_params(path: &Path) -> Result<proto::config::ClusterRegister> {
+    use prost::Message;
+    let params = proto::config::NodeParameters::decode(std::fs::read(path)?.as_slice())?;
+    match params.cluster {
+        Some(proto::config::node_parameters::Cluster::Register(r)) => Ok(r),
+        other => bail!("not register parameters: {other:?}"),
+    }
+}

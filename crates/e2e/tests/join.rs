@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use e2e::{Cluster, Node, TIMEOUT, process_alive, wait_until};
+use e2e::{Cluster, Node, TIMEOUT, process_alive, read_register_params, wait_until};
 use proto::api;
 
 fn start_with_params(node: &mut Node, params: &std::path::Path) -> Result<()> {
@@ -228,15 +228,6 @@ fn refusals_wrong_ticket_wrong_ca_unreachable_curators_and_no_approval() -> Resu
         bail!("the unapproved node left Foreign");
     }
     Ok(())
-}
-
-fn read_register_params(path: &std::path::Path) -> Result<proto::config::ClusterRegister> {
-    use prost::Message;
-    let params = proto::config::NodeParameters::decode(std::fs::read(path)?.as_slice())?;
-    match params.cluster {
-        Some(proto::config::node_parameters::Cluster::Register(r)) => Ok(r),
-        other => bail!("not register parameters: {other:?}"),
-    }
 }
 
 fn write_register_params(

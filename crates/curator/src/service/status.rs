@@ -30,7 +30,9 @@ pub(super) fn node_update_status(e: NodeUpdateError) -> Status {
         NodeUpdateError::Transition { .. } | NodeUpdateError::NotUp(_) => {
             Status::failed_precondition(e.to_string())
         }
-        NodeUpdateError::KeyMismatch(_) => Status::permission_denied(e.to_string()),
+        NodeUpdateError::KeyMismatch(_) | NodeUpdateError::Deleted(_) => {
+            Status::permission_denied(e.to_string())
+        }
         NodeUpdateError::Curator(c) => status_from(c),
     }
 }

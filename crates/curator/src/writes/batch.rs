@@ -27,20 +27,24 @@
 //!   not stop the write others wait for.
 //! - Slots are per record and per leadership tenure; idle ones are dropped once more
 //!   than [`IDLE_SLOTS`] exist.
+//! - A record is created only while its key has no tombstone, checked inside the
+//!   creating transaction: a deletion racing a registration can never be undone by it.
 //!
-//! May import only `error`, `records` (decoding) and `election` (the guard).
+//! May import only `error`, `layout` (the tombstone's key), `records` (decoding) and
+//! `election` (the guard).
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use consensus::Namespaced;
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use prost::Message;
 use proto::state::Node;
 use tokio::sync::oneshot;
 
 use crate::election::{self, Leadership};
 use crate::error::{CuratorError, NodeUpdateError};
+use crate::layout::tombstone_key;
 
 /// The highest node-record revision each leadership tenure wrote, by election key and
 /// revision: reads served from the watched snapshot wait until it shows these writes.
@@ -90,6 +94,8 @@ pub(crate) enum Outcome {
     /// caller starts over from a fresh read.
     Retry,
     NotLeader,
+    /// The record would have been created, but its key was deleted (tombstone).
+    Deleted,
 }
 
 #[derive(Default)]
@@ -192,6 +198,7 @@ pub(crate) async fn attempt(
                 Outcome::Written => other.map(|_| Attempt::Done(found)),
                 Outcome::Retry => Ok(Attempt::Retry),
                 Outcome::NotLeader => Err(CuratorError::NotLeader.into()),
+                Outcome::Deleted => Err(NodeUpdateError::Deleted(id.to_string())),
             };
         }
     };
@@ -207,6 +214,7 @@ pub(crate) async fn attempt(
             curator.clone(),
             leadership.clone(),
             key.to_string(),
+            curator.key(&tombstone_key(id)),
         ));
     }
     drop(state);
@@ -214,6 +222,7 @@ pub(crate) async fn attempt(
         Outcome::Written => Ok(Attempt::Done(Some(next))),
         Outcome::Retry => Ok(Attempt::Retry),
         Outcome::NotLeader => Err(CuratorError::NotLeader.into()),
+        Outcome::Deleted => Err(NodeUpdateError::Deleted(id.to_string())),
     }
 }
 
@@ -226,8 +235,23 @@ async fn wait_settled(mut state: tokio::sync::MutexGuard<'_, SlotState>) -> Outc
     rx.await.unwrap_or(Outcome::Retry)
 }
 
+/// Whether a failed creating transaction found the record's tombstone (its second
+/// `or_else` read).
+fn tombstoned(failed: &etcd_client::TxnResponse) -> bool {
+    matches!(
+        failed.op_responses().get(1),
+        Some(etcd_client::TxnOpResponse::Get(g)) if g.count() > 0
+    )
+}
+
 /// Writes the working copy until it is written as of the last accepted change.
-async fn flush(slot: Arc<Slot>, curator: Namespaced, leadership: Leadership, key: String) {
+async fn flush(
+    slot: Arc<Slot>,
+    curator: Namespaced,
+    leadership: Leadership,
+    key: String,
+    tombstone: String,
+) {
     loop {
         let (generation, node, revision) = {
             let mut state = slot.state.lock().await;
@@ -240,24 +264,40 @@ async fn flush(slot: Arc<Slot>, curator: Namespaced, leadership: Leadership, key
                 }
             }
         };
-        let compare = if revision == 0 {
-            Compare::create_revision(key.clone(), CompareOp::Equal, 0)
+        let mut compare = vec![election::guard(&leadership)];
+        if revision == 0 {
+            compare.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
+            compare.push(Compare::create_revision(
+                tombstone.clone(),
+                CompareOp::Equal,
+                0,
+            ));
         } else {
-            Compare::mod_revision(key.clone(), CompareOp::Equal, revision)
-        };
+            compare.push(Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                revision,
+            ));
+        }
         // Guarded like `election::leader_txn`, but flat: a nested transaction's response
         // carries no revision, and the revision written is the next write's CAS base.
         let txn = Txn::new()
-            .when([election::guard(&leadership), compare])
+            .when(compare)
             .and_then([TxnOp::put(key.clone(), node.encode_to_vec(), None)])
-            .or_else([TxnOp::get(leadership.key.clone(), None)]);
+            .or_else([
+                TxnOp::get(leadership.key.clone(), None),
+                TxnOp::get(tombstone.clone(), Some(GetOptions::new().with_count_only())),
+            ]);
         let outcome = match curator.client().txn(txn).await {
             Ok(r) if r.succeeded() => match r.header().map(|h| h.revision()) {
                 Some(written) if written > 0 => Ok(written),
                 _ => Err(Outcome::Retry),
             },
             Ok(r) => {
-                if election::still_leads(&r, &leadership) {
+                if revision == 0 && tombstoned(&r) {
+                    tracing::warn!("node record {key} not created: the node was deleted");
+                    Err(Outcome::Deleted)
+                } else if election::still_leads(&r, &leadership) {
                     tracing::info!("node record {key} was changed by another writer; retrying");
                     Err(Outcome::Retry)
                 } else {
