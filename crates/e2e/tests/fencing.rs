@@ -131,3 +131,62 @@ async fn deleted_keys_do_not_re_register_while_the_owner_deletes() -> Result<()>
     }
     Ok(())
 }
+
+/// The certificates the cluster CA and the etcd peer CA recorded for node `id`.
+async fn recorded_certificates(owner: &rpc::CuratorClient, id: &str) -> Result<Vec<String>> {
+    let listed = owner
+        .call(|c| async move {
+            api::management_client::ManagementClient::new(c)
+                .list_certificates(api::ListCertificatesRequest {})
+                .await
+        })
+        .await?;
+    Ok(listed
+        .certificates
+        .into_iter()
+        .filter(|c| c.node_id == id)
+        .map(|c| c.name)
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_are_issued_only_when_due_however_often_a_node_asks() -> Result<()> {
+    // Before: every RenewCertificates call recorded one more certificate (30 calls, 30
+    // records); a worker looping it could fill etcd up to its quota.
+    let dir = tempfile::tempdir()?;
+    let cluster = tokio::task::block_in_place(|| Cluster::bootstrap(dir.path()))?;
+    let params = tokio::task::block_in_place(|| cluster.register_params("worker"))?;
+    let (worker, id) = tokio::task::block_in_place(|| cluster.add_worker("worker", &params))?;
+    let owner = tokio::task::block_in_place(|| cluster.owner_client())?;
+    let before = recorded_certificates(&owner, &id).await?;
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    let certificate = std::fs::read(worker.root.join("data/node/cert.der"))?;
+    let credentials = rpc::Credentials {
+        certificate: certificate.clone(),
+        key_pkcs8: std::fs::read(worker.root.join("data/node/key.der"))?,
+    };
+    let ca = std::fs::read(worker.root.join("data/node/ca.der"))?;
+    let as_worker = rpc::CuratorClient::new(
+        vec![SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT)],
+        rpc::ServerTrust::PinnedCa(ca),
+        Some(credentials),
+    )?;
+    for call in 0..30 {
+        let answer = as_worker
+            .call(|c| async move {
+                api::curator_client::CuratorClient::new(c)
+                    .renew_certificates(api::RenewCertificatesRequest { peer: false })
+                    .await
+            })
+            .await
+            .with_context(|| format!("renewal {call}"))?;
+        assert!(
+            answer.node_certificate == certificate,
+            "renewal {call}: a certificate was issued although none was due"
+        );
+    }
+    let after = recorded_certificates(&owner, &id).await?;
+    assert_eq!(after, before, "certificates recorded by 30 early renewals");
+    Ok(())
+}

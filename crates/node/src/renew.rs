@@ -165,23 +165,38 @@ async fn renew(
     if pki::certificate_public_key(&answer.node_certificate)? != own_key {
         bail!("the curator answered with a node certificate for another key");
     }
-    let renewed = rpc::Credentials {
-        certificate: answer.node_certificate.clone(),
-        key_pkcs8: current.key_pkcs8.clone(),
-    };
-    // Loaded before it is written: a certificate rustls refuses never reaches the disk.
-    rpc::CredentialSlot::new(renewed.clone()).context("loading the renewed certificate")?;
-    write_atomic(&settings.root.node_certificate(), &answer.node_certificate)
-        .context("saving the renewed node certificate")?;
-    slot.replace(renewed)
-        .context("applying the renewed node certificate")?;
-    let validity = Validity::of(&answer.node_certificate)?;
-    tracing::info!(
-        serial = hex::encode(pki::certificate_serial(&answer.node_certificate)?),
-        expires_in_s = validity.not_after.saturating_sub(pki::unix_now()),
-        "node certificate renewed and in use"
-    );
-    if peer && !answer.peer_certificate.is_empty() {
+    // The curator issues only when renewal is due by its clock; before, it answers with
+    // the certificates this node holds.
+    let node_renewed = answer.node_certificate != current.certificate;
+    let peer_renewed = peer
+        && !answer.peer_certificate.is_empty()
+        && read_pem_certificate(peer_file).ok().as_deref()
+            != Some(answer.peer_certificate.as_slice());
+    if !node_renewed && !peer_renewed {
+        bail!(
+            "the curator answered with the certificates this node holds: by its clock renewal \
+             is not due yet (do the clocks of this node and the curators differ?)"
+        );
+    }
+    if node_renewed {
+        let renewed = rpc::Credentials {
+            certificate: answer.node_certificate.clone(),
+            key_pkcs8: current.key_pkcs8.clone(),
+        };
+        // Loaded before it is written: a certificate rustls refuses never reaches the disk.
+        rpc::CredentialSlot::new(renewed.clone()).context("loading the renewed certificate")?;
+        write_atomic(&settings.root.node_certificate(), &answer.node_certificate)
+            .context("saving the renewed node certificate")?;
+        slot.replace(renewed)
+            .context("applying the renewed node certificate")?;
+        let validity = Validity::of(&answer.node_certificate)?;
+        tracing::info!(
+            serial = hex::encode(pki::certificate_serial(&answer.node_certificate)?),
+            expires_in_s = validity.not_after.saturating_sub(pki::unix_now()),
+            "node certificate renewed and in use"
+        );
+    }
+    if peer_renewed {
         if pki::certificate_public_key(&answer.peer_certificate)? != own_key {
             bail!("the curator answered with an etcd peer certificate for another key");
         }

@@ -8,6 +8,7 @@
 //!   CommitNode         commit_node_certificate    cluster     node-<id> (ensured: same on retry)
 //!   RenewCertificates  renew                      cluster     node-<id>-<serial>
 //!     with peer          └ (member lookup)        etcd peer   peer-<id>-<member>-<serial>
+//!     (only when due: else the newest recorded one is answered again, see `renewal_due`)
 //!   Escrow             escrow_owner_certificate   cluster     owner-<serial>
 //!   JoinConsensus      join_peer_certificate      etcd peer   peer-<id>-<member> (ensured)
 //!     (membership::join)
@@ -84,10 +85,51 @@ pub(super) struct Renewed {
     pub(super) peer: Option<(Vec<u8>, Vec<u8>)>,
 }
 
+/// Whether a certificate may be issued to replace `newest`, the newest one recorded for
+/// the same node (and etcd member), at `now` (Unix seconds): from a quarter of its
+/// lifetime before its renewal point (2/3) on. Nodes ask at the renewal point, or up to
+/// a sixth of the lifetime early to renew both certificates in one call; the rest is
+/// room for clocks that differ. So a node, however often it asks, gets at most one new
+/// certificate of a kind per 5/12 of a lifetime, and the certificates it is issued
+/// stay bounded (before, every call recorded one more, and a looping node could fill
+/// etcd).
+fn renewal_due(newest: &pki::Validity, now: u64) -> bool {
+    now + newest.lifetime() / 4 >= newest.renew_at()
+}
+
+/// The newest certificate (by issue time) recorded as `name` or `name-<serial>`, with
+/// its validity; `None` when there is none.
+async fn newest_recorded(
+    store: &pki::CaStore,
+    name: &str,
+) -> Result<Option<(Vec<u8>, pki::Validity)>, Status> {
+    let renewed_prefix = format!("{name}-");
+    let recorded = store
+        .list_issued(name)
+        .await
+        .map_err(|e| Status::unavailable(format!("listing the certificates of {name}: {e}")))?;
+    Ok(recorded
+        .into_iter()
+        .filter(|(n, _)| n == name || n.starts_with(&renewed_prefix))
+        .filter_map(|(_, der)| pki::Validity::of(&der).ok().map(|v| (der, v)))
+        .max_by_key(|(_, v)| v.issued()))
+}
+
+/// The newest recorded certificate under `name` while replacing it is not due (see
+/// [`renewal_due`]).
+async fn not_yet_due(store: &pki::CaStore, name: &str) -> Result<Option<Vec<u8>>, Status> {
+    let now = pki::unix_now();
+    Ok(newest_recorded(store, name)
+        .await?
+        .filter(|(_, validity)| !renewal_due(validity, now))
+        .map(|(der, _)| der))
+}
+
 /// RenewCertificates for `node` (UP, holding `key` at `address`): a new node
 /// certificate, recorded as `node-<id>-<serial>`, and with `peer` a new etcd peer
 /// certificate for its current etcd member (refused unless it holds the ConsensusMember
-/// role). The previous ones are not revoked: they expire.
+/// role); each only when due, else the newest recorded one again. The previous ones are
+/// not revoked: they expire.
 pub(super) async fn renew(
     shared: &Shared,
     node: &Node,
@@ -115,6 +157,16 @@ pub(super) async fn renew(
     // owner certificates): a deposed leader could at worst record a certificate for
     // this node's own key, which it then never receives.
     let (store, ca) = cluster_ca(shared).await?;
+    if let Some(newest) = not_yet_due(&store, &layout::node_certificate_prefix(id)).await? {
+        tracing::info!(
+            node = id,
+            "node certificate renewal not due yet: answered with the newest one"
+        );
+        return Ok(Renewed {
+            node: (newest, ca.cert_der),
+            peer: renewed_peer,
+        });
+    }
     let issued = ca
         .issue(
             &templates::node_certificate_template(id, address, lifetime),
@@ -161,6 +213,14 @@ async fn renew_peer(
         .await
         .map_err(|e| etcd_status("loading the etcd peer CA", e))?
         .ok_or_else(|| Status::internal("the cluster has no etcd peer CA"))?;
+    let member_name = layout::peer_certificate_name(&node.id, member.id);
+    if let Some(newest) = not_yet_due(&peer_pki, &member_name).await? {
+        tracing::info!(
+            node = node.id,
+            "etcd peer certificate renewal not due yet: answered with the newest one"
+        );
+        return Ok((newest, peer_ca.cert_der));
+    }
     let issued = peer_ca
         .issue(
             &templates::peer_certificate_template(&node.id, address, lifetime),
@@ -229,4 +289,28 @@ pub(super) async fn join_peer_certificate(
         .await
         .map_err(|e| etcd_status("issuing the etcd peer certificate", e))?;
     Ok((certificate, peer_ca.cert_der))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::renewal_due;
+
+    #[test]
+    fn renewal_is_due_from_five_twelfths_of_the_newest_certificates_life() {
+        // Issued at 1000 + BACKDATE, valid for 1200 s: renewal point at 1800.
+        let newest = pki::Validity {
+            not_before: 1000,
+            not_after: 1000 + pki::BACKDATE.as_secs() + 1200,
+        };
+        let issued = newest.issued();
+        assert_eq!(newest.lifetime(), 1200);
+        assert_eq!(newest.renew_at(), issued + 800);
+        assert!(!renewal_due(&newest, issued));
+        assert!(!renewal_due(&newest, issued + 499));
+        // The node asks up to a sixth early (pki::Plan), the rest is clock room.
+        assert!(renewal_due(&newest, issued + 500));
+        assert!(renewal_due(&newest, issued + 800));
+        // Expired: due, of course.
+        assert!(renewal_due(&newest, newest.not_after + 1));
+    }
 }
