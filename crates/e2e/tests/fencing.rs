@@ -149,21 +149,16 @@ async fn recorded_certificates(owner: &rpc::CuratorClient, id: &str) -> Result<V
         .collect())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn renewals_are_issued_only_when_due_however_often_a_node_asks() -> Result<()> {
-    // Before: every RenewCertificates call recorded one more certificate (30 calls, 30
-    // records); a worker looping it could fill etcd up to its quota.
-    let dir = tempfile::tempdir()?;
-    let cluster = tokio::task::block_in_place(|| Cluster::bootstrap(dir.path()))?;
-    let params = tokio::task::block_in_place(|| cluster.register_params("worker"))?;
-    let (worker, id) = tokio::task::block_in_place(|| cluster.add_worker("worker", &params))?;
-    let owner = tokio::task::block_in_place(|| cluster.owner_client())?;
-    let before = recorded_certificates(&owner, &id).await?;
-    assert_eq!(before.len(), 1, "{before:?}");
-
-    let certificate = std::fs::read(worker.root.join("data/node/cert.der"))?;
+/// A one-node cluster with one worker: the cluster, the worker, its ID and a client that
+/// calls with the worker's node certificate.
+fn cluster_with_worker(
+    dir: &std::path::Path,
+) -> Result<(Cluster, e2e::Node, String, rpc::CuratorClient)> {
+    let cluster = Cluster::bootstrap(dir)?;
+    let params = cluster.register_params("worker")?;
+    let (worker, id) = cluster.add_worker("worker", &params)?;
     let credentials = rpc::Credentials {
-        certificate: certificate.clone(),
+        certificate: std::fs::read(worker.root.join("data/node/cert.der"))?,
         key_pkcs8: std::fs::read(worker.root.join("data/node/key.der"))?,
     };
     let ca = std::fs::read(worker.root.join("data/node/ca.der"))?;
@@ -172,6 +167,21 @@ async fn renewals_are_issued_only_when_due_however_often_a_node_asks() -> Result
         rpc::ServerTrust::PinnedCa(ca),
         Some(credentials),
     )?;
+    Ok((cluster, worker, id, as_worker))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_are_issued_only_when_due_however_often_a_node_asks() -> Result<()> {
+    // Before: every RenewCertificates call recorded one more certificate (30 calls, 30
+    // records); a worker looping it could fill etcd up to its quota.
+    let dir = tempfile::tempdir()?;
+    let (cluster, worker, id, as_worker) =
+        tokio::task::block_in_place(|| cluster_with_worker(dir.path()))?;
+    let owner = tokio::task::block_in_place(|| cluster.owner_client())?;
+    let before = recorded_certificates(&owner, &id).await?;
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    let certificate = std::fs::read(worker.root.join("data/node/cert.der"))?;
     for call in 0..30 {
         let answer = as_worker
             .call(|c| async move {
@@ -188,5 +198,53 @@ async fn renewals_are_issued_only_when_due_however_often_a_node_asks() -> Result
     }
     let after = recorded_certificates(&owner, &id).await?;
     assert_eq!(after, before, "certificates recorded by 30 early renewals");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_see_only_their_own_record() -> Result<()> {
+    // Before: a worker's ListNodes returned every node's key, address, labels and status.
+    let dir = tempfile::tempdir()?;
+    let (cluster, _worker, id, as_worker) =
+        tokio::task::block_in_place(|| cluster_with_worker(dir.path()))?;
+    let first = cluster.first.key_node_id()?;
+    let listed = as_worker
+        .call(|c| async move {
+            api::management_client::ManagementClient::new(c)
+                .list_nodes(api::ListNodesRequest::default())
+                .await
+        })
+        .await?;
+    let ids: Vec<_> = listed.nodes.iter().map(|n| n.id.clone()).collect();
+    assert_eq!(ids, vec![id.clone()], "a worker listed other nodes");
+    let own = as_worker
+        .call(|c| {
+            let id = id.clone();
+            async move {
+                api::management_client::ManagementClient::new(c)
+                    .describe_node(api::DescribeNodeRequest { id })
+                    .await
+            }
+        })
+        .await?;
+    assert_eq!(own.id, id);
+    let other = as_worker
+        .call(|c| {
+            let id = first.clone();
+            async move {
+                api::management_client::ManagementClient::new(c)
+                    .describe_node(api::DescribeNodeRequest { id })
+                    .await
+            }
+        })
+        .await
+        .expect_err("a worker described another node");
+    assert!(
+        format!("{other:#}").contains("may describe only itself"),
+        "{other:#}"
+    );
+    // The owner still sees everything.
+    let all = tokio::task::block_in_place(|| cluster.nodes())?;
+    assert_eq!(all.len(), 2, "{all:?}");
     Ok(())
 }

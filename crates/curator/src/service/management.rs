@@ -1,4 +1,6 @@
-//! Management: the owner's API (nodes and nodes reading cluster status may list).
+//! Management: the owner's API. Nodes may read cluster status too, but a node sees only
+//! its own record (ListNodes, DescribeNode): its credentials let it act as that node and
+//! nothing more; the curators it needs come with its WatchNode stream.
 //!
 //! Handlers check the request and build the answer: role changes are `membership`'s,
 //! decommission and deletion `decommission`'s, record writes `writes`'.
@@ -28,6 +30,15 @@ fn node_matches(node: &api::NodeInfo, filter: &api::ListNodesRequest) -> bool {
             .all(|(k, v)| node.labels.get(k) == Some(v))
 }
 
+/// Whether `caller` may see the record of node `id`: owners see every record, a node
+/// only its own.
+fn may_see(caller: &rpc::Identity, id: &str) -> bool {
+    match caller {
+        rpc::Identity::Node { id: own, .. } => own == id,
+        _ => true,
+    }
+}
+
 #[tonic::async_trait]
 impl api::management_server::Management for Services {
     async fn get_cluster_info(
@@ -54,6 +65,7 @@ impl api::management_server::Management for Services {
         request: Request<api::ListNodesRequest>,
     ) -> Result<Response<api::ListNodesResponse>, Status> {
         let leadership = self.0.leadership().await?;
+        let caller = identity(&request);
         let filter = request.into_inner();
         let records: Vec<proto::state::Node> = match self.0.fresh_nodes(&leadership).await {
             Some(snapshot) => snapshot.nodes.values().cloned().collect(),
@@ -65,7 +77,7 @@ impl api::management_server::Management for Services {
             .0
             .node_infos(records, &leadership)
             .into_iter()
-            .filter(|n| node_matches(n, &filter))
+            .filter(|n| may_see(&caller, &n.id) && node_matches(n, &filter))
             .collect();
         nodes.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(Response::new(api::ListNodesResponse { nodes }))
@@ -77,6 +89,11 @@ impl api::management_server::Management for Services {
     ) -> Result<Response<api::NodeInfo>, Status> {
         let id = &request.get_ref().id;
         check_node_id(id)?;
+        if !may_see(&identity(&request), id) {
+            return Err(Status::permission_denied(format!(
+                "a node may describe only itself, not node {id}"
+            )));
+        }
         let leadership = self.0.leadership().await?;
         let record = match self.0.fresh_nodes(&leadership).await {
             Some(snapshot) => snapshot.nodes.get(id).cloned(),
