@@ -100,13 +100,55 @@ async fn register_parameters(
         .await?
         .ticket;
     let info = session.cluster_info().await?;
+    register_from(session.pinned_ca(), info, ticket, labels)
+}
+
+/// Register parameters from a curator's answer: the CA a new node pins is the one this
+/// owner pinned (`CFG/ca.pem`), never one a server handed out; an answer naming another
+/// CA is refused.
+fn register_from(
+    pinned_ca: &[u8],
+    info: api::GetClusterInfoResponse,
+    ticket: Vec<u8>,
+    labels: Vec<(String, String)>,
+) -> Result<proto::config::ClusterRegister> {
+    if info.ca_certificate != pinned_ca {
+        bail!(
+            "the curator answered with a cluster CA other than the pinned one (ca.pem in the \
+             config directory); refusing to write parameters that would trust it"
+        );
+    }
     if info.curator_endpoints.is_empty() {
         bail!("the cluster names no curator endpoints; a new node could not reach it");
     }
     Ok(proto::config::ClusterRegister {
         register_ticket: ticket,
-        ca_certificate: info.ca_certificate,
+        ca_certificate: pinned_ca.to_vec(),
         curator_endpoints: info.curator_endpoints,
         labels: labels.into_iter().collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(ca: &[u8]) -> api::GetClusterInfoResponse {
+        api::GetClusterInfoResponse {
+            ca_certificate: ca.to_vec(),
+            curator_endpoints: vec!["127.0.0.2:7835".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn register_parameters_pin_the_owners_ca_never_the_servers() {
+        let params = register_from(b"pinned", info(b"pinned"), vec![7; 32], vec![]).unwrap();
+        assert_eq!(params.ca_certificate, b"pinned");
+        let err = register_from(b"pinned", info(b"another"), vec![7; 32], vec![]).unwrap_err();
+        assert!(
+            err.to_string().contains("other than the pinned one"),
+            "{err}"
+        );
+    }
 }

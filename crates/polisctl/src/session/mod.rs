@@ -173,6 +173,10 @@ impl OwnerSession {
         Ok(info)
     }
 
+    /// The cluster CA pinned in the config directory (`CFG/ca.pem`).
+    pub(crate) fn pinned_ca(&self) -> &[u8] {
+        &self.ca
+    }
     pub(crate) fn trust(&self) -> &rpc::ServerTrust {
         self.client.trust()
     }
