@@ -248,3 +248,44 @@ async fn workers_see_only_their_own_record() -> Result<()> {
     assert_eq!(all.len(), 2, "{all:?}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_cannot_share_an_address() -> Result<()> {
+    // Before: RegisterNode took any address; a node registered with a consensus member's
+    // address and then given `remove-role` had that member removed from etcd (members
+    // were matched by peer URL, and remove-role did not check the node held the role).
+    let dir = tempfile::tempdir()?;
+    let cluster = tokio::task::block_in_place(|| Cluster::bootstrap(dir.path()))?;
+    let register =
+        tokio::task::block_in_place(|| read_register_params(&cluster.register_params("twin")?))?;
+    let endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
+    let trust = rpc::ServerTrust::PinnedCa(register.ca_certificate.clone());
+    let key = identity::NodeKey::generate()?;
+    let channel = rpc::connect(endpoint, &trust, Some(&rpc::self_signed(&key)?)).await?;
+    let mut curator = api::curator_client::CuratorClient::new(channel);
+    let taken = curator
+        .register_node(api::RegisterNodeRequest {
+            register_ticket: register.register_ticket.clone(),
+            address: cluster.first.address.to_string(),
+            labels: Default::default(),
+        })
+        .await
+        .expect_err("a second node on the first node's address");
+    assert_eq!(taken.code(), tonic::Code::AlreadyExists, "{taken:?}");
+    let first = cluster.first.key_node_id()?;
+    assert!(taken.message().contains(&first), "{taken:?}");
+    let listed = tokio::task::block_in_place(|| cluster.node(&key.node_id()))?;
+    assert!(listed.is_none(), "{listed:?}");
+
+    // remove-role on a node that does not hold the role removes nobody from etcd.
+    let params = tokio::task::block_in_place(|| cluster.register_params("worker"))?;
+    let (_worker, worker_id) =
+        tokio::task::block_in_place(|| cluster.add_worker("worker", &params))?;
+    tokio::task::block_in_place(|| {
+        cluster.ctl_retry(&["node", "remove-role", &worker_id, "ConsensusMember"])
+    })?;
+    let (quorum, status) =
+        tokio::task::block_in_place(|| cluster.status(&cluster.first.address.to_string()))?;
+    assert!(quorum, "{status}");
+    Ok(())
+}

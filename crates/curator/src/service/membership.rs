@@ -231,7 +231,8 @@ pub(super) async fn join(
 /// still runs it and can vote the change through — then its peer certificates are
 /// revoked and, last, the record loses the role (which makes the node stop etcd and
 /// wipe its data). Every step is idempotent: after a failure, running it again finishes
-/// the job. Returns the record.
+/// the job. A node without the role is left alone (no etcd member is removed on its
+/// behalf). Returns the record.
 pub(super) async fn remove_role(
     shared: &Arc<Shared>,
     leadership: &Leadership,
@@ -242,6 +243,15 @@ pub(super) async fn remove_role(
         .await
         .map_err(status_from)?
         .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))?;
+    if node
+        .roles
+        .as_ref()
+        .is_none_or(|r| r.consensus_member.is_none())
+    {
+        // Not a holder (or an earlier removal finished, the role going last): nothing
+        // in etcd is this node's to remove, whatever member its address may match.
+        return Ok(node);
+    }
     let mut client = shared.curator.client();
     let members = etcd_members::list(&mut client).await?;
     let member = etcd_members::member_of(&members, &node).cloned();

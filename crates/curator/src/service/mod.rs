@@ -92,6 +92,7 @@ pub async fn run(
         decommission_problems: Mutex::new(HashMap::new()),
         certificates: event::Value::new(),
         certificates_changed: tokio::sync::Notify::new(),
+        registrations: tokio::sync::Mutex::new(()),
     });
 
     let election_config = ElectionConfig {

@@ -115,6 +115,22 @@ where
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
+/// The live node (any state but DECOMMISSIONED) other than `id` whose record holds
+/// `address`, if any.
+fn address_holder<'a>(
+    mut nodes: impl Iterator<Item = &'a Node>,
+    id: &str,
+    address: IpAddr,
+) -> Option<String> {
+    nodes
+        .find(|n| {
+            n.id != id
+                && n.state != NodeState::Decommissioned as i32
+                && n.address.parse::<IpAddr>().ok() == Some(address)
+        })
+        .map(|n| n.id.clone())
+}
+
 #[tonic::async_trait]
 impl api::curator_server::Curator for Services {
     async fn heartbeat(
@@ -205,6 +221,12 @@ impl api::curator_server::Curator for Services {
                 "node {id} was deleted from this cluster; its key cannot register again"
             )));
         }
+        // Held until the record exists: the address check and the creation are one step
+        // on this leader (two registrations cannot both find an address free).
+        let _registration = match existing {
+            None => Some(self.0.registrations.lock().await),
+            Some(_) => None,
+        };
         if existing.is_none() {
             let stored = ticket::register_ticket(&self.0.curator)
                 .await
@@ -214,6 +236,25 @@ impl api::curator_server::Curator for Services {
                 return Err(Status::permission_denied(
                     "the register ticket is wrong or was rotated; create new parameters with `polisctl params register`",
                 ));
+            }
+            // The snapshot once it holds this tenure's writes (no range read of every
+            // record per registration), else etcd.
+            let holder = match self.0.fresh_nodes(&leadership).await {
+                Some(snapshot) => address_holder(snapshot.nodes.values(), &id, address),
+                None => address_holder(
+                    records::list_nodes(&self.0.curator)
+                        .await
+                        .map_err(status_from)?
+                        .iter(),
+                    &id,
+                    address,
+                ),
+            };
+            if let Some(holder) = holder {
+                tracing::warn!(node = id, %address, holder, "registration refused: address in use");
+                return Err(Status::already_exists(format!(
+                    "address {address} belongs to node {holder}; every node needs an address of its own"
+                )));
             }
         }
         let node = writes::apply_event(

@@ -77,6 +77,9 @@ pub struct Shared {
     pub(super) certificates: event::Value<Arc<CertificateView>>,
     /// Wakes the `certificates` runnable early: a certificate was just issued here.
     pub(super) certificates_changed: tokio::sync::Notify,
+    /// Held while RegisterNode checks that a new node's address is free and creates
+    /// its record, so that two registrations cannot take one address.
+    pub(super) registrations: tokio::sync::Mutex<()>,
 }
 
 impl Shared {
