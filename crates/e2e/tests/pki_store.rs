@@ -146,3 +146,67 @@ async fn the_crl_watch_sends_the_current_crl_then_every_revocation() -> Result<(
     assert_eq!(pki::crl_serials(&next_crl(&mut late).await?)?, serials);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_crl_sheds_expired_certificates_and_its_number_only_grows() -> Result<()> {
+    // Before: CRL entries never left (the CRL only grew until etcd refused it) and its
+    // number was its entry count, so a shorter CRL would have looked older.
+    let dir = tempfile::tempdir()?;
+    let (_etcd, store) = store(dir.path()).await?;
+    let (ca, _) = store.ensure_ca(|| Ca::generate("CA", CA_LIFETIME)).await?;
+    let key = identity::NodeKey::generate()?;
+    let mut recorded = Vec::new();
+    for name in ["node-a", "node-b", "node-c"] {
+        let der = store
+            .ensure_certificate(name, || ca.issue(&template(), &key.public_key()))
+            .await?;
+        recorded.push((pki::certificate_serial(&der)?, pki::Validity::of(&der)?));
+    }
+    let number = |crl: &[u8]| pki::verified_crl_number(crl, &ca.cert_der);
+    let mut last = number(&store.crl().await?)?;
+    let (a, b, c) = (&recorded[0], &recorded[1], &recorded[2]);
+    for (serial, _) in [a, b] {
+        let crl = store.revoke(&ca, serial).await?;
+        assert!(number(&crl)? > last);
+        last = number(&crl)?;
+    }
+    // Judged once a and b have ended (and the grace for clocks has passed): they leave.
+    let later = a.1.not_after.max(b.1.not_after) + pki::BACKDATE.as_secs();
+    let crl = store.revoke_as_of(&ca, &c.0, later).await?;
+    assert_eq!(pki::crl_serials(&crl)?, vec![c.0.clone()]);
+    assert!(number(&crl)? > last, "a shorter CRL must still be newer");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_issued_certificates_are_listed() -> Result<()> {
+    // Before: the records were read in one range, which etcd's answer size limit
+    // refused past a few thousand certificates.
+    let dir = tempfile::tempdir()?;
+    let etcd = BareEtcd::spawn(dir.path(), unique_loopback(), fast())?;
+    let client = etcd.ready_client(TIMEOUT).await?;
+    let ns = consensus::Namespaced::new(client, "test-pki");
+    let store = CaStore::new(ns.clone());
+    let (ca, _) = store.ensure_ca(|| Ca::generate("CA", CA_LIFETIME)).await?;
+    let key = identity::NodeKey::generate()?;
+    let der = ca.issue(&template(), &key.public_key())?.der;
+    const COUNT: usize = 10_000;
+    // Written directly, 100 per transaction (etcd allows 128 operations per txn).
+    for chunk in (0..COUNT).collect::<Vec<_>>().chunks(100) {
+        let ops: Vec<_> = chunk
+            .iter()
+            .map(|i| {
+                etcd_client::TxnOp::put(ns.key(&format!("issued/node-{i:05}")), der.clone(), None)
+            })
+            .collect();
+        ns.client()
+            .txn(etcd_client::Txn::new().and_then(ops))
+            .await?;
+    }
+    let listed = store.list_issued("").await?;
+    assert_eq!(listed.len(), COUNT);
+    assert_eq!(listed[0].0, "node-00000");
+    assert_eq!(listed[COUNT - 1].0, format!("node-{:05}", COUNT - 1));
+    assert_eq!(store.list_issued("node-0999").await?.len(), 10);
+    Ok(())
+}

@@ -7,7 +7,14 @@
 //!   ca/crl            DER of the current CRL (empty list at creation)
 //!   issued/<name>     DER of a named certificate, e.g. issued/node-polis-…
 //!   serials/<hex>     what the serial was issued for (the CA, or a certificate name)
+//!   revoked/<hex>     the end of validity (Unix seconds, 8 bytes big-endian) of a
+//!                     revoked certificate on the CRL, so that it can leave it
 //! ```
+//!
+//! The CRL stays bounded: a revocation drops the entries whose certificates expired
+//! (an expired certificate is refused on its dates anyway), and every new CRL carries
+//! the number of the one it replaces plus one, so clients that take only newer CRLs
+//! (`rpc::CrlSlot`) take a shorter one too. Listings are read in pages.
 
 use std::time::Duration;
 
@@ -22,6 +29,29 @@ use crate::issue::{Ca, Issued};
 
 /// How often a store operation retries after losing a race or a serial collision.
 const MAX_ATTEMPTS: usize = 5;
+
+/// Records per range read when listing (etcd refuses answers over its request limit,
+/// ~1.5 MiB, which a single read of every certificate passes after a few thousand).
+const PAGE: i64 = 500;
+
+/// An expired certificate leaves the CRL only this long after its end of validity:
+/// room for clocks that differ (the same allowance as before issue, `BACKDATE`).
+const EXPIRY_GRACE: Duration = crate::BACKDATE;
+
+/// The serials of `on_crl` to keep on the next CRL at `now` (Unix seconds): all but
+/// those whose certificate is known (`expiry`) to have ended more than
+/// [`EXPIRY_GRACE`] ago. Pure.
+fn unexpired(
+    on_crl: Vec<Vec<u8>>,
+    expiry: &std::collections::HashMap<Vec<u8>, u64>,
+    now: u64,
+) -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    on_crl.into_iter().partition(|serial| {
+        expiry
+            .get(serial)
+            .is_none_or(|not_after| not_after + EXPIRY_GRACE.as_secs() > now)
+    })
+}
 
 /// Pause before re-establishing a failed CRL watch, doubling up to the maximum.
 const WATCH_RETRY_FIRST: Duration = Duration::from_millis(100);
@@ -155,16 +185,10 @@ impl CaStore {
     /// refused anyway; leaving it out keeps the CRL short); returns how many that were.
     /// Revoking an already revoked certificate changes nothing.
     pub async fn revoke_issued(&self, ca: &Ca, prefix: &str) -> Result<usize, PkiError> {
-        let key = self.ns.key(&format!("issued/{prefix}"));
-        let response = self
-            .ns
-            .client()
-            .get(key, Some(GetOptions::new().with_prefix()))
-            .await?;
         let mut serials = Vec::new();
-        for kv in response.kvs() {
-            if time_to_expiry(kv.value())?.is_some() {
-                serials.push(certificate_serial(kv.value())?);
+        for (_, der) in self.list_issued(prefix).await? {
+            if time_to_expiry(&der)?.is_some() {
+                serials.push(certificate_serial(&der)?);
             }
         }
         for serial in &serials {
@@ -174,27 +198,47 @@ impl CaStore {
     }
 
     /// Every certificate recorded under a name starting with `prefix` ("" for all), as
-    /// (name, DER), in name order. One etcd range read.
+    /// (name, DER), in name order, read in pages of [`PAGE`].
     pub async fn list_issued(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, PkiError> {
         let base = self.ns.key("issued/");
-        let response = self
-            .ns
-            .client()
-            .get(
-                format!("{base}{prefix}"),
-                Some(GetOptions::new().with_prefix()),
-            )
-            .await?;
-        response
-            .kvs()
-            .iter()
-            .map(|kv| {
-                let key = std::str::from_utf8(kv.key())
+        let records = self.range(&format!("{base}{prefix}")).await?;
+        records
+            .into_iter()
+            .map(|(key, value)| {
+                let key = String::from_utf8(key)
                     .map_err(|_| PkiError::Inconsistent("non-UTF-8 certificate name".into()))?;
-                let name = key.strip_prefix(base.as_str()).unwrap_or(key);
-                Ok((name.to_string(), kv.value().to_vec()))
+                let name = key.strip_prefix(base.as_str()).unwrap_or(&key).to_string();
+                Ok((name, value))
             })
             .collect()
+    }
+
+    /// Every (key, value) under the full key prefix `prefix`, in key order, read in
+    /// pages of [`PAGE`] (each page starts after the last key of the one before).
+    async fn range(&self, prefix: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>, PkiError> {
+        let end = etcd_prefix_end(prefix.as_bytes());
+        let mut out = Vec::new();
+        let mut from = prefix.as_bytes().to_vec();
+        loop {
+            let response = self
+                .ns
+                .client()
+                .get(
+                    from.clone(),
+                    Some(GetOptions::new().with_range(end.clone()).with_limit(PAGE)),
+                )
+                .await?;
+            for kv in response.kvs() {
+                out.push((kv.key().to_vec(), kv.value().to_vec()));
+            }
+            match response.kvs().last() {
+                Some(last) if response.more() => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok(out),
+            }
+        }
     }
 
     /// The current CRL (DER).
@@ -305,10 +349,22 @@ impl CaStore {
         }
     }
 
-    /// Adds `serial` to the CRL. Concurrent revocations are serialized by a
+    /// Adds `serial` to the CRL, dropping the entries of certificates that expired (see
+    /// the module documentation). Concurrent revocations are serialized by a
     /// compare-and-swap on the CRL's revision; none is lost.
     pub async fn revoke(&self, ca: &Ca, serial: &[u8]) -> Result<Vec<u8>, PkiError> {
+        self.revoke_as_of(ca, serial, crate::unix_now()).await
+    }
+
+    /// [`CaStore::revoke`] with the time (Unix seconds) against which expiry is judged.
+    pub async fn revoke_as_of(
+        &self,
+        ca: &Ca,
+        serial: &[u8],
+        now: u64,
+    ) -> Result<Vec<u8>, PkiError> {
         let crl_key = self.ns.key("ca/crl");
+        let not_after = self.end_of(serial).await?;
         for _ in 0..MAX_ATTEMPTS * 4 {
             let response = self
                 .ns
@@ -319,20 +375,35 @@ impl CaStore {
                 .kvs()
                 .first()
                 .ok_or_else(|| PkiError::Inconsistent("CA has no CRL".into()))?;
-            let mut serials = crl_serials(kv.value())?;
-            if serials.iter().any(|s| s == serial) {
+            let on_crl = crl_serials(kv.value())?;
+            if on_crl.iter().any(|s| s == serial) {
                 return Ok(kv.value().to_vec());
             }
-            serials.push(serial.to_vec());
-            // Revocations only ever append, so the count is a growing CRL number.
-            let crl = ca.crl(&serials, serials.len() as u64 + 1)?;
+            let expiry = self.revoked_expiries().await?;
+            let (mut kept, dropped) = unexpired(on_crl, &expiry, now);
+            kept.push(serial.to_vec());
+            let number = crate::verified_crl_number(kv.value(), &ca.cert_der)? + 1;
+            let crl = ca.crl(&kept, number)?;
+            let mut ops = vec![TxnOp::put(crl_key.clone(), crl.clone(), None)];
+            if let Some(not_after) = not_after {
+                ops.push(TxnOp::put(
+                    self.revoked_key(serial),
+                    not_after.to_be_bytes().to_vec(),
+                    None,
+                ));
+            }
+            ops.extend(
+                dropped
+                    .iter()
+                    .map(|s| TxnOp::delete(self.revoked_key(s), None)),
+            );
             let txn = Txn::new()
                 .when([Compare::mod_revision(
                     crl_key.clone(),
                     CompareOp::Equal,
                     kv.mod_revision(),
                 )])
-                .and_then([TxnOp::put(crl_key.clone(), crl.clone(), None)]);
+                .and_then(ops);
             if self.ns.client().txn(txn).await?.succeeded() {
                 return Ok(crl);
             }
@@ -340,5 +411,84 @@ impl CaStore {
         Err(PkiError::Inconsistent(
             "CRL kept changing during revocation".into(),
         ))
+    }
+
+    fn revoked_key(&self, serial: &[u8]) -> String {
+        self.ns.key(&format!("revoked/{}", hex::encode(serial)))
+    }
+
+    /// When the certificate with `serial` ends (Unix seconds), from its record; `None`
+    /// when this store recorded no certificate with that serial.
+    async fn end_of(&self, serial: &[u8]) -> Result<Option<u64>, PkiError> {
+        let Some(name) = self
+            .ns
+            .get(&format!("serials/{}", hex::encode(serial)))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let name = String::from_utf8(name)
+            .map_err(|_| PkiError::Inconsistent("non-UTF-8 certificate name".into()))?;
+        let der = match name.as_str() {
+            "ca" => self.ns.get("ca/cert").await?,
+            name => self.ns.get(&format!("issued/{name}")).await?,
+        };
+        der.map(|der| crate::Validity::of(&der).map(|v| v.not_after))
+            .transpose()
+    }
+
+    /// The recorded ends of validity of the certificates on the CRL, by serial.
+    async fn revoked_expiries(&self) -> Result<std::collections::HashMap<Vec<u8>, u64>, PkiError> {
+        let base = self.ns.key("revoked/");
+        let mut out = std::collections::HashMap::new();
+        for (key, value) in self.range(&base).await? {
+            let serial = std::str::from_utf8(&key[base.len()..])
+                .ok()
+                .and_then(|h| hex::decode(h).ok());
+            let not_after = <[u8; 8]>::try_from(value.as_slice()).ok();
+            if let (Some(serial), Some(not_after)) = (serial, not_after) {
+                out.insert(serial, u64::from_be_bytes(not_after));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The end of the etcd range that holds every key starting with `prefix`.
+fn etcd_prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte was 0xff: no end ("\0" means: to the end of the keyspace).
+    vec![0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expired_certificates_leave_the_crl_after_the_grace() {
+        let grace = EXPIRY_GRACE.as_secs();
+        let expiry: std::collections::HashMap<Vec<u8>, u64> =
+            [(vec![1], 1000), (vec![2], 5000)].into();
+        let on_crl = vec![vec![1], vec![2], vec![3]];
+        // Before the first ends (plus grace): all stay; [3] has no recorded end: stays.
+        let (kept, dropped) = unexpired(on_crl.clone(), &expiry, 1000 + grace - 1);
+        assert_eq!((kept.len(), dropped.len()), (3, 0));
+        let (kept, dropped) = unexpired(on_crl, &expiry, 1000 + grace);
+        assert_eq!(kept, vec![vec![2], vec![3]]);
+        assert_eq!(dropped, vec![vec![1]]);
+    }
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(etcd_prefix_end(b"a/"), b"a0".to_vec());
+        assert_eq!(etcd_prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(etcd_prefix_end(b"\xff\xff"), vec![0]);
     }
 }
