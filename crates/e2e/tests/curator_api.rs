@@ -311,6 +311,32 @@ async fn allowed(
             })
             .await
             .err(),
+        "GetConsensusStatus" => local
+            .get_consensus_status(api::GetConsensusStatusRequest {})
+            .await
+            .err(),
+        "UpdateNodeRoles" => management
+            .update_node_roles(api::UpdateNodeRolesRequest {
+                id: ABSENT_NODE.to_string(),
+                add: vec!["ConsensusMember".into()],
+                remove: vec![],
+            })
+            .await
+            .err(),
+        "ListCertificates" => management
+            .list_certificates(api::ListCertificatesRequest {})
+            .await
+            .err(),
+        // The node already is a voter: the handler refuses (FailedPrecondition).
+        "JoinConsensus" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
+            .join_consensus(api::JoinConsensusRequest {})
+            .await
+            .err(),
+        // Not due: the answer is the certificate the node holds.
+        "RenewCertificates" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
+            .renew_certificates(api::RenewCertificatesRequest { peer: false })
+            .await
+            .err(),
         "Heartbeat" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
             .heartbeat(api::HeartbeatRequest::default())
             .await
@@ -348,11 +374,14 @@ async fn allowed(
         {
             Ok(false)
         }
-        Some(s) if method == "CommitNode" && s.code() == tonic::Code::FailedPrecondition => {
+        Some(s)
+            if ["CommitNode", "JoinConsensus"].contains(&method)
+                && s.code() == tonic::Code::FailedPrecondition =>
+        {
             Ok(true)
         }
         Some(s)
-            if ["DecommissionNode", "DeleteNode"].contains(&method)
+            if ["DecommissionNode", "DeleteNode", "UpdateNodeRoles"].contains(&method)
                 && s.code() == tonic::Code::NotFound =>
         {
             Ok(true)
@@ -441,13 +470,29 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         ("ApproveNode", &["owner"]),
         ("DecommissionNode", &["owner"]),
         ("DeleteNode", &["owner"]),
+        ("UpdateNodeRoles", &["owner"]),
+        ("ListCertificates", &["owner"]),
+        ("GetConsensusStatus", &["node", "owner"]),
         ("Heartbeat", &["node"]),
         ("WatchNode", &["node"]),
+        ("JoinConsensus", &["node"]),
+        ("RenewCertificates", &["node"]),
         ("RegisterNode", &["self-signed"]),
         ("CommitNode", &["self-signed"]),
         // Last: it replaces the ticket RegisterNode uses above.
         ("RotateRegisterTicket", &["owner"]),
     ];
+    // Every declared RPC is in the matrix.
+    let mut missing: Vec<_> = rpc::authz::METHODS
+        .iter()
+        .map(|(path, _)| path.rsplit('/').next().unwrap_or(path))
+        .filter(|m| !expected.iter().any(|(e, _)| e == m))
+        .collect();
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "RPCs missing from the matrix: {missing:?}"
+    );
     let ticket = {
         let channel = rpc::connect(
             endpoint,
