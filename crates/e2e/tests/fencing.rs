@@ -289,3 +289,47 @@ async fn two_nodes_cannot_share_an_address() -> Result<()> {
     assert!(quorum, "{status}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_certificate_ends_its_streams_and_calls_on_open_connections() -> Result<()> {
+    // Before: a WatchNode stream was authorized once, when it started, and went on
+    // after its certificate was revoked.
+    let dir = tempfile::tempdir()?;
+    let (cluster, _worker, id, as_worker) =
+        tokio::task::block_in_place(|| cluster_with_worker(dir.path()))?;
+    let mut updates = as_worker
+        .call(|c| async move {
+            api::curator_client::CuratorClient::new(c)
+                .watch_node(api::WatchNodeRequest {})
+                .await
+        })
+        .await?;
+    let first = tokio::time::timeout(e2e::TIMEOUT, updates.message())
+        .await??
+        .context("a first update")?;
+    assert_eq!(first.state, api::NodeState::Up as i32);
+    tokio::task::block_in_place(|| cluster.ctl_retry(&["node", "decommission", &id, "--no-wait"]))?;
+    let ended = tokio::time::timeout(e2e::TIMEOUT, async {
+        loop {
+            match updates.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => bail!("the stream ended without saying why"),
+                Err(status) => return Ok(status),
+            }
+        }
+    })
+    .await
+    .context("the stream went on after the node's certificate was revoked")??;
+    assert!(rpc::is_revoked(&ended), "{ended:?}");
+    // Calls on the connection opened before the revocation are refused too.
+    let refused = as_worker
+        .call(|c| async move {
+            api::curator_client::CuratorClient::new(c)
+                .heartbeat(api::HeartbeatRequest::default())
+                .await
+        })
+        .await
+        .expect_err("a call with a revoked certificate");
+    assert!(format!("{refused:#}").contains(rpc::REVOKED), "{refused:#}");
+    Ok(())
+}

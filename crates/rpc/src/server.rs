@@ -44,7 +44,9 @@ mod limits;
 mod settings;
 
 pub use accept::{LogBudget, incoming, incoming_with};
-pub use auth::{AuthLayer, AuthService, CountedBody, CrlSource, Forwarders, denied_status};
+pub use auth::{
+    AuthLayer, AuthService, ClientCertificate, CountedBody, CrlSource, Forwarders, denied_status,
+};
 pub use conn::{PeerInfo, TlsConn};
 pub use limits::Limits;
 pub use settings::{

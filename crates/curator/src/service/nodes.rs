@@ -65,6 +65,7 @@ type UpdateStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 /// the client goes away or the curator stops.
 fn snapshot_stream<T>(
     shared: &Shared,
+    revocable: Option<Vec<u8>>,
     view: impl Fn(&NodeSnapshot) -> Option<T> + Send + Sync + 'static,
 ) -> UpdateStream<T>
 where
@@ -83,8 +84,18 @@ where
                     Ok(s) => s,
                     Err(_) => return,
                 },
-                // Views may show the CRL too: look again when it changes.
+                // Views may show the CRL too: look again when it changes. A stream
+                // authorized with a certificate that is now revoked ends here.
                 c = crls.get() => match (c, current.clone()) {
+                    (Ok(crl), _) if revocable.as_deref().is_some_and(|s| on_crl(&crl, s)) => {
+                        let _ = tx
+                            .send(Err(Status::unauthenticated(format!(
+                                "{}: the stream ends",
+                                rpc::REVOKED
+                            ))))
+                            .await;
+                        return;
+                    }
                     (Ok(_), Some(s)) => s,
                     (Ok(_), None) => continue,
                     (Err(_), _) => return,
@@ -113,6 +124,12 @@ where
         }
     });
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// Whether the certificate with `serial` is on `crl` (an unreadable CRL revokes nothing:
+/// the curator took it from its own watch).
+fn on_crl(crl: &[u8], serial: &[u8]) -> bool {
+    pki::crl_serials(crl).is_ok_and(|serials| serials.iter().any(|s| s == serial))
 }
 
 /// The live node (any state but DECOMMISSIONED) other than `id` whose record holds
@@ -290,7 +307,7 @@ impl api::curator_server::Curator for Services {
         };
         // The answer starts from what was just written; the snapshot may lag it by one
         // watch event, and states only move forward, so older states are not repeated.
-        let stream = snapshot_stream(&self.0, move |nodes| {
+        let stream = snapshot_stream(&self.0, None, move |nodes| {
             let state = nodes.nodes.get(&id).map(|n| n.state)?;
             (state >= first.state).then(|| api::RegistrationUpdate {
                 node_id: id.clone(),
@@ -367,8 +384,13 @@ impl api::curator_server::Curator for Services {
                 "this curator's view of the cluster is not current; use another curator",
             ));
         }
+        // The stream ends once the certificate it was opened with is revoked.
+        let serial = request
+            .extensions()
+            .get::<rpc::server::ClientCertificate>()
+            .and_then(|c| pki::certificate_serial(&c.0).ok());
         let crl = self.0.crl.clone();
-        let stream = snapshot_stream(&self.0, move |nodes| {
+        let stream = snapshot_stream(&self.0, serial, move |nodes| {
             let node = nodes.nodes.get(&id)?;
             Some(api::WatchNodeUpdate {
                 state: node.state,

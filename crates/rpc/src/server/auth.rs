@@ -1,7 +1,8 @@
 //! The layer every call passes before its handler: classifies the caller's certificate
 //! (against the current CRL), resolves a forwarded identity, applies the permission
-//! table, and hands the [`Identity`] to the handler; it counts the call as in flight
-//! until its response body ends.
+//! table, and hands the [`Identity`] to the handler (with the [`ClientCertificate`] of a
+//! caller calling directly, so that a long stream can end once it is revoked); it
+//! counts the call as in flight until its response body ends.
 //!
 //! May not accept connections or change connection limits.
 
@@ -16,6 +17,11 @@ use super::calls::CallGuard;
 use super::conn::PeerInfo;
 use crate::authz::{Denied, Identity, authorize};
 use crate::tls::Authenticator;
+
+/// The DER of the certificate the caller presented, for calls not forwarded by another
+/// curator: a stream handler ends the stream once this certificate is revoked.
+#[derive(Clone, Debug)]
+pub struct ClientCertificate(pub Arc<Vec<u8>>);
 
 /// Fetches the current cluster CRL (DER).
 pub type CrlSource =
@@ -159,10 +165,11 @@ where
                 },
             };
             // A forwarded call: the identity a curator verified, if this caller is one.
-            let identity = match request
+            let forwarded = request
                 .headers_mut()
-                .remove(crate::forward::FORWARDED_IDENTITY)
-            {
+                .remove(crate::forward::FORWARDED_IDENTITY);
+            let was_forwarded = forwarded.is_some();
+            let identity = match forwarded {
                 None => caller,
                 Some(header) => {
                     let trusted = matches!(&caller, Identity::Node { id, .. }
@@ -193,6 +200,11 @@ where
             if let Err(denied) = authorize(&method, &identity) {
                 tracing::info!(method, caller = %identity, "denied: {denied}");
                 return Ok(denied_status(&denied).into_http());
+            }
+            if !was_forwarded && let Some(cert) = leaf.as_ref().and_then(|c| c.first()) {
+                request
+                    .extensions_mut()
+                    .insert(ClientCertificate(Arc::new(cert.as_ref().to_vec())));
             }
             request.extensions_mut().insert(identity);
             let response = inner.call(request).await?;
