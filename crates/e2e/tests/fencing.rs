@@ -333,3 +333,64 @@ async fn a_revoked_certificate_ends_its_streams_and_calls_on_open_connections() 
     assert!(format!("{refused:#}").contains(rpc::REVOKED), "{refused:#}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_repeated_after_its_certificate_expired_gets_a_valid_one() -> Result<()> {
+    // Before: CommitNode answered with the first certificate it recorded, even expired.
+    let dir = tempfile::tempdir()?;
+    let cluster = tokio::task::block_in_place(|| {
+        Cluster::bootstrap_with(dir.path(), &["--node-certificate-lifetime", "5s"], &[])
+    })?;
+    let register =
+        tokio::task::block_in_place(|| read_register_params(&cluster.register_params("late")?))?;
+    let endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
+    let trust = rpc::ServerTrust::PinnedCa(register.ca_certificate.clone());
+    let key = identity::NodeKey::generate()?;
+    let id = key.node_id();
+    let channel = rpc::connect(endpoint, &trust, Some(&rpc::self_signed(&key)?)).await?;
+    let mut curator = api::curator_client::CuratorClient::new(channel);
+    let mut updates = curator
+        .register_node(api::RegisterNodeRequest {
+            register_ticket: register.register_ticket.clone(),
+            address: "127.0.0.1".into(),
+            labels: Default::default(),
+        })
+        .await?
+        .into_inner();
+    updates.message().await?.context("NEW")?;
+    tokio::task::block_in_place(|| cluster.ctl_retry(&["node", "approve", &id]))?;
+    let first = curator
+        .commit_node(api::CommitNodeRequest {})
+        .await?
+        .into_inner()
+        .node_certificate;
+    let again = curator
+        .commit_node(api::CommitNodeRequest {})
+        .await?
+        .into_inner()
+        .node_certificate;
+    assert!(again == first, "a repeated commit got another certificate");
+    let ends = pki::Validity::of(&first)?.not_after;
+    tokio::task::block_in_place(|| {
+        e2e::wait_until(
+            "the first certificate to expire",
+            Duration::from_secs(30),
+            || pki::unix_now() > ends,
+        )
+    })?;
+    let late = curator
+        .commit_node(api::CommitNodeRequest {})
+        .await?
+        .into_inner()
+        .node_certificate;
+    assert!(
+        late != first,
+        "the commit answered with the expired certificate"
+    );
+    assert!(pki::Validity::of(&late)?.not_after > pki::unix_now());
+    assert_eq!(
+        pki::certificate_public_key(&late)?,
+        key.public_key().to_vec()
+    );
+    Ok(())
+}

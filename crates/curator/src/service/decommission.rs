@@ -72,9 +72,9 @@ pub(super) async fn start(
     Ok(node)
 }
 
-/// DeleteNode: revokes whatever certificates the node has and removes its record,
-/// leaving a tombstone. Only NEW, STANDBY and DECOMMISSIONED nodes (the lifecycle's
-/// Delete event).
+/// DeleteNode: removes the node's record, leaving a tombstone, then revokes whatever
+/// certificates the node has (asked again for a deleted node, it revokes again). Only
+/// NEW, STANDBY and DECOMMISSIONED nodes (the lifecycle's Delete event).
 pub(super) async fn delete(
     shared: &Arc<Shared>,
     leadership: &Leadership,
@@ -87,6 +87,10 @@ pub(super) async fn delete(
         let deleted = records::is_deleted(&shared.curator, id)
             .await
             .map_err(status_from)?;
+        if deleted {
+            // A deletion whose revocation failed is finished by asking again.
+            revoke_certificates(shared, id).await?;
+        }
         return Err(Status::not_found(if deleted {
             format!("node {id} was deleted already")
         } else {
@@ -102,11 +106,16 @@ pub(super) async fn delete(
             })
         },
     )?;
-    // A commit racing the deletion may have issued a certificate.
-    revoke_certificates(shared, id).await?;
-    writes::delete_node(&shared.curator, leadership, id)
+    // The record goes first: from then on no commit can hand out a certificate (it
+    // answers only once the record is UP), so the revocation after it catches every
+    // certificate a commit racing the deletion recorded and could have handed out.
+    // (Revoking first left a window: a deletion that then failed let the node commit
+    // and receive a revoked certificate.)
+    let deleted = writes::delete_node(&shared.curator, leadership, id)
         .await
-        .map_err(node_update_status)
+        .map_err(node_update_status)?;
+    revoke_certificates(shared, id).await?;
+    Ok(deleted)
 }
 
 fn has_consensus_role(node: &Node) -> bool {

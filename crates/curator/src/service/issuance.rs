@@ -5,7 +5,8 @@
 //!
 //! ```text
 //!   call               function                   CA          recorded as
-//!   CommitNode         commit_node_certificate    cluster     node-<id> (ensured: same on retry)
+//!   CommitNode         commit_node_certificate    cluster     node-<id> (ensured: same on retry;
+//!                                                             a new one once it expired)
 //!   RenewCertificates  renew                      cluster     node-<id>-<serial>
 //!     with peer          └ (member lookup)        etcd peer   peer-<id>-<member>-<serial>
 //!     (only when due: else the newest recorded one is answered again, see `renewal_due`)
@@ -50,8 +51,11 @@ async fn cluster_ca(shared: &Shared) -> Result<(pki::CaStore, pki::Ca), Status> 
     Ok((store, ca))
 }
 
-/// CommitNode: node `id`'s first node certificate, for `key` at `address`, recorded as
-/// `node-<id>`; returns it and the cluster CA (DER).
+/// CommitNode: node `id`'s node certificate, for `key` at `address`: the newest one
+/// recorded while it is valid (a repeated commit gets the same one), else a new one —
+/// recorded as `node-<id>` the first time, as a renewal (`node-<id>-<serial>`) after the
+/// first expired (a commit repeated after a long time). Returns it and the cluster CA
+/// (DER).
 pub(super) async fn commit_node_certificate(
     shared: &Shared,
     id: &str,
@@ -60,16 +64,40 @@ pub(super) async fn commit_node_certificate(
 ) -> Result<(Vec<u8>, Vec<u8>), Status> {
     let lifetime = templates::node_certificate_lifetime(Some(&configuration(shared).await?));
     let (store, ca) = cluster_ca(shared).await?;
-    // Ensure semantics: a retried commit gets the certificate the first one recorded.
-    let certificate = store
-        .ensure_certificate(&layout::node_certificate_prefix(id), || {
-            ca.issue(
-                &templates::node_certificate_template(id, address, lifetime),
-                key,
-            )
-        })
-        .await
-        .map_err(|e| Status::unavailable(format!("issuing the node certificate: {e}")))?;
+    let base = layout::node_certificate_prefix(id);
+    let newest = newest_recorded(&store, &base).await?;
+    let certificate = match newest {
+        Some((der, validity)) if validity.not_after > pki::unix_now() => der,
+        None => {
+            // Ensure semantics: racing commits get the certificate the first one recorded.
+            store
+                .ensure_certificate(&base, || {
+                    ca.issue(
+                        &templates::node_certificate_template(id, address, lifetime),
+                        key,
+                    )
+                })
+                .await
+                .map_err(|e| Status::unavailable(format!("issuing the node certificate: {e}")))?
+        }
+        Some(_) => {
+            let issued = ca
+                .issue(
+                    &templates::node_certificate_template(id, address, lifetime),
+                    key,
+                )
+                .map_err(|e| Status::internal(format!("issuing the node certificate: {e}")))?;
+            let name = layout::renewed_node_certificate_name(id, &issued.serial);
+            tracing::info!(
+                node = id,
+                "the recorded node certificate expired before the commit: issued a new one"
+            );
+            store
+                .ensure_certificate(&name, || Ok(issued.clone()))
+                .await
+                .map_err(|e| Status::unavailable(format!("recording the node certificate: {e}")))?
+        }
+    };
     if pki::certificate_public_key(&certificate).ok().as_deref() != Some(key.as_slice()) {
         return Err(Status::internal(format!(
             "the recorded certificate of node {id} is for another key"
