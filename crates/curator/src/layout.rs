@@ -95,5 +95,10 @@ pub fn renewed_peer_certificate_name(node_id: &str, member_id: u64, serial: &[u8
 
 /// Name of an owner certificate (Escrow): each one is new, named by its serial.
 pub fn owner_certificate_name(serial: &[u8]) -> String {
-    format!("owner-{}", hex::encode(serial))
+    format!("{}{}", owner_certificate_prefix(), hex::encode(serial))
+}
+
+/// Prefix of the names of every owner certificate (see [`owner_certificate_name`]).
+pub fn owner_certificate_prefix() -> String {
+    "owner-".to_string()
 }

@@ -25,6 +25,7 @@
 //!   writes       every node-record mutation: modify_node, apply_event, labels,
 //!                delete_node; writes::batch combines a record's writes (group commit)
 //!   ticket       the register ticket (leader writes)
+//!   owner        the owner's key, replaced by a rotation (leader write)
 //!   ───────────────────────────────────────────────────────────────────────────────
 //!   election     leader election, the guard every leader write carries
 //!   records      node records decoded, loaded, listed, watched; owner, configuration
@@ -71,6 +72,7 @@ pub mod error;
 pub mod health;
 pub mod layout;
 pub mod lifecycle;
+mod owner;
 pub mod records;
 pub mod service;
 pub mod templates;

@@ -394,3 +394,63 @@ async fn a_commit_repeated_after_its_certificate_expired_gets_a_valid_one() -> R
     );
     Ok(())
 }
+
+fn copy_files(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name()))?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_owner_key_rotates_and_every_old_owner_certificate_stops_working() -> Result<()> {
+    // Before: owner credentials could be neither rotated nor revoked.
+    let dir = tempfile::tempdir()?;
+    let cluster = Cluster::bootstrap(dir.path())?;
+    let stolen = dir.path().join("stolen-config");
+    copy_files(&cluster.config, &stolen)?;
+    let old_key = std::fs::read(cluster.config.join("owner-key.pem"))?;
+
+    let out = cluster.ctl_retry(&["cluster", "owner", "rotate"])?;
+    assert!(out.contains("Replaced the owner key"), "{out}");
+    assert_ne!(
+        std::fs::read(cluster.config.join("owner-key.pem"))?,
+        old_key
+    );
+    assert!(!cluster.config.join("owner-key.next.pem").exists());
+    // The rotated config works.
+    assert_eq!(cluster.nodes()?.len(), 1);
+
+    // A copy of the old config: its certificate is revoked, and its key no longer
+    // proves the owner (so it cannot escrow a new certificate either).
+    let endpoint = cluster.first.address.to_string();
+    let stolen_arg = stolen.to_str().context("utf-8 path")?;
+    let (status, _, err) = e2e::polisctl(&[
+        "--config",
+        stolen_arg,
+        "--endpoints",
+        &endpoint,
+        "node",
+        "list",
+    ])?;
+    assert!(!status.success(), "the old owner certificate still works");
+    assert!(err.contains("revoked"), "{err}");
+    let (status, _, err) = e2e::polisctl(&[
+        "--config",
+        stolen_arg,
+        "--endpoints",
+        &endpoint,
+        "takeownership",
+        "--accept-ca",
+    ])?;
+    assert!(
+        !status.success(),
+        "the old owner key escrowed a certificate"
+    );
+    assert!(err.contains("not this cluster's owner key"), "{err}");
+    Ok(())
+}

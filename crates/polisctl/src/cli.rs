@@ -124,6 +124,17 @@ pub(crate) enum ClusterCommand {
     /// working for nodes that have not registered yet; registered nodes can still be
     /// approved.
     RotateTicket,
+    /// The cluster owner's credentials.
+    #[command(subcommand)]
+    Owner(OwnerCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum OwnerCommand {
+    /// Replace the owner key with a new one (written to the config directory) and revoke
+    /// every owner certificate issued so far: copies of the old key or certificates stop
+    /// working. Run again after an interruption to finish.
+    Rotate,
 }
 
 #[derive(Debug, Subcommand)]

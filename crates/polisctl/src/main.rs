@@ -18,7 +18,7 @@
 //!   main            parses (cli) and dispatches: one call per command, nothing else
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   commands::launch       a local cluster; runs the other commands as steps
-//!   commands::{params, cluster, node, decommission, certificates, status}
+//!   commands::{params, cluster, node, decommission, certificates, status, owner}
 //!                          one module per command group: arguments → calls → render
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   trust           takeownership: first contact, CA approval, first owner certificate
@@ -51,8 +51,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{CommandFactory, Parser};
 
-use cli::{Cli, ClusterCommand, Command, NodeCommand, ParamsCommand};
-use commands::{certificates, cluster, decommission, launch, node, params, status};
+use cli::{Cli, ClusterCommand, Command, NodeCommand, OwnerCommand, ParamsCommand};
+use commands::{certificates, cluster, decommission, launch, node, owner, params, status};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -120,6 +120,10 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Cluster(ClusterCommand::RotateTicket) => {
             let config = cli.config_dir()?;
             cluster::rotate_ticket(&config, &cli.endpoints).await
+        }
+        Command::Cluster(ClusterCommand::Owner(OwnerCommand::Rotate)) => {
+            let config = cli.config_dir()?;
+            owner::rotate(&config, &cli.endpoints).await
         }
         Command::Node(command) => {
             let config = cli.config_dir()?;

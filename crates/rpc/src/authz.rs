@@ -92,6 +92,7 @@ pub const METHODS: &[(&str, Permission)] = &[
     ("/polis.api.Management/DecommissionNode", Permission::Manage),
     ("/polis.api.Management/DeleteNode", Permission::Manage),
     ("/polis.api.Management/ListCertificates", Permission::Manage),
+    ("/polis.api.Management/RotateOwner", Permission::Manage),
     // The handler also requires the ConsensusMember role of the calling node.
     (
         "/polis.api.Curator/JoinConsensus",

@@ -15,7 +15,7 @@ use super::status::{check_node_id, identity, node_update_status, status_from};
 use super::{certificates, decommission, membership};
 use crate::error::NodeUpdateError;
 use crate::lifecycle::Event;
-use crate::{records, ticket, writes};
+use crate::{layout, owner, records, ticket, writes};
 
 fn node_matches(node: &api::NodeInfo, filter: &api::ListNodesRequest) -> bool {
     (filter.state == 0 || node.state == filter.state)
@@ -272,6 +272,45 @@ impl api::management_server::Management for Services {
         });
         Ok(Response::new(api::ListCertificatesResponse {
             certificates,
+        }))
+    }
+
+    async fn rotate_owner(
+        &self,
+        request: Request<api::RotateOwnerRequest>,
+    ) -> Result<Response<api::RotateOwnerResponse>, Status> {
+        let caller = identity(&request);
+        let new_key: [u8; 32] = request
+            .get_ref()
+            .new_public_key
+            .as_slice()
+            .try_into()
+            .map_err(|_| {
+                Status::invalid_argument("the new owner key must be 32 bytes (Ed25519)")
+            })?;
+        let leadership = self.0.leadership().await?;
+        // The key first: from then on the old key cannot escrow a new certificate, and
+        // the revocation below catches every certificate issued for it.
+        owner::replace_owner_key(&self.0.curator, &leadership, &new_key)
+            .await
+            .map_err(status_from)?;
+        let store = layout::cluster_pki(&self.0.curator);
+        let ca = store
+            .load_ca()
+            .await
+            .map_err(|e| Status::unavailable(format!("loading the cluster CA: {e}")))?
+            .ok_or_else(|| Status::internal("the cluster has no CA"))?;
+        let revoked = store
+            .revoke_issued(&ca, &layout::owner_certificate_prefix())
+            .await
+            .map_err(|e| Status::unavailable(format!("revoking the owner certificates: {e}")))?;
+        tracing::warn!(
+            %caller,
+            revoked,
+            "the owner key was replaced; every earlier owner certificate is revoked"
+        );
+        Ok(Response::new(api::RotateOwnerResponse {
+            revoked: revoked as u32,
         }))
     }
 }

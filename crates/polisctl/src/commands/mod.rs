@@ -8,5 +8,6 @@ pub(crate) mod cluster;
 pub(crate) mod decommission;
 pub(crate) mod launch;
 pub(crate) mod node;
+pub(crate) mod owner;
 pub(crate) mod params;
 pub(crate) mod status;

@@ -173,6 +173,26 @@ impl OwnerSession {
         Ok(info)
     }
 
+    /// Management.RotateOwner: the cluster takes `new_public_key` as the owner's key and
+    /// revokes every owner certificate, this session's included (so the CRL is not
+    /// refreshed after it: this certificate can make no further call). Returns how many
+    /// certificates were revoked.
+    pub(crate) async fn rotate_owner(&self, new_public_key: Vec<u8>) -> Result<u32> {
+        let answer = self
+            .client
+            .call(|channel| {
+                let new_public_key = new_public_key.clone();
+                async move {
+                    api::management_client::ManagementClient::new(channel)
+                        .rotate_owner(api::RotateOwnerRequest { new_public_key })
+                        .await
+                }
+            })
+            .await
+            .map_err(|f| call_failure("rotating the owner key", f))?;
+        Ok(answer.revoked)
+    }
+
     /// The cluster CA pinned in the config directory (`CFG/ca.pem`).
     pub(crate) fn pinned_ca(&self) -> &[u8] {
         &self.ca
