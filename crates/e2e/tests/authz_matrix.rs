@@ -1,0 +1,427 @@
+//! The authorization matrix over real mTLS against a real polis-node: every declared
+//! RPC called by every kind of caller (none, self-signed, node, owner, expired, revoked,
+//! foreign CA), each allowed or denied exactly as `rpc::authz::METHODS` says.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use e2e::{Node, TIMEOUT};
+use proto::api;
+
+/// The identities of the matrix, as client credentials (None: no certificate).
+struct Identities {
+    anonymous: Option<rpc::Credentials>,
+    self_signed: Option<rpc::Credentials>,
+    node: Option<rpc::Credentials>,
+    owner: Option<rpc::Credentials>,
+    expired_owner: Option<rpc::Credentials>,
+    revoked_owner: Option<rpc::Credentials>,
+    foreign_ca: Option<rpc::Credentials>,
+}
+
+fn owner_template(lifetime: Duration) -> pki::Template {
+    pki::Template {
+        common_name: "owner".into(),
+        dns_names: vec![],
+        ip_addresses: vec![],
+        usage: pki::Usage::Client,
+        lifetime,
+        kind: pki::CertificateKind::Owner,
+    }
+}
+
+async fn identities(node: &Node, owner_key: &identity::NodeKey) -> Result<Identities> {
+    let client = consensus::connect_unix(&node.socket()).await?;
+    let store = curator::cluster_pki(&consensus::Namespaced::new(client, "curator"));
+    let ca = store.load_ca().await?.context("cluster CA")?;
+    let creds = |der: Vec<u8>, key: &identity::NodeKey| rpc::Credentials {
+        certificate: der,
+        key_pkcs8: key.pkcs8_der().to_vec(),
+    };
+    let day = Duration::from_secs(24 * 3600);
+    let owner = ca.issue(&owner_template(day), &owner_key.public_key())?;
+    let expired = ca.issue_at(
+        &owner_template(day),
+        &owner_key.public_key(),
+        time::OffsetDateTime::now_utc() - 2 * day,
+    )?;
+    let revoked = ca.issue(&owner_template(day), &owner_key.public_key())?;
+    store.revoke(&ca, &revoked.serial).await?;
+    let foreign = pki::Ca::generate("Foreign CA", pki::CA_LIFETIME)?
+        .issue(&owner_template(day), &owner_key.public_key())?;
+    let node_key =
+        identity::NodeKey::from_pkcs8(&std::fs::read(node.root.join("data/node/key.der"))?)?;
+    Ok(Identities {
+        anonymous: None,
+        self_signed: Some(rpc::self_signed(owner_key)?),
+        node: Some(creds(
+            std::fs::read(node.root.join("data/node/cert.der"))?,
+            &node_key,
+        )),
+        owner: Some(creds(owner.der, owner_key)),
+        expired_owner: Some(creds(expired.der, owner_key)),
+        revoked_owner: Some(creds(revoked.der, owner_key)),
+        foreign_ca: Some(creds(foreign.der, owner_key)),
+    })
+}
+
+/// A well-formed node ID no node has.
+const ABSENT_NODE: &str = "polis-00000000000000000000000000000000";
+
+/// Calls `method` as the holder of `credentials`; true if authorization let it through
+/// (the handler may still refuse, e.g. a commit before approval).
+async fn allowed(
+    endpoint: SocketAddr,
+    ca: &[u8],
+    credentials: Option<&rpc::Credentials>,
+    method: &str,
+    owner_key: &identity::NodeKey,
+    node_id: &str,
+    ticket: &[u8],
+) -> Result<bool> {
+    let channel = rpc::connect(
+        endpoint,
+        &rpc::ServerTrust::PinnedCa(ca.to_vec()),
+        credentials,
+    )
+    .await?;
+    let mut management = api::management_client::ManagementClient::new(channel.clone());
+    let mut aaa = api::aaa_client::AaaClient::new(channel.clone());
+    let channel_for_curator = channel.clone();
+    let mut local = api::curator_local_client::CuratorLocalClient::new(channel);
+    let status = match method {
+        "GetCurrentLeader" => local
+            .get_current_leader(api::GetCurrentLeaderRequest {})
+            .await
+            .err(),
+        "GetCACertificate" => local
+            .get_ca_certificate(api::GetCaCertificateRequest {})
+            .await
+            .err(),
+        "Escrow" => aaa
+            .escrow(api::EscrowRequest {
+                public_key: owner_key.public_key().to_vec(),
+            })
+            .await
+            .err(),
+        "GetClusterInfo" => management
+            .get_cluster_info(api::GetClusterInfoRequest {})
+            .await
+            .err(),
+        "ListNodes" => management
+            .list_nodes(api::ListNodesRequest::default())
+            .await
+            .err(),
+        "DescribeNode" => management
+            .describe_node(api::DescribeNodeRequest {
+                id: node_id.to_string(),
+            })
+            .await
+            .err(),
+        "UpdateNodeLabels" => management
+            .update_node_labels(api::UpdateNodeLabelsRequest {
+                id: node_id.to_string(),
+                upsert: [("matrix".to_string(), "1".to_string())].into(),
+                delete: vec![],
+            })
+            .await
+            .err(),
+        "GetRegisterTicket" => management
+            .get_register_ticket(api::GetRegisterTicketRequest {})
+            .await
+            .err(),
+        "RotateRegisterTicket" => management
+            .rotate_register_ticket(api::RotateRegisterTicketRequest {})
+            .await
+            .err(),
+        "ApproveNode" => management
+            .approve_node(api::ApproveNodeRequest {
+                id: node_id.to_string(),
+            })
+            .await
+            .err(),
+        // Of a node that does not exist: a NotFound answer means the call got through.
+        "DecommissionNode" => management
+            .decommission_node(api::DecommissionNodeRequest {
+                id: ABSENT_NODE.to_string(),
+            })
+            .await
+            .err(),
+        "DeleteNode" => management
+            .delete_node(api::DeleteNodeRequest {
+                id: ABSENT_NODE.to_string(),
+            })
+            .await
+            .err(),
+        "GetConsensusStatus" => local
+            .get_consensus_status(api::GetConsensusStatusRequest {})
+            .await
+            .err(),
+        "UpdateNodeRoles" => management
+            .update_node_roles(api::UpdateNodeRolesRequest {
+                id: ABSENT_NODE.to_string(),
+                add: vec!["ConsensusMember".into()],
+                remove: vec![],
+            })
+            .await
+            .err(),
+        "ListCertificates" => management
+            .list_certificates(api::ListCertificatesRequest {})
+            .await
+            .err(),
+        // With a malformed key: InvalidArgument means the call got through (a real
+        // rotation would revoke the owner certificate the matrix goes on with).
+        "RotateOwner" => management
+            .rotate_owner(api::RotateOwnerRequest {
+                new_public_key: vec![],
+            })
+            .await
+            .err(),
+        // The node already is a voter: the handler refuses (FailedPrecondition).
+        "JoinConsensus" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
+            .join_consensus(api::JoinConsensusRequest {})
+            .await
+            .err(),
+        // Not due: the answer is the certificate the node holds.
+        "RenewCertificates" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
+            .renew_certificates(api::RenewCertificatesRequest { peer: false })
+            .await
+            .err(),
+        "Heartbeat" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
+            .heartbeat(api::HeartbeatRequest::default())
+            .await
+            .err(),
+        "WatchNode" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
+            .watch_node(api::WatchNodeRequest {})
+            .await
+            .err(),
+        "RegisterNode" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
+            .register_node(api::RegisterNodeRequest {
+                register_ticket: ticket.to_vec(),
+                address: "127.0.0.1".into(),
+                labels: Default::default(),
+            })
+            .await
+            .err(),
+        "CommitNode" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
+            .commit_node(api::CommitNodeRequest {})
+            .await
+            .err(),
+        other => anyhow::bail!("no such method in the matrix: {other}"),
+    };
+    // Refusals by the permission layer name the permission or the certificate; the
+    // handler's own refusals (a commit before approval) mean the call got through.
+    let by_authz = |s: &tonic::Status| {
+        s.message().contains(" requires ") || s.message().contains("client certificate rejected")
+    };
+    match status {
+        None => Ok(true),
+        Some(s)
+            if matches!(
+                s.code(),
+                tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+            ) && by_authz(&s) =>
+        {
+            Ok(false)
+        }
+        Some(s)
+            if ["CommitNode", "JoinConsensus"].contains(&method)
+                && s.code() == tonic::Code::FailedPrecondition =>
+        {
+            Ok(true)
+        }
+        Some(s)
+            if ["DecommissionNode", "DeleteNode", "UpdateNodeRoles"].contains(&method)
+                && s.code() == tonic::Code::NotFound =>
+        {
+            Ok(true)
+        }
+        Some(s) if method == "RotateOwner" && s.code() == tonic::Code::InvalidArgument => Ok(true),
+        Some(s) => anyhow::bail!("{method}: unexpected error {s:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorization_matrix_over_real_tls() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let node = tokio::task::block_in_place(|| Node::bootstrapped(dir.path()))?;
+    let owner_key = {
+        let pem_text = std::fs::read_to_string(dir.path().join("config/owner-key.pem"))?;
+        identity::NodeKey::from_pkcs8(pem::parse(&pem_text)?.contents())?
+    };
+    let ids = identities(&node, &owner_key).await?;
+    let ca = std::fs::read(node.root.join("data/node/ca.der"))?;
+    let node_id = node_id(&node)?;
+    let endpoint = SocketAddr::new(node.address, rpc::CURATOR_PORT);
+
+    // Wait for the curator to lead.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !allowed(
+        endpoint,
+        &ca,
+        ids.owner.as_ref(),
+        "ListNodes",
+        &owner_key,
+        &node_id,
+        &[],
+    )
+    .await
+    .unwrap_or(false)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "curator never served the owner"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The revocation reaches the curator's CRL cache with one etcd watch event.
+    while allowed(
+        endpoint,
+        &ca,
+        ids.revoked_owner.as_ref(),
+        "ListNodes",
+        &owner_key,
+        &node_id,
+        &[],
+    )
+    .await?
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the revoked owner certificate was never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let who: [(&str, Option<&rpc::Credentials>); 7] = [
+        ("none", ids.anonymous.as_ref()),
+        ("self-signed", ids.self_signed.as_ref()),
+        ("node", ids.node.as_ref()),
+        ("owner", ids.owner.as_ref()),
+        ("expired", ids.expired_owner.as_ref()),
+        ("revoked", ids.revoked_owner.as_ref()),
+        ("foreign", ids.foreign_ca.as_ref()),
+    ];
+    let expected: &[(&str, &[&str])] = &[
+        (
+            "GetCurrentLeader",
+            &["none", "self-signed", "node", "owner"],
+        ),
+        (
+            "GetCACertificate",
+            &["none", "self-signed", "node", "owner"],
+        ),
+        ("Escrow", &["self-signed"]),
+        ("GetClusterInfo", &["node", "owner"]),
+        ("ListNodes", &["node", "owner"]),
+        ("DescribeNode", &["node", "owner"]),
+        ("UpdateNodeLabels", &["owner"]),
+        ("GetRegisterTicket", &["owner"]),
+        ("ApproveNode", &["owner"]),
+        ("DecommissionNode", &["owner"]),
+        ("DeleteNode", &["owner"]),
+        ("UpdateNodeRoles", &["owner"]),
+        ("ListCertificates", &["owner"]),
+        ("RotateOwner", &["owner"]),
+        ("GetConsensusStatus", &["node", "owner"]),
+        ("Heartbeat", &["node"]),
+        ("WatchNode", &["node"]),
+        ("JoinConsensus", &["node"]),
+        ("RenewCertificates", &["node"]),
+        ("RegisterNode", &["self-signed"]),
+        ("CommitNode", &["self-signed"]),
+        // Last: it replaces the ticket RegisterNode uses above.
+        ("RotateRegisterTicket", &["owner"]),
+    ];
+    // Every declared RPC is in the matrix.
+    let mut missing: Vec<_> = rpc::authz::METHODS
+        .iter()
+        .map(|(path, _)| path.rsplit('/').next().unwrap_or(path))
+        .filter(|m| !expected.iter().any(|(e, _)| e == m))
+        .collect();
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "RPCs missing from the matrix: {missing:?}"
+    );
+    let ticket = {
+        let channel = rpc::connect(
+            endpoint,
+            &rpc::ServerTrust::PinnedCa(ca.clone()),
+            ids.owner.as_ref(),
+        )
+        .await?;
+        api::management_client::ManagementClient::new(channel)
+            .get_register_ticket(api::GetRegisterTicketRequest {})
+            .await?
+            .into_inner()
+            .ticket
+    };
+    let mut failures = Vec::new();
+    for (method, allowed_for) in expected {
+        for (name, creds) in &who {
+            let got = allowed(endpoint, &ca, *creds, method, &owner_key, &node_id, &ticket).await?;
+            let want = allowed_for.contains(name);
+            println!(
+                "{method:<18} × {name:<12} → {}",
+                if got { "allow" } else { "deny" }
+            );
+            if got != want {
+                failures.push(format!("{method} × {name}: got {got}, want {want}"));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "authorization mismatches:\n{}",
+        failures.join("\n")
+    );
+
+    // The curator validates labels itself (polisctl checking first is only a courtesy).
+    let channel = rpc::connect(
+        endpoint,
+        &rpc::ServerTrust::PinnedCa(ca.clone()),
+        ids.owner.as_ref(),
+    )
+    .await?;
+    let refused = api::management_client::ManagementClient::new(channel)
+        .update_node_labels(api::UpdateNodeLabelsRequest {
+            id: node_id.clone(),
+            upsert: [("bad key".to_string(), "v".to_string())].into(),
+            delete: vec![],
+        })
+        .await
+        .expect_err("an invalid label key must be refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+
+    // The register ticket is 32 bytes and stable.
+    let channel = rpc::connect(
+        endpoint,
+        &rpc::ServerTrust::PinnedCa(ca.clone()),
+        ids.owner.as_ref(),
+    )
+    .await?;
+    let mut management = api::management_client::ManagementClient::new(channel);
+    let t1 = management
+        .get_register_ticket(api::GetRegisterTicketRequest {})
+        .await?
+        .into_inner()
+        .ticket;
+    let t2 = management
+        .get_register_ticket(api::GetRegisterTicketRequest {})
+        .await?
+        .into_inner()
+        .ticket;
+    assert_eq!(t1.len(), 32);
+    assert_eq!(t1, t2);
+    assert_ne!(t1, ticket, "RotateRegisterTicket replaced the ticket");
+    Ok(())
+}
+
+fn node_id(node: &Node) -> Result<String> {
+    use prost::Message;
+    let sealed = std::fs::read(node.root.join("esp/sealed_configuration.pb"))?;
+    Ok(proto::config::SealedConfiguration::decode(sealed.as_slice())?.node_id)
+}
