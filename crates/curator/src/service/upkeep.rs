@@ -18,6 +18,8 @@
 //!       | Disarm: every NOSPACE alarm disarmed (own etcd) ─▶ writes work again
 //! ```
 //! A new leader starts over from the statuses: nothing is remembered between steps.
+//! Under NOSPACE no curator can be elected (a campaign needs a lease and a put): while
+//! no curator leads, the curator whose etcd member is etcd's leader does the upkeep.
 //!
 //! A runnable: imports `shared` and `status` of the service layer and the pure
 //! `crate::upkeep`; may not write cluster records.
@@ -31,7 +33,7 @@ use tonic::Status;
 
 use super::shared::Shared;
 use super::status::etcd_status;
-use crate::election::Role;
+use crate::election::{self, Role};
 use crate::upkeep::{MemberState, MemberView, Step, next_step};
 
 /// How long a member's curator gets to describe its member.
@@ -54,7 +56,7 @@ pub(super) async fn run(
         }
         // Steps follow each other at once while there is work (one member per step).
         for _ in 0..8 {
-            if !matches!(shared.role.current(), Some(Role::Leader(_))) {
+            if !may_run(&shared).await {
                 break;
             }
             let done = tokio::select! {
@@ -71,6 +73,20 @@ pub(super) async fn run(
             }
         }
     }
+}
+
+/// Whether this curator does the upkeep now: the leader; or, while no curator leads,
+/// the curator whose etcd member is etcd's leader — under NOSPACE no curator can be
+/// elected (a campaign needs a lease and a put), and someone must free the space.
+async fn may_run(shared: &Shared) -> bool {
+    if matches!(shared.role.current(), Some(Role::Leader(_))) {
+        return true;
+    }
+    if !matches!(election::current_leader(&shared.curator).await, Ok(None)) {
+        return false;
+    }
+    let mut client = shared.curator.client();
+    matches!(maintenance::status(&mut client).await, Ok(s) if s.leader_id == s.member_id)
 }
 
 /// One step; whether another should follow at once.
@@ -129,10 +145,12 @@ async fn step(shared: &Arc<Shared>, last_wait: &mut String) -> Result<bool, Stat
             Ok(false)
         }
         Step::Idle => {
-            if !no_space.is_empty() {
+            let why = if no_space.is_empty() { "" } else { "nospace" };
+            if !no_space.is_empty() && *last_wait != why {
+                *last_wait = why.to_string();
                 tracing::warn!(
-                    "etcd is out of space (NOSPACE) and defragmentation cannot free enough; \
-                     the data in use is close to the quota"
+                    "etcd is out of space (NOSPACE): waiting for compaction to free space \
+                     (if it never does, the data in use is close to the quota)"
                 );
             }
             Ok(false)

@@ -90,6 +90,9 @@ pub(crate) enum Outcome {
     /// caller starts over from a fresh read.
     Retry,
     NotLeader,
+    /// etcd refused the write under its NOSPACE alarm: no retry helps until the upkeep
+    /// freed space and disarmed it.
+    NoSpace,
 }
 
 #[derive(Default)]
@@ -192,6 +195,7 @@ pub(crate) async fn attempt(
                 Outcome::Written => other.map(|_| Attempt::Done(found)),
                 Outcome::Retry => Ok(Attempt::Retry),
                 Outcome::NotLeader => Err(CuratorError::NotLeader.into()),
+                Outcome::NoSpace => Err(CuratorError::NoSpace.into()),
             };
         }
     };
@@ -214,6 +218,7 @@ pub(crate) async fn attempt(
         Outcome::Written => Ok(Attempt::Done(Some(next))),
         Outcome::Retry => Ok(Attempt::Retry),
         Outcome::NotLeader => Err(CuratorError::NotLeader.into()),
+        Outcome::NoSpace => Err(CuratorError::NoSpace.into()),
     }
 }
 
@@ -264,6 +269,7 @@ async fn flush(slot: Arc<Slot>, curator: Namespaced, leadership: Leadership, key
                     Err(Outcome::NotLeader)
                 }
             }
+            Err(e) if consensus::maintenance::is_no_space(&e) => Err(Outcome::NoSpace),
             Err(e) => {
                 tracing::warn!("writing node record {key}: {}", supervisor::error_chain(&e));
                 Err(Outcome::Retry)
