@@ -77,7 +77,9 @@ pub async fn status(client: &mut Client) -> Result<MemberStatus, ConsensusError>
 
 /// The cluster's active alarms, as the local member knows them.
 pub async fn alarms(client: &mut Client) -> Result<Vec<Alarm>, ConsensusError> {
-    let answer = client.alarm(AlarmAction::Get, AlarmType::None, None).await?;
+    let answer = client
+        .alarm(AlarmAction::Get, AlarmType::None, None)
+        .await?;
     Ok(answer
         .alarms()
         .iter()
@@ -113,7 +115,12 @@ pub async fn compact(client: &mut Client, revision: i64) -> Result<(), Consensus
         .await
     {
         Ok(_) => Ok(()),
-        Err(e) if e.to_string().contains("required revision has been compacted") => Ok(()),
+        Err(e)
+            if e.to_string()
+                .contains("required revision has been compacted") =>
+        {
+            Ok(())
+        }
         Err(e) => Err(e.into()),
     }
 }
@@ -125,7 +132,12 @@ pub const DEFRAGMENT_PATIENCE: Duration = Duration::from_secs(300);
 /// Defragments the local member; its (size before, size after).
 pub async fn defragment(client: &mut Client) -> Result<(i64, i64), ConsensusError> {
     let before = status(client).await?.db_size;
-    bounded("a defragmentation", DEFRAGMENT_PATIENCE, client.defragment()).await?;
+    bounded(
+        "a defragmentation",
+        DEFRAGMENT_PATIENCE,
+        client.defragment(),
+    )
+    .await?;
     let after = status(client).await?.db_size;
     Ok((before, after))
 }

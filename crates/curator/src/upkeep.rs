@@ -5,14 +5,19 @@
 //!   every member answered, none a learner, none more than MAX_RAFT_LAG behind the
 //!   leader? ─no─▶ Wait (never defragment while a member catches up)
 //!     │ yes
-//!   members whose file is mostly free (in use < half of the size) and over the floor
-//!   (no floor while NOSPACE is raised) ─▶ Defragment(first): followers by member ID,
-//!     the etcd leader last — one member per step; the caller asks again afterwards
+//!   members not `done` whose file is mostly free (in use < half of the size) and over
+//!   the floor — or, while NOSPACE is raised, whose file is not under DISARM_FRACTION
+//!   of the quota ─▶ Defragment(first): followers by member ID, the etcd leader last —
+//!   one member per step; the caller asks again afterwards
 //!   none left, NOSPACE raised, every member's file under DISARM_FRACTION of the quota
 //!     ─▶ Disarm;  otherwise Idle
 //! ```
 //! Compaction is not decided here: under NOSPACE the caller compacts first (etcd still
-//! accepts compaction, not puts), which is what turns the file into free space.
+//! accepts compaction, not puts), which is what turns the file into free space. etcd
+//! reports the space a compaction freed ("in use") only after its next write commit,
+//! and under NOSPACE there is none: so then the rule is the file's size against the
+//! quota, and `done` (members defragmented since the last compaction) keeps a member
+//! whose data really fills the quota from being defragmented over and over.
 //!
 //! A leaf: may not import any other module of this crate; no I/O.
 
@@ -74,8 +79,19 @@ pub fn mostly_free(state: &MemberState, floor: u64) -> bool {
     state.db_size >= floor && state.db_size_in_use.saturating_mul(2) < state.db_size
 }
 
+fn roomy(state: &MemberState, quota: u64) -> bool {
+    let (num, den) = DISARM_FRACTION;
+    state.db_size.saturating_mul(den) < quota.saturating_mul(num)
+}
+
 /// The next step (see the module doc).
-pub fn next_step(members: &[MemberView], no_space: bool, quota: u64, floor: u64) -> Step {
+pub fn next_step(
+    members: &[MemberView],
+    no_space: bool,
+    quota: u64,
+    floor: u64,
+    done: &std::collections::BTreeSet<u64>,
+) -> Step {
     let mut states = Vec::with_capacity(members.len());
     for m in members {
         let Some(s) = &m.status else {
@@ -86,12 +102,16 @@ pub fn next_step(members: &[MemberView], no_space: bool, quota: u64, floor: u64)
         }
         states.push((m.member_id, s));
     }
-    let leader = states.iter().find_map(|(_, s)| (s.leader_id != 0).then_some(s.leader_id));
+    let leader = states
+        .iter()
+        .find_map(|(_, s)| (s.leader_id != 0).then_some(s.leader_id));
     let Some(leader) = leader else {
         return Step::Wait("no etcd member knows a leader".into());
     };
     let Some((_, leader_state)) = states.iter().find(|(id, _)| *id == leader) else {
-        return Step::Wait(format!("the etcd leader {leader:x} is not among the members"));
+        return Step::Wait(format!(
+            "the etcd leader {leader:x} is not among the members"
+        ));
     };
     if let Some((id, s)) = states
         .iter()
@@ -102,21 +122,18 @@ pub fn next_step(members: &[MemberView], no_space: bool, quota: u64, floor: u64)
             s.raft_index, leader_state.raft_index
         ));
     }
-    let floor = if no_space { 0 } else { floor };
     let mut candidates: Vec<u64> = states
         .iter()
-        .filter(|(_, s)| mostly_free(s, floor))
+        .filter(|(id, s)| {
+            !done.contains(id) && (mostly_free(s, floor) || (no_space && !roomy(s, quota)))
+        })
         .map(|(id, _)| *id)
         .collect();
     candidates.sort_by_key(|id| (*id == leader, *id));
     if let Some(first) = candidates.first() {
         return Step::Defragment(*first);
     }
-    let (num, den) = DISARM_FRACTION;
-    let roomy = states
-        .iter()
-        .all(|(_, s)| s.db_size.saturating_mul(den) < quota.saturating_mul(num));
-    if no_space && roomy {
+    if no_space && states.iter().all(|(_, s)| roomy(s, quota)) {
         Step::Disarm
     } else {
         Step::Idle
@@ -128,6 +145,10 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    fn none() -> std::collections::BTreeSet<u64> {
+        Default::default()
+    }
 
     fn member(id: u64, leader: u64, size: u64, in_use: u64) -> MemberView {
         MemberView {
@@ -149,28 +170,57 @@ mod tests {
             member(2, 2, 100 * MIB, 10 * MIB),
             member(3, 2, 100 * MIB, 10 * MIB),
         ];
-        assert_eq!(next_step(&members, false, 2048 * MIB, 64 * MIB), Step::Defragment(1));
+        assert_eq!(
+            next_step(&members, false, 2048 * MIB, 64 * MIB, &none()),
+            Step::Defragment(1)
+        );
         // Once 1 and 3 are done, the leader's turn.
         let members = [
             member(1, 2, 10 * MIB, 10 * MIB),
             member(2, 2, 100 * MIB, 10 * MIB),
             member(3, 2, 12 * MIB, 10 * MIB),
         ];
-        assert_eq!(next_step(&members, false, 2048 * MIB, 64 * MIB), Step::Defragment(2));
-        let members = [member(1, 2, 100 * MIB, 10 * MIB), member(2, 2, 100 * MIB, 1 * MIB), member(3, 2, 100 * MIB, 90 * MIB)];
-        assert_eq!(next_step(&members, false, 2048 * MIB, 64 * MIB), Step::Defragment(1));
+        assert_eq!(
+            next_step(&members, false, 2048 * MIB, 64 * MIB, &none()),
+            Step::Defragment(2)
+        );
+        let members = [
+            member(1, 2, 100 * MIB, 10 * MIB),
+            member(2, 2, 100 * MIB, 1 * MIB),
+            member(3, 2, 100 * MIB, 90 * MIB),
+        ];
+        assert_eq!(
+            next_step(&members, false, 2048 * MIB, 64 * MIB, &none()),
+            Step::Defragment(1)
+        );
     }
 
     #[test]
     fn only_mostly_free_files_over_the_floor() {
         // Half in use: not mostly free.
         let members = [member(1, 1, 100 * MIB, 50 * MIB)];
-        assert_eq!(next_step(&members, false, 2048 * MIB, 64 * MIB), Step::Idle);
+        assert_eq!(
+            next_step(&members, false, 2048 * MIB, 64 * MIB, &none()),
+            Step::Idle
+        );
         // Under the floor.
         let members = [member(1, 1, 32 * MIB, 1 * MIB)];
-        assert_eq!(next_step(&members, false, 2048 * MIB, 64 * MIB), Step::Idle);
-        // Under NOSPACE the floor does not count.
-        assert_eq!(next_step(&members, true, 40 * MIB, 64 * MIB), Step::Defragment(1));
+        assert_eq!(
+            next_step(&members, false, 2048 * MIB, 64 * MIB, &none()),
+            Step::Idle
+        );
+        // Under NOSPACE a file near the quota is defragmented whatever etcd says is in
+        // use (it counts what a compaction freed only after the next write), once.
+        let full = [member(1, 1, 39 * MIB, 38 * MIB)];
+        assert_eq!(
+            next_step(&full, true, 40 * MIB, 64 * MIB, &none()),
+            Step::Defragment(1)
+        );
+        let done: std::collections::BTreeSet<u64> = [1].into();
+        assert_eq!(
+            next_step(&full, true, 40 * MIB, 64 * MIB, &done),
+            Step::Idle
+        );
     }
 
     #[test]
@@ -179,35 +229,76 @@ mod tests {
         if let Some(s) = &mut lagging.status {
             s.raft_index = 5000 - MAX_RAFT_LAG - 1;
         }
-        let members = [member(1, 2, 100 * MIB, 10 * MIB), member(2, 2, 100 * MIB, 10 * MIB), lagging.clone()];
-        assert!(matches!(next_step(&members, false, 2048 * MIB, 0), Step::Wait(w) if w.contains("catching up")));
+        let members = [
+            member(1, 2, 100 * MIB, 10 * MIB),
+            member(2, 2, 100 * MIB, 10 * MIB),
+            lagging.clone(),
+        ];
+        assert!(
+            matches!(next_step(&members, false, 2048 * MIB, 0, &none()), Step::Wait(w) if w.contains("catching up"))
+        );
         let mut learner = member(3, 2, 1, 1);
         if let Some(s) = &mut learner.status {
             s.is_learner = true;
         }
-        let members = [member(1, 2, 100 * MIB, 10 * MIB), member(2, 2, 100 * MIB, 10 * MIB), learner];
-        assert!(matches!(next_step(&members, false, 2048 * MIB, 0), Step::Wait(w) if w.contains("learner")));
-        let silent = MemberView { member_id: 3, status: None };
-        let members = [member(1, 2, 100 * MIB, 10 * MIB), member(2, 2, 100 * MIB, 10 * MIB), silent];
-        assert!(matches!(next_step(&members, true, 2048 * MIB, 0), Step::Wait(w) if w.contains("does not answer")));
+        let members = [
+            member(1, 2, 100 * MIB, 10 * MIB),
+            member(2, 2, 100 * MIB, 10 * MIB),
+            learner,
+        ];
+        assert!(
+            matches!(next_step(&members, false, 2048 * MIB, 0, &none()), Step::Wait(w) if w.contains("learner"))
+        );
+        let silent = MemberView {
+            member_id: 3,
+            status: None,
+        };
+        let members = [
+            member(1, 2, 100 * MIB, 10 * MIB),
+            member(2, 2, 100 * MIB, 10 * MIB),
+            silent,
+        ];
+        assert!(
+            matches!(next_step(&members, true, 2048 * MIB, 0, &none()), Step::Wait(w) if w.contains("does not answer"))
+        );
         let leaderless = [member(1, 0, 100 * MIB, 10 * MIB)];
-        assert!(matches!(next_step(&leaderless, false, 2048 * MIB, 0), Step::Wait(_)));
+        assert!(matches!(
+            next_step(&leaderless, false, 2048 * MIB, 0, &none()),
+            Step::Wait(_)
+        ));
         // Within the lag: fine.
         if let Some(s) = &mut lagging.status {
             s.raft_index = 5000 - MAX_RAFT_LAG;
         }
-        let members = [member(1, 2, 10 * MIB, 10 * MIB), member(2, 2, 10 * MIB, 10 * MIB), lagging];
-        assert_eq!(next_step(&members, false, 2048 * MIB, 0), Step::Defragment(3));
+        let members = [
+            member(1, 2, 10 * MIB, 10 * MIB),
+            member(2, 2, 10 * MIB, 10 * MIB),
+            lagging,
+        ];
+        assert_eq!(
+            next_step(&members, false, 2048 * MIB, 0, &none()),
+            Step::Defragment(3)
+        );
     }
 
     #[test]
     fn disarm_once_every_file_has_room() {
         let quota = 4 * MIB;
-        let full = [member(1, 1, 4 * MIB, 3 * MIB), member(2, 1, 3 * MIB, 2 * MIB)];
-        assert_eq!(next_step(&full, true, quota, 0), Step::Idle);
+        let full = [
+            member(1, 1, 4 * MIB, 3 * MIB),
+            member(2, 1, 3 * MIB, 2 * MIB),
+        ];
+        // Full files are defragmented first (a follower before the leader, 1) …
+        assert_eq!(
+            next_step(&full, true, quota, 0, &none()),
+            Step::Defragment(2)
+        );
+        // … and when that freed too little, nothing more happens until the next compaction.
+        let done: std::collections::BTreeSet<u64> = [1, 2].into();
+        assert_eq!(next_step(&full, true, quota, 0, &done), Step::Idle);
         let roomy = [member(1, 1, MIB, MIB), member(2, 1, 2 * MIB, 2 * MIB)];
-        assert_eq!(next_step(&roomy, true, quota, 0), Step::Disarm);
+        assert_eq!(next_step(&roomy, true, quota, 0, &none()), Step::Disarm);
         // No alarm: nothing to disarm.
-        assert_eq!(next_step(&roomy, false, quota, 0), Step::Idle);
+        assert_eq!(next_step(&roomy, false, quota, 0, &none()), Step::Idle);
     }
 }

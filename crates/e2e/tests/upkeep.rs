@@ -67,9 +67,7 @@ fn db_sizes(status: &serde_json::Value) -> Vec<(String, u64)> {
         .as_array()
         .map(|ms| {
             ms.iter()
-                .filter_map(|m| {
-                    Some((m["node"].as_str()?.to_string(), m["db_size"].as_u64()?))
-                })
+                .filter_map(|m| Some((m["node"].as_str()?.to_string(), m["db_size"].as_u64()?)))
                 .collect()
         })
         .unwrap_or_default()
@@ -162,7 +160,14 @@ fn nospace_is_reported_and_cleared_by_the_curator() -> Result<()> {
     assert!(!refusal.to_lowercase().contains("internal"), "{refusal}");
 
     // `cluster status` (from the members that answer) shows the alarm and the sizes.
-    let running = endpoints(&[n0, if w1.address == paused_address { &w2 } else { &w1 }]);
+    let running = endpoints(&[
+        n0,
+        if w1.address == paused_address {
+            &w2
+        } else {
+            &w1
+        },
+    ]);
     let (_, full) = cluster.status(&running)?;
     assert!(alarms(&full).iter().any(|a| a == "NOSPACE"), "{full}");
     let full_sizes = db_sizes(&full);
@@ -186,16 +191,18 @@ fn nospace_is_reported_and_cleared_by_the_curator() -> Result<()> {
     }
     let resumed = Instant::now();
     let mut last = serde_json::Value::Null;
-    wait_until("the NOSPACE alarm to clear by itself", Duration::from_secs(180), || {
-        match cluster.status(&all) {
+    wait_until(
+        "the NOSPACE alarm to clear by itself",
+        Duration::from_secs(180),
+        || match cluster.status(&all) {
             Ok((true, s)) => {
                 let clear = alarms(&s).is_empty();
                 last = s;
                 clear
             }
             _ => false,
-        }
-    })
+        },
+    )
     .with_context(|| format!("last status: {last}"))?;
     println!("alarm cleared {:?} after resuming", resumed.elapsed());
     let deadline = Instant::now() + TIMEOUT;
@@ -239,7 +246,10 @@ fn nospace_is_reported_and_cleared_by_the_curator() -> Result<()> {
     for entry in walk(dir.path())? {
         if entry.extension().is_some_and(|e| e == "log") {
             let text = std::fs::read_to_string(&entry).unwrap_or_default();
-            for line in text.lines().filter(|l| l.contains("defragmented etcd member")) {
+            for line in text
+                .lines()
+                .filter(|l| l.contains("defragmented etcd member"))
+            {
                 let value: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
                 if let Some(m) = value["fields"]["member"].as_str() {
                     defragmented.insert(m.to_string());
@@ -247,7 +257,11 @@ fn nospace_is_reported_and_cleared_by_the_curator() -> Result<()> {
             }
         }
     }
-    assert_eq!(defragmented.len(), 3, "defragmented members: {defragmented:?}");
+    assert_eq!(
+        defragmented.len(),
+        3,
+        "defragmented members: {defragmented:?}"
+    );
     Ok(())
 }
 

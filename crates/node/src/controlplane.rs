@@ -134,8 +134,8 @@ async fn join_consensus(
     );
     // etcd upkeep: the cluster's quota, from every start of this member on (an older
     // leader that sends none: the default).
-    let quota =
-        proto::quota::effective_quota(joined.etcd_quota_bytes).context("the cluster's etcd quota")?;
+    let quota = proto::quota::effective_quota(joined.etcd_quota_bytes)
+        .context("the cluster's etcd quota")?;
     record_quota(&settings.root, quota)?;
     Ok(Some(EtcdStart::Learner(
         joined

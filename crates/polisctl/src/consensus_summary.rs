@@ -147,7 +147,10 @@ mod tests {
         let mut a1 = answer(1, 1, false, &three);
         a1.db_size = 4 << 20;
         a1.db_size_in_use = 1 << 20;
-        let nospace = |m| api::ConsensusAlarm { member_id: m, alarm: "NOSPACE".into() };
+        let nospace = |m| api::ConsensusAlarm {
+            member_id: m,
+            alarm: "NOSPACE".into(),
+        };
         a1.alarms = vec![nospace(1), nospace(2)];
         let mut a2 = answer(2, 1, false, &three);
         a2.alarms = vec![nospace(2), nospace(1)];

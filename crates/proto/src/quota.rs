@@ -58,7 +58,12 @@ pub fn effective_quota(configured: u64) -> Result<u64, QuotaError> {
 /// A size in the largest binary unit that divides it evenly enough to read (`2GiB`,
 /// `3.5MiB`, `100B`).
 pub fn show(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
     for (name, size) in UNITS {
         if bytes >= size {
             let whole = bytes / size;
@@ -86,7 +91,15 @@ mod tests {
         assert_eq!(parse_size("4096"), Ok(4096));
         assert_eq!(parse_size("7B"), Ok(7));
         assert_eq!(parse_size("1TiB"), Ok(1 << 40));
-        for bad in ["", "GiB", "2 GB", "-1MiB", "1.5GiB", "99999999999999999999", "20000000TiB"] {
+        for bad in [
+            "",
+            "GiB",
+            "2 GB",
+            "-1MiB",
+            "1.5GiB",
+            "99999999999999999999",
+            "20000000TiB",
+        ] {
             assert!(parse_size(bad).is_err(), "{bad} parsed");
         }
     }

@@ -92,8 +92,7 @@ impl api::curator_local_server::CuratorLocal for Services {
         request: Request<api::DefragmentMemberRequest>,
     ) -> Result<Response<api::DefragmentMemberResponse>, Status> {
         let caller = identity(&request);
-        let answer =
-            upkeep::defragment_own(&self.0, &caller, request.get_ref().member_id).await?;
+        let answer = upkeep::defragment_own(&self.0, &caller, request.get_ref().member_id).await?;
         Ok(Response::new(answer))
     }
 }

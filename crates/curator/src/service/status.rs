@@ -127,8 +127,16 @@ mod tests {
         ));
         let status = status_from(CuratorError::Etcd(etcd));
         assert_eq!(status.code(), tonic::Code::ResourceExhausted);
-        assert!(status.message().contains("out of space"), "{}", status.message());
-        let timeout = etcd_client::Error::GRpcStatus(Status::unavailable("etcdserver: request timed out"));
-        assert_eq!(status_from(CuratorError::Etcd(timeout)).code(), tonic::Code::Unavailable);
+        assert!(
+            status.message().contains("out of space"),
+            "{}",
+            status.message()
+        );
+        let timeout =
+            etcd_client::Error::GRpcStatus(Status::unavailable("etcdserver: request timed out"));
+        assert_eq!(
+            status_from(CuratorError::Etcd(timeout)).code(),
+            tonic::Code::Unavailable
+        );
     }
 }

@@ -48,7 +48,7 @@ pub(super) async fn run(
 ) -> supervisor::RunnableResult {
     ctx.signal_healthy();
     let period = shared.config.upkeep.period;
-    let mut last_wait = String::new();
+    let mut memory = Memory::default();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
@@ -60,7 +60,7 @@ pub(super) async fn run(
                 break;
             }
             let done = tokio::select! {
-                d = step(&shared, &mut last_wait) => d,
+                d = step(&shared, &mut memory) => d,
                 _ = ctx.cancelled() => return Ok(()),
             };
             match done {
@@ -89,8 +89,20 @@ async fn may_run(shared: &Shared) -> bool {
     matches!(maintenance::status(&mut client).await, Ok(s) if s.leader_id == s.member_id)
 }
 
+/// What the upkeep remembers between steps (nothing that a new leader would need).
+#[derive(Default)]
+struct Memory {
+    /// The last reason to wait that was logged (each is logged once).
+    last_wait: String,
+    /// The revision this curator last compacted at (under NOSPACE).
+    compacted: i64,
+    /// Members defragmented since that compaction.
+    done: std::collections::BTreeSet<u64>,
+}
+
 /// One step; whether another should follow at once.
-async fn step(shared: &Arc<Shared>, last_wait: &mut String) -> Result<bool, Status> {
+async fn step(shared: &Arc<Shared>, memory: &mut Memory) -> Result<bool, Status> {
+    let last_wait = &mut memory.last_wait;
     let mut client = shared.curator.client();
     let own = maintenance::status(&mut client)
         .await
@@ -102,10 +114,19 @@ async fn step(shared: &Arc<Shared>, last_wait: &mut String) -> Result<bool, Stat
         .iter()
         .filter(|a| a.kind == AlarmKind::NoSpace)
         .collect();
-    if !no_space.is_empty() {
+    if !no_space.is_empty() && memory.compacted != own.revision {
         maintenance::compact(&mut client, own.revision)
             .await
             .map_err(|e| etcd_status("compacting etcd under NOSPACE", e))?;
+        tracing::info!(
+            revision = own.revision,
+            "etcd is out of space (NOSPACE): compacted"
+        );
+        memory.compacted = own.revision;
+        memory.done.clear();
+    }
+    if no_space.is_empty() {
+        memory.done.clear();
     }
     let members = consensus::membership::members(&mut client)
         .await
@@ -136,7 +157,7 @@ async fn step(shared: &Arc<Shared>, last_wait: &mut String) -> Result<bool, Stat
     }
     let quota = shared.config.etcd_quota_bytes;
     let floor = shared.config.upkeep.defrag_floor_bytes;
-    match next_step(&views, !no_space.is_empty(), quota, floor) {
+    match next_step(&views, !no_space.is_empty(), quota, floor, &memory.done) {
         Step::Wait(why) => {
             if *last_wait != why {
                 tracing::info!("etcd upkeep waits: {why}");
@@ -149,8 +170,8 @@ async fn step(shared: &Arc<Shared>, last_wait: &mut String) -> Result<bool, Stat
             if !no_space.is_empty() && *last_wait != why {
                 *last_wait = why.to_string();
                 tracing::warn!(
-                    "etcd is out of space (NOSPACE): waiting for compaction to free space \
-                     (if it never does, the data in use is close to the quota)"
+                    "etcd is still out of space (NOSPACE) after compaction and \
+                     defragmentation: the data in use is close to the quota"
                 );
             }
             Ok(false)
@@ -171,6 +192,9 @@ async fn step(shared: &Arc<Shared>, last_wait: &mut String) -> Result<bool, Stat
                 after,
                 "defragmented etcd member"
             );
+            if !no_space.is_empty() {
+                memory.done.insert(id);
+            }
             Ok(true)
         }
         Step::Disarm => {
@@ -198,12 +222,19 @@ fn state_of(s: &maintenance::MemberStatus) -> MemberState {
     }
 }
 
-async fn channel_to(shared: &Shared, m: &consensus::membership::Member) -> Option<tonic::transport::Channel> {
+async fn channel_to(
+    shared: &Shared,
+    m: &consensus::membership::Member,
+) -> Option<tonic::transport::Channel> {
     let ip = m.peer_urls.first().and_then(|u| rpc::url_address(u))?;
     let endpoint = std::net::SocketAddr::new(ip, rpc::CURATOR_PORT);
-    rpc::connect_with(endpoint, &shared.server_trust(), Some(&shared.config.credentials))
-        .await
-        .ok()
+    rpc::connect_with(
+        endpoint,
+        &shared.server_trust(),
+        Some(&shared.config.credentials),
+    )
+    .await
+    .ok()
 }
 
 /// A member's status as its curator gives it; `None` when it does not answer (in time)
@@ -216,7 +247,10 @@ async fn ask_status(shared: &Shared, m: &consensus::membership::Member) -> Optio
             .await
             .ok()
     };
-    let a = tokio::time::timeout(STATUS_ANSWER, ask).await.ok()??.into_inner();
+    let a = tokio::time::timeout(STATUS_ANSWER, ask)
+        .await
+        .ok()??
+        .into_inner();
     (a.member_id == m.id).then(|| MemberState {
         leader_id: a.leader_id,
         is_learner: a.is_learner,
@@ -231,7 +265,10 @@ async fn defragment_remote(
     m: &consensus::membership::Member,
 ) -> Result<(i64, i64), Status> {
     let channel = channel_to(shared, m).await.ok_or_else(|| {
-        Status::unavailable(format!("the curator of etcd member {:x} does not answer", m.id))
+        Status::unavailable(format!(
+            "the curator of etcd member {:x} does not answer",
+            m.id
+        ))
     })?;
     let mut local = api::curator_local_client::CuratorLocalClient::new(channel);
     let call = local.defragment_member(api::DefragmentMemberRequest { member_id: m.id });
@@ -259,7 +296,9 @@ pub(super) async fn defragment_own(
     member_id: u64,
 ) -> Result<api::DefragmentMemberResponse, Status> {
     let rpc::Identity::Node { id, .. } = caller else {
-        return Err(Status::permission_denied("only curators ask for a defragmentation"));
+        return Err(Status::permission_denied(
+            "only curators ask for a defragmentation",
+        ));
     };
     if !shared.is_curator_node(id) {
         return Err(Status::permission_denied(format!(

@@ -89,7 +89,10 @@ pub(crate) fn print_status(
             }
             println!("quorum: {}", if quorum { "yes" } else { "NO" });
             for (member, alarm) in alarms {
-                println!("alarm: etcd {alarm} raised by member {member:x}{}", alarm_meaning(alarm));
+                println!(
+                    "alarm: etcd {alarm} raised by member {member:x}{}",
+                    alarm_meaning(alarm)
+                );
             }
             for w in warnings {
                 println!("warning: {w}");
