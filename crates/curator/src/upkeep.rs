@@ -186,7 +186,7 @@ mod tests {
         );
         let members = [
             member(1, 2, 100 * MIB, 10 * MIB),
-            member(2, 2, 100 * MIB, 1 * MIB),
+            member(2, 2, 100 * MIB, MIB),
             member(3, 2, 100 * MIB, 90 * MIB),
         ];
         assert_eq!(
@@ -204,7 +204,7 @@ mod tests {
             Step::Idle
         );
         // Under the floor.
-        let members = [member(1, 1, 32 * MIB, 1 * MIB)];
+        let members = [member(1, 1, 32 * MIB, MIB)];
         assert_eq!(
             next_step(&members, false, 2048 * MIB, 64 * MIB, &none()),
             Step::Idle
