@@ -11,6 +11,8 @@
 //!                                                   by the leader ─▶ member.pb
 //!   then: crlsync (etcd peer CRL → crl.pem, on every change) and the curator
 //! ```
+//! etcd's backend quota comes from the bootstrap parameters or the JoinConsensus answer,
+//! recorded in `data/etcd/quota.pb` before etcd first starts; every start uses it.
 //! A learner answers no linearizable reads, so readiness is a local read and "voter" is
 //! a separate wait: a linearizable read succeeds once the leader promoted it.
 //!

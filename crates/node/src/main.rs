@@ -53,7 +53,8 @@
 //!   curator_client  client with the node certificate; cluster CRL intake and saving
 //!   values          NodeValues: membership, cluster state, curators, roles, CRL, ...
 //!   settings        Settings (from the flags)
-//!   files           peer files, PEM, node key, directory, member.pb (on storage)
+//!   files           peer files, PEM, node key, directory, member.pb, quota.pb
+//!                   (on storage)
 //!   membership      Membership, BootstrapData, JoinData (pure data)
 //!   cluster_state   ClusterState, Contact (pure)
 //!   retry           Backoff, ProblemLog, pause, call_until_answered
