@@ -183,6 +183,9 @@ fn nospace_is_reported_and_cleared_by_the_curator() -> Result<()> {
     assert!(out.contains("alarm: etcd NOSPACE"), "{out}");
     assert!(out.contains("DB SIZE") && out.contains("IN USE"), "{out}");
 
+    // Nothing was defragmented while a member did not answer.
+    assert!(defragmentations(dir.path())?.is_empty());
+
     // Resume it: the alarm clears by itself, and writes work again.
     if w1.address == paused_address {
         w1.proc().signal(libc::SIGCONT);
@@ -241,9 +244,30 @@ fn nospace_is_reported_and_cleared_by_the_curator() -> Result<()> {
     for (_, size) in &sizes {
         assert!(*size < quota * 3 / 4, "{status}");
     }
-    // The curator logged a defragmentation of each of the three members.
-    let mut defragmented = std::collections::BTreeSet::new();
-    for entry in walk(dir.path())? {
+    // The curator leader defragmented each of the three members, the etcd leader
+    // last.
+    let order = defragmentations(dir.path())?;
+    let distinct: std::collections::BTreeSet<_> = order.iter().collect();
+    assert_eq!(distinct.len(), 3, "defragmented members: {order:?}");
+    let etcd_leader = status["members"]
+        .as_array()
+        .context("members")?
+        .iter()
+        .find(|m| m["leader"] == true)
+        .and_then(|m| m["member_id"].as_str())
+        .context("an etcd leader")?;
+    assert_eq!(
+        order.last().map(String::as_str),
+        Some(etcd_leader),
+        "{order:?}"
+    );
+    Ok(())
+}
+
+/// The members the curators logged defragmenting (hex IDs), in the order of each log.
+fn defragmentations(dir: &std::path::Path) -> Result<Vec<String>> {
+    let mut members = Vec::new();
+    for entry in walk(dir)? {
         if entry.extension().is_some_and(|e| e == "log") {
             let text = std::fs::read_to_string(&entry).unwrap_or_default();
             for line in text
@@ -252,17 +276,12 @@ fn nospace_is_reported_and_cleared_by_the_curator() -> Result<()> {
             {
                 let value: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
                 if let Some(m) = value["fields"]["member"].as_str() {
-                    defragmented.insert(m.to_string());
+                    members.push(m.to_string());
                 }
             }
         }
     }
-    assert_eq!(
-        defragmented.len(),
-        3,
-        "defragmented members: {defragmented:?}"
-    );
-    Ok(())
+    Ok(members)
 }
 
 /// Every file under `dir`.
