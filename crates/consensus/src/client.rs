@@ -27,6 +27,8 @@ pub const LONG_CALLS: &[&str] = &[
     "/v3lockpb.Lock/Lock",
     "/etcdserverpb.Watch/Watch",
     "/etcdserverpb.Lease/LeaseKeepAlive",
+    // Rewrites the whole database file; `maintenance::defragment` bounds it.
+    "/etcdserverpb.Maintenance/Defragment",
 ];
 
 /// Connects to etcd over its unix socket. `etcd_client::Client::connect` cannot do this

@@ -71,6 +71,9 @@ pub struct EtcdConfig {
     pub timing: RaftTiming,
     /// What "ready" means for this member.
     pub readiness: Readiness,
+    /// The backend quota (`--quota-backend-bytes`): past it etcd raises the NOSPACE alarm
+    /// and refuses writes until the alarm is disarmed.
+    pub quota_backend_bytes: u64,
 }
 
 /// When a started etcd counts as ready.
@@ -140,6 +143,7 @@ impl EtcdConfig {
             // Keep history bounded without operator action.
             "--auto-compaction-mode=revision".to_string(),
             "--auto-compaction-retention=10000".to_string(),
+            format!("--quota-backend-bytes={}", self.quota_backend_bytes),
             "--logger=zap".to_string(),
             "--log-outputs=stderr".to_string(),
         ]
@@ -169,6 +173,7 @@ mod tests {
             cluster_token: "tok".into(),
             timing: RaftTiming::default(),
             readiness: Readiness::Linearizable,
+            quota_backend_bytes: 2 << 30,
         }
     }
 
@@ -227,6 +232,20 @@ mod tests {
             .collect();
         assert_eq!(client.len(), 2);
         assert!(client.iter().all(|a| a.ends_with("=unix://etcd.sock:0")));
+    }
+
+    #[test]
+    fn backend_quota_is_passed() {
+        check(&sample(), &["--quota-backend-bytes=2147483648"]);
+        let mut c = sample();
+        c.quota_backend_bytes = 4 << 20;
+        check(&c, &["--quota-backend-bytes=4194304"]);
+        let quotas = c
+            .args()
+            .iter()
+            .filter(|a| a.starts_with("--quota-backend-bytes"))
+            .count();
+        assert_eq!(quotas, 1);
     }
 
     #[test]

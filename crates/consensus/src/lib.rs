@@ -21,6 +21,9 @@
 //!   (`PR_SET_PDEATHSIG`); stopping sends SIGTERM and, after a timeout, SIGKILL.
 //! - "Ready" means a linearizable read through the socket succeeded, each attempt with
 //!   its own timeout.
+//! - Maintenance (`maintenance`): the local member's sizes, alarms, compaction,
+//!   defragmentation (bounded on its own, it may outlast the request bound); the
+//!   curator decides when.
 //! - Consensus users see etcd through [`Namespaced`] clients: `namespaced:<user>/`.
 //! - Every etcd request from the client this crate hands out is bounded
 //!   ([`client::REQUEST_TIMEOUT`]), except the calls that wait by design (campaign, lock,
@@ -29,6 +32,7 @@
 
 pub mod client;
 pub mod config;
+pub mod maintenance;
 pub mod membership;
 pub mod process;
 

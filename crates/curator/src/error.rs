@@ -18,6 +18,8 @@ pub enum CuratorError {
         #[source]
         source: prost::DecodeError,
     },
+    #[error("the cluster's etcd is out of space (NOSPACE alarm)")]
+    NoSpace,
     #[error("this curator is not the leader (any more)")]
     NotLeader,
     #[error("the election lease was lost")]

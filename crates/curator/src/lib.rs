@@ -36,6 +36,7 @@
 //!   templates    certificate templates and lifetimes                    (pure)
 //!   lifecycle    node states and the events that move them              (pure)
 //!   health       heartbeat timing and verdict hysteresis                (pure)
+//!   upkeep       etcd defragmentation order, NOSPACE disarm rule         (pure)
 //! ```
 //!
 //! Invariants:
@@ -65,6 +66,10 @@
 //! - Node health is judged by the leader from heartbeats with hysteresis (`health`,
 //!   pure); the verdict is written into the record only when it changes, and a new
 //!   leader reports the stored verdict until it has watched for one timeout itself.
+//! - etcd upkeep is the leader's (`service::upkeep`): it defragments one member at a
+//!   time through that member's own curator (each curator reaches only its own etcd),
+//!   the etcd leader last, never while a member catches up (`upkeep`, pure); under
+//!   NOSPACE it compacts, defragments, then disarms the alarm by itself.
 
 mod bootstrap;
 pub mod election;
@@ -77,6 +82,7 @@ pub mod records;
 pub mod service;
 pub mod templates;
 mod ticket;
+pub mod upkeep;
 mod writes;
 
 pub use bootstrap::{BootstrapRecords, create_bootstrap_records};

@@ -158,6 +158,11 @@ async fn allowed(
             .get_consensus_status(api::GetConsensusStatusRequest {})
             .await
             .err(),
+        // Of member 0, which is nobody: the handler refuses (FailedPrecondition).
+        "DefragmentMember" => local
+            .defragment_member(api::DefragmentMemberRequest { member_id: 0 })
+            .await
+            .err(),
         "UpdateNodeRoles" => management
             .update_node_roles(api::UpdateNodeRolesRequest {
                 id: ABSENT_NODE.to_string(),
@@ -226,7 +231,7 @@ async fn allowed(
             Ok(false)
         }
         Some(s)
-            if ["CommitNode", "JoinConsensus"].contains(&method)
+            if ["CommitNode", "JoinConsensus", "DefragmentMember"].contains(&method)
                 && s.code() == tonic::Code::FailedPrecondition =>
         {
             Ok(true)
@@ -326,6 +331,7 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         ("ListCertificates", &["owner"]),
         ("RotateOwner", &["owner"]),
         ("GetConsensusStatus", &["node", "owner"]),
+        ("DefragmentMember", &["node"]),
         ("Heartbeat", &["node"]),
         ("WatchNode", &["node"]),
         ("JoinConsensus", &["node"]),

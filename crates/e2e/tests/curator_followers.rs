@@ -59,6 +59,8 @@ fn start_curator(
         ca_certificate: ca.cert_der.clone(),
         lease_ttl: Duration::from_secs(2),
         heartbeat: curator::health::Timing::DEFAULT,
+        etcd_quota_bytes: proto::quota::DEFAULT_QUOTA_BYTES,
+        upkeep: curator::upkeep::Settings::DEFAULT,
     };
     let ns = ns.clone();
     let supervisor = supervisor::Supervisor::start(supervisor::Config::default(), move |ctx| {

@@ -73,6 +73,8 @@ pub fn prepare(
         .unwrap_or_default();
     curator::templates::check_configuration(&configuration)
         .context("the bootstrap parameters' cluster configuration is unusable")?;
+    proto::quota::effective_quota(configuration.etcd_quota_bytes)
+        .context("the bootstrap parameters' etcd quota is unusable")?;
     let lifetime = curator::templates::node_certificate_lifetime(Some(&configuration));
     let record = root.bootstrap_record();
     let resumed = record.exists();

@@ -11,6 +11,8 @@
 //!                                                   by the leader ─▶ member.pb
 //!   then: crlsync (etcd peer CRL → crl.pem, on every change) and the curator
 //! ```
+//! etcd's backend quota comes from the bootstrap parameters or the JoinConsensus answer,
+//! recorded in `data/etcd/quota.pb` before etcd first starts; every start uses it.
 //! A learner answers no linearizable reads, so readiness is a local read and "voter" is
 //! a separate wait: a linearizable read succeeds once the leader promoted it.
 //!
@@ -30,7 +32,9 @@ use crate::bootstrap::{self, Step};
 use crate::cluster_state::Contact;
 use crate::curator_client::curator_client;
 use crate::fatal::FatalSender;
-use crate::files::{has_etcd_data, recorded_membership, write_peer_files};
+use crate::files::{
+    has_etcd_data, record_quota, recorded_membership, recorded_quota, write_peer_files,
+};
 use crate::membership::Membership;
 use crate::retry::{Answer, call_until_answered, pause};
 use crate::settings::Settings;
@@ -47,7 +51,12 @@ enum EtcdStart {
     Learner(Vec<(String, String)>),
 }
 
-fn etcd_config(settings: &Settings, node_id: &str, start: &EtcdStart) -> EtcdConfig {
+fn etcd_config(
+    settings: &Settings,
+    node_id: &str,
+    start: &EtcdStart,
+    quota_backend_bytes: u64,
+) -> EtcdConfig {
     let root = &settings.root;
     let peer_dir = root.etcd_peer_dir();
     let peer_url = consensus::config::peer_url(settings.address, consensus::config::PEER_PORT);
@@ -88,6 +97,7 @@ fn etcd_config(settings: &Settings, node_id: &str, start: &EtcdStart) -> EtcdCon
         cluster_token: format!("polis-{node_id}"),
         timing: settings.raft_timing,
         readiness,
+        quota_backend_bytes,
     }
 }
 
@@ -124,6 +134,11 @@ async fn join_consensus(
         members = joined.initial_cluster.len(),
         "joining consensus as an etcd learner"
     );
+    // etcd upkeep: the cluster's quota, from every start of this member on (an older
+    // leader that sends none: the default).
+    let quota = proto::quota::effective_quota(joined.etcd_quota_bytes)
+        .context("the cluster's etcd quota")?;
+    record_quota(&settings.root, quota)?;
     Ok(Some(EtcdStart::Learner(
         joined
             .initial_cluster
@@ -209,7 +224,18 @@ pub async fn run(
             None => return Ok(()),
         }
     };
-    let config = etcd_config(&settings, &node_id, &start);
+    if let (EtcdStart::Bootstrap, Membership::Bootstrap(b)) = (&start, &membership) {
+        let configured = b
+            .parameters
+            .initial_cluster_configuration
+            .as_ref()
+            .map(|c| c.etcd_quota_bytes)
+            .unwrap_or_default();
+        let quota = proto::quota::effective_quota(configured).context("the etcd quota")?;
+        record_quota(&settings.root, quota)?;
+    }
+    let quota = recorded_quota(&settings.root)?;
+    let config = etcd_config(&settings, &node_id, &start, quota);
     let _services = ServicesStop(values.services.clone());
     let status = event::Value::<Status>::new();
     let etcd_status = status.clone();
@@ -263,6 +289,8 @@ pub async fn run(
         ca_certificate: read_file(&settings.root.cluster_ca(), "cluster CA certificate")?,
         lease_ttl: settings.curator_lease_ttl,
         heartbeat: settings.heartbeat,
+        etcd_quota_bytes: quota,
+        upkeep: settings.upkeep,
     };
     let curator_ns = running.namespaced(curator::layout::NAMESPACE);
     ctx.run("curator", move |ctx| {

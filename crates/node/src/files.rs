@@ -125,3 +125,26 @@ pub fn forget_consensus(root: &Root) -> Result<()> {
     ensure_private_dir(&root.etcd_peer_dir())?;
     Ok(())
 }
+
+/// The backend quota this node's etcd member runs with, as recorded when it became a
+/// member; the default for a root recorded before quotas existed.
+pub fn recorded_quota(root: &Root) -> Result<u64> {
+    let path = root.etcd_quota();
+    if !path.exists() {
+        return Ok(proto::quota::DEFAULT_QUOTA_BYTES);
+    }
+    let recorded: proto::config::EtcdQuota = read_proto(&path, "etcd quota")?;
+    proto::quota::effective_quota(recorded.quota_backend_bytes)
+        .with_context(|| format!("{} holds an unusable etcd quota", path.display()))
+}
+
+/// Records the quota this node's etcd member runs with from now on.
+pub fn record_quota(root: &Root, bytes: u64) -> Result<()> {
+    write_proto(
+        &root.etcd_quota(),
+        &proto::config::EtcdQuota {
+            quota_backend_bytes: bytes,
+        },
+    )
+    .context("recording the etcd backend quota")
+}

@@ -53,7 +53,8 @@
 //!   curator_client  client with the node certificate; cluster CRL intake and saving
 //!   values          NodeValues: membership, cluster state, curators, roles, CRL, ...
 //!   settings        Settings (from the flags)
-//!   files           peer files, PEM, node key, directory, member.pb (on storage)
+//!   files           peer files, PEM, node key, directory, member.pb, quota.pb
+//!                   (on storage)
 //!   membership      Membership, BootstrapData, JoinData (pure data)
 //!   cluster_state   ClusterState, Contact (pure)
 //!   retry           Backoff, ProblemLog, pause, call_until_answered
@@ -168,6 +169,14 @@ struct Args {
     /// answered its heartbeats, in milliseconds (for tests; at least 3 periods).
     #[arg(long, hide = true, default_value_t = curator::health::Timing::DEFAULT.timeout().as_millis() as u64)]
     heartbeat_timeout_ms: u64,
+    /// etcd upkeep: how often the curator leader looks at the members' databases, in
+    /// milliseconds (for tests).
+    #[arg(long, hide = true, default_value_t = curator::upkeep::Settings::DEFAULT.period.as_millis() as u64)]
+    etcd_upkeep_period_ms: u64,
+    /// etcd upkeep: no member's database is defragmented below this size, in bytes (for
+    /// tests).
+    #[arg(long, hide = true, default_value_t = curator::upkeep::Settings::DEFAULT.defrag_floor_bytes)]
+    etcd_defrag_floor_bytes: u64,
 }
 
 fn init_logging(format: LogFormat) {
@@ -265,6 +274,10 @@ async fn run(args: Args) -> Result<()> {
         },
         curator_lease_ttl: Duration::from_secs(args.curator_lease_ttl),
         heartbeat,
+        upkeep: curator::upkeep::Settings {
+            period: Duration::from_millis(args.etcd_upkeep_period_ms.max(100)),
+            defrag_floor_bytes: args.etcd_defrag_floor_bytes,
+        },
         started_at_unix_ms,
     };
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();

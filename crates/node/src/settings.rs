@@ -1,5 +1,6 @@
 //! The node's settings, fixed for the life of the process (from its flags): root,
-//! address, etcd binary and timing, curator lease, heartbeat timing, start time.
+//! address, etcd binary and timing, curator lease, heartbeat timing, etcd upkeep,
+//! start time.
 //!
 //! Plain data: may not do I/O; imports only `storage` (for the root's paths).
 
@@ -21,6 +22,8 @@ pub struct Settings {
     pub curator_lease_ttl: Duration,
     /// How often this node heartbeats; its curator's timeout (`curator::health`).
     pub heartbeat: curator::health::Timing,
+    /// etcd upkeep: how often the leader looks, the defragmentation floor.
+    pub upkeep: curator::upkeep::Settings,
     /// When this polis-node process started (reported in its status).
     pub started_at_unix_ms: u64,
 }

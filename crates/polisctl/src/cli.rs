@@ -75,6 +75,11 @@ pub(crate) enum ParamsCommand {
         /// of it. [default: 30d]
         #[arg(long, value_parser = parse_lifetime, value_name = "DURATION")]
         owner_certificate_lifetime: Option<u64>,
+        /// etcd backend quota of every consensus member, e.g. 2GiB or 512MiB (at least
+        /// 2MiB, at most 8GiB); fixed at bootstrap. Past it etcd refuses writes until the
+        /// curator has freed space. [default: 2GiB]
+        #[arg(long, value_parser = parse_etcd_quota, value_name = "SIZE")]
+        etcd_quota: Option<u64>,
     },
     /// Parameters for a new node to register into this cluster: the register ticket,
     /// the pinned cluster CA and the current curator endpoints. They stop working for
@@ -234,6 +239,15 @@ fn parse_lifetime(s: &str) -> Result<u64, String> {
     Ok(secs)
 }
 
+/// An etcd backend quota: a size (`proto::quota::parse_size`) within the bounds.
+fn parse_etcd_quota(s: &str) -> Result<u64, String> {
+    let bytes = proto::quota::parse_size(s).map_err(|e| e.to_string())?;
+    if bytes == 0 {
+        return Err("an etcd quota of 0 bytes leaves no room for anything".into());
+    }
+    proto::quota::effective_quota(bytes).map_err(|e| e.to_string())
+}
+
 fn parse_label(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
@@ -284,5 +298,17 @@ mod tests {
         assert_eq!(parse_label("a=b"), Ok(("a".into(), "b".into())));
         assert!(parse_label("ab").is_err());
         assert!(parse_label("=b").is_err());
+    }
+
+    #[test]
+    fn etcd_quotas_parse_within_bounds() {
+        assert_eq!(parse_etcd_quota("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_etcd_quota("4MiB"), Ok(4 << 20));
+        let small = parse_etcd_quota("1MiB").unwrap_err();
+        assert!(small.contains("too small"), "{small}");
+        let large = parse_etcd_quota("16GiB").unwrap_err();
+        assert!(large.contains("too large"), "{large}");
+        assert!(parse_etcd_quota("lots").unwrap_err().contains("not a size"));
+        assert!(parse_etcd_quota("0").is_err());
     }
 }

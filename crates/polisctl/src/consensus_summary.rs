@@ -12,6 +12,19 @@ pub(crate) struct MemberStatus {
     pub(crate) leader: bool,
     /// The member's own answer: (raft index, raft term), if it answered.
     pub(crate) raft: Option<(u64, u64)>,
+    /// Its database file size and the part in use, bytes, if it answered.
+    pub(crate) db: Option<(i64, i64)>,
+}
+
+/// Every active etcd alarm any member reported, once: (member ID, alarm name).
+pub(crate) fn alarms(answers: &[api::GetConsensusStatusResponse]) -> Vec<(u64, String)> {
+    let mut all: std::collections::BTreeSet<(u64, String)> = Default::default();
+    for a in answers {
+        for alarm in &a.alarms {
+            all.insert((alarm.member_id, alarm.alarm.clone()));
+        }
+    }
+    all.into_iter().collect()
 }
 
 /// What the cluster status adds up to (pure): the members, and whether the voters that
@@ -26,6 +39,7 @@ pub(crate) fn summarize(answers: &[api::GetConsensusStatusResponse]) -> (Vec<Mem
                 learner: m.is_learner,
                 leader: false,
                 raft: None,
+                db: None,
             });
         }
     }
@@ -38,6 +52,7 @@ pub(crate) fn summarize(answers: &[api::GetConsensusStatusResponse]) -> (Vec<Mem
     for a in answers {
         if let Some(m) = members.get_mut(&a.member_id) {
             m.raft = Some((a.raft_index, a.raft_term));
+            m.db = Some((a.db_size, a.db_size_in_use));
             m.learner = a.is_learner;
             if m.node.is_empty() {
                 m.node = a.node_id.clone();
@@ -83,6 +98,7 @@ mod tests {
                     is_learner: *learner,
                 })
                 .collect(),
+            ..Default::default()
         }
     }
 
@@ -123,5 +139,27 @@ mod tests {
             .1
         );
         assert!(summarize(&[]).0.is_empty());
+    }
+
+    #[test]
+    fn sizes_and_alarms_come_from_each_member() {
+        let three = [(1, false), (2, false), (3, false)];
+        let mut a1 = answer(1, 1, false, &three);
+        a1.db_size = 4 << 20;
+        a1.db_size_in_use = 1 << 20;
+        let nospace = |m| api::ConsensusAlarm {
+            member_id: m,
+            alarm: "NOSPACE".into(),
+        };
+        a1.alarms = vec![nospace(1), nospace(2)];
+        let mut a2 = answer(2, 1, false, &three);
+        a2.alarms = vec![nospace(2), nospace(1)];
+        let (members, _) = summarize(&[a1.clone(), a2.clone()]);
+        assert_eq!(members[0].db, Some((4 << 20, 1 << 20)));
+        assert_eq!(members[2].db, None);
+        assert_eq!(
+            alarms(&[a1, a2]),
+            [(1, "NOSPACE".to_string()), (2, "NOSPACE".to_string())]
+        );
     }
 }

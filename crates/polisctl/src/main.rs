@@ -202,6 +202,7 @@ async fn run(cli: Cli) -> Result<()> {
             labels,
             node_certificate_lifetime,
             owner_certificate_lifetime,
+            etcd_quota,
         }) => params::bootstrap(
             &cli.config_dir()?,
             out,
@@ -209,6 +210,7 @@ async fn run(cli: Cli) -> Result<()> {
             labels,
             *node_certificate_lifetime,
             *owner_certificate_lifetime,
+            *etcd_quota,
         ),
         Command::Params(ParamsCommand::Register { out, labels }) => {
             params::register(&cli.config_dir()?, &cli.endpoints, out, labels).await

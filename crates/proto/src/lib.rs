@@ -7,12 +7,13 @@
 //!
 //! It also holds the validation rules of API fields that clients and servers must agree
 //! on (`labels`), so that `polisctl` refuses bad input before sending it and the curator
-//! refuses it again.
+//! refuses it again; and the bounds of the etcd backend quota (`quota`).
 //!
 //! Invariant: these are the only serialization formats Polis writes; changing a field
 //! number breaks existing clusters, so fields are only ever added.
 
 pub mod labels;
+pub mod quota;
 
 pub mod config {
     tonic::include_proto!("polis.config");

@@ -107,6 +107,12 @@ pub const METHODS: &[(&str, Permission)] = &[
     // A registering node has no certificate but a self-signed one for its key.
     ("/polis.api.Curator/RegisterNode", Permission::ProvenKey),
     ("/polis.api.Curator/CommitNode", Permission::ProvenKey),
+    // etcd upkeep: the curator leader asks a member's curator to defragment its own
+    // etcd member; the handler also requires an UP ConsensusMember caller.
+    (
+        "/polis.api.CuratorLocal/DefragmentMember",
+        Permission::UpdateNodeSelf,
+    ),
 ];
 
 /// Why a call was refused.

@@ -4,7 +4,8 @@ use proto::api;
 use tonic::{Request, Response, Status};
 
 use super::shared::Services;
-use super::status::status_from;
+use super::status::{identity, status_from};
+use super::upkeep;
 use crate::election;
 
 #[tonic::async_trait]
@@ -50,6 +51,11 @@ impl api::curator_local_server::CuratorLocal for Services {
         let members = consensus::membership::members(&mut client)
             .await
             .map_err(|e| Status::unavailable(format!("listing etcd members: {e}")))?;
+        // etcd upkeep: the cluster's alarms as this member knows them (empty if it
+        // cannot say: the status above is what matters to a quorum check).
+        let alarms = consensus::maintenance::alarms(&mut client)
+            .await
+            .unwrap_or_default();
         let header = status.header();
         Ok(Response::new(api::GetConsensusStatusResponse {
             node_id: self.0.config.node_id.clone(),
@@ -68,6 +74,25 @@ impl api::curator_local_server::CuratorLocal for Services {
                     is_learner: m.is_learner,
                 })
                 .collect(),
+            db_size: status.db_size(),
+            db_size_in_use: status.raft_used_db_size(),
+            quota_backend_bytes: self.0.config.etcd_quota_bytes,
+            alarms: alarms
+                .into_iter()
+                .map(|a| api::ConsensusAlarm {
+                    member_id: a.member_id,
+                    alarm: a.kind.name().to_string(),
+                })
+                .collect(),
         }))
+    }
+
+    async fn defragment_member(
+        &self,
+        request: Request<api::DefragmentMemberRequest>,
+    ) -> Result<Response<api::DefragmentMemberResponse>, Status> {
+        let caller = identity(&request);
+        let answer = upkeep::defragment_own(&self.0, &caller, request.get_ref().member_id).await?;
+        Ok(Response::new(answer))
     }
 }

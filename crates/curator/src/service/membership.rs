@@ -217,12 +217,14 @@ pub(super) async fn join(
             }
         });
     }
+    let etcd_quota_bytes = join_quota(shared).await?;
     Ok(api::JoinConsensusResponse {
         peer_certificate: certificate,
         peer_ca_certificate,
         peer_crl: crl,
         initial_cluster,
         member_id: member.id,
+        etcd_quota_bytes,
     })
 }
 
@@ -328,6 +330,17 @@ async fn check_removal(
             "removing node {id} from consensus is refused: {refused}"
         ))
     })
+}
+
+/// The backend quota a joining member runs with: the cluster configuration's (etcd
+/// upkeep), else this leader's own.
+async fn join_quota(shared: &Shared) -> Result<u64, Status> {
+    let configured = records::cluster_configuration(&shared.curator)
+        .await
+        .map_err(status_from)?
+        .map(|c| c.etcd_quota_bytes)
+        .unwrap_or_default();
+    Ok(proto::quota::effective_quota(configured).unwrap_or(shared.config.etcd_quota_bytes))
 }
 
 /// Whether node `node` could leave consensus now without costing the quorum: `Ok` when

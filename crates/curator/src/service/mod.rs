@@ -11,6 +11,8 @@
 //!   ├── certificates every issued certificate, refreshed → Shared::certificates
 //!   │                (expiry warnings in NodeInfo; see `certificates`)
 //!   ├── health       leader: heartbeat verdicts (crate::health) → Node.health on change
+//!   ├── upkeep       leader: etcd compaction under NOSPACE, defragmentation one
+//!   │                member at a time (through each member's curator), disarm
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
 //! ```
 //!
@@ -21,7 +23,8 @@
 //!   listener         TLS, AuthLayer, ForwardLayer, every service
 //!   handlers         local (CuratorLocal), aaa (AAA), management (Management),
 //!                    nodes (Curator); node_info builds their NodeInfo answers
-//!   runnables        snapshot (`nodes`), crl, health
+//!   runnables        snapshot (`nodes`), crl, health, upkeep (etcd upkeep; also
+//!                    CuratorLocal.DefragmentMember's work)
 //!   decommission     DecommissionNode, DeleteNode and the `decommission` runnable
 //!   membership       every etcd membership change: join (learner, promotion), the
 //!                    role given and taken, the quorum probe
@@ -59,6 +62,7 @@ mod nodes;
 mod shared;
 mod snapshot;
 mod status;
+mod upkeep;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -143,6 +147,9 @@ pub async fn run(
 
     let health_shared = shared.clone();
     ctx.run("health", move |ctx| health::run(ctx, health_shared.clone()))?;
+
+    let upkeep_shared = shared.clone();
+    ctx.run("upkeep", move |ctx| upkeep::run(ctx, upkeep_shared.clone()))?;
 
     let listener_shared = shared.clone();
     ctx.run("listener", move |ctx| {

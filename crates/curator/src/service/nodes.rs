@@ -183,7 +183,7 @@ impl api::curator_server::Curator for Services {
                 .as_ref()
                 .is_none_or(|s| s.1.as_ref() != Some(&status))
         {
-            writes::modify_node(&self.0.curator, &leadership, &id, |current| {
+            let written = writes::modify_node(&self.0.curator, &leadership, &id, |current| {
                 let node = current.ok_or_else(|| NodeUpdateError::NotFound(id.clone()))?;
                 if node.status.as_ref() == Some(&status) {
                     return Ok(None);
@@ -192,9 +192,17 @@ impl api::curator_server::Curator for Services {
                 node.status = Some(status.clone());
                 Ok(Some(node))
             })
-            .await
-            .map_err(node_update_status)?;
-            tracing::debug!(node = id, ?status, "node status recorded");
+            .await;
+            match written {
+                Ok(_) => tracing::debug!(node = id, ?status, "node status recorded"),
+                // etcd upkeep: the heartbeat itself counted (the tracker above); the
+                // status is recorded by a later heartbeat once etcd has space again, so
+                // NOSPACE does not make every node believe it is split.
+                Err(NodeUpdateError::Curator(crate::error::CuratorError::NoSpace)) => {
+                    tracing::debug!(node = id, "node status not recorded: etcd is out of space")
+                }
+                Err(e) => return Err(node_update_status(e)),
+            }
         }
         Ok(Response::new(api::HeartbeatResponse {}))
     }

@@ -32,6 +32,10 @@ pub struct CuratorConfig {
     pub lease_ttl: Duration,
     /// Heartbeat period and timeout (the nodes' period must be the one given here).
     pub heartbeat: rules::Timing,
+    /// The backend quota this node's etcd member runs with (bytes).
+    pub etcd_quota_bytes: u64,
+    /// How often the leader looks after etcd, and its defragmentation floor.
+    pub upkeep: crate::upkeep::Settings,
 }
 
 /// Every node record, as of one etcd revision.

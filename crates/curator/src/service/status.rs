@@ -12,6 +12,9 @@ use crate::error::{CuratorError, NodeUpdateError};
 /// The gRPC status for a curator error: Unavailable only for what a retry elsewhere or
 /// later can fix; the message never carries request data.
 pub(super) fn status_from(e: CuratorError) -> Status {
+    if consensus::maintenance::is_no_space(&e) {
+        return no_space_status();
+    }
     match e {
         CuratorError::NotLeader | CuratorError::LeaseLost => Status::unavailable(e.to_string()),
         CuratorError::Etcd(_) | CuratorError::Consensus(_) => Status::unavailable(format!(
@@ -89,7 +92,20 @@ pub(super) fn self_signed_key<T>(request: &Request<T>) -> Result<[u8; 32], Statu
 
 /// The status for a failed etcd (or etcd CA store) call: Unavailable, naming the step.
 pub(super) fn etcd_status(what: &str, e: impl std::error::Error + 'static) -> Status {
+    if consensus::maintenance::is_no_space(&e) {
+        return no_space_status();
+    }
     Status::unavailable(format!("{what}: {}", supervisor::error_chain(&e)))
+}
+
+/// A write etcd refused under its NOSPACE alarm: ResourceExhausted, saying what
+/// happens next (no retry elsewhere helps; the curator frees space by itself).
+pub(super) fn no_space_status() -> Status {
+    Status::resource_exhausted(
+        "the cluster's etcd is out of space (NOSPACE alarm: its backend quota is reached); \
+         writes are refused until space is freed — the curator compacts and defragments \
+         etcd and the alarm clears by itself; see `polisctl cluster status`",
+    )
 }
 
 #[cfg(test)]
@@ -104,5 +120,25 @@ mod tests {
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().len() < 200, "{}", status.message().len());
         assert!(check_node_id("polis-XYZ").is_err());
+    }
+
+    #[test]
+    fn no_space_is_resource_exhausted_not_internal() {
+        let etcd = etcd_client::Error::GRpcStatus(Status::resource_exhausted(
+            "etcdserver: mvcc: database space exceeded",
+        ));
+        let status = status_from(CuratorError::Etcd(etcd));
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            status.message().contains("out of space"),
+            "{}",
+            status.message()
+        );
+        let timeout =
+            etcd_client::Error::GRpcStatus(Status::unavailable("etcdserver: request timed out"));
+        assert_eq!(
+            status_from(CuratorError::Etcd(timeout)).code(),
+            tonic::Code::Unavailable
+        );
     }
 }

@@ -96,6 +96,9 @@ pub(crate) enum Outcome {
     NotLeader,
     /// The record would have been created, but its key was deleted (tombstone).
     Deleted,
+    /// etcd refused the write under its NOSPACE alarm: no retry helps until the upkeep
+    /// freed space and disarmed it.
+    NoSpace,
 }
 
 #[derive(Default)]
@@ -199,6 +202,7 @@ pub(crate) async fn attempt(
                 Outcome::Retry => Ok(Attempt::Retry),
                 Outcome::NotLeader => Err(CuratorError::NotLeader.into()),
                 Outcome::Deleted => Err(NodeUpdateError::Deleted(id.to_string())),
+                Outcome::NoSpace => Err(CuratorError::NoSpace.into()),
             };
         }
     };
@@ -223,6 +227,7 @@ pub(crate) async fn attempt(
         Outcome::Retry => Ok(Attempt::Retry),
         Outcome::NotLeader => Err(CuratorError::NotLeader.into()),
         Outcome::Deleted => Err(NodeUpdateError::Deleted(id.to_string())),
+        Outcome::NoSpace => Err(CuratorError::NoSpace.into()),
     }
 }
 
@@ -304,6 +309,7 @@ async fn flush(
                     Err(Outcome::NotLeader)
                 }
             }
+            Err(e) if consensus::maintenance::is_no_space(&e) => Err(Outcome::NoSpace),
             Err(e) => {
                 tracing::warn!("writing node record {key}: {}", supervisor::error_chain(&e));
                 Err(Outcome::Retry)

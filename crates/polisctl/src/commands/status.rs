@@ -9,7 +9,7 @@ use anyhow::{Result, bail};
 use proto::api;
 
 use crate::commands::node::list_nodes;
-use crate::consensus_summary::{MemberStatus, summarize};
+use crate::consensus_summary::{MemberStatus, alarms, summarize};
 use crate::output::Format;
 use crate::render::status::print_status;
 use crate::session::owner_session;
@@ -21,7 +21,7 @@ pub(crate) async fn cluster_status(
     raw_endpoints: &[String],
     format: Format,
 ) -> Result<()> {
-    let (members, quorum, unreachable) = consensus_status(config, raw_endpoints).await?;
+    let (members, quorum, unreachable, alarms) = consensus_status(config, raw_endpoints).await?;
     // Node warnings need the leader, so only with a quorum; their absence is no error.
     let warnings: Vec<String> = if quorum {
         match list_nodes(config, raw_endpoints).await {
@@ -38,7 +38,7 @@ pub(crate) async fn cluster_status(
     } else {
         Vec::new()
     };
-    print_status(&members, quorum, &unreachable, &warnings, format);
+    print_status(&members, quorum, &unreachable, &warnings, &alarms, format);
     if !quorum {
         bail!("the cluster has no etcd quorum");
     }
@@ -47,7 +47,7 @@ pub(crate) async fn cluster_status(
 
 /// The node IDs of the etcd voters, as the curators' own members report them.
 pub(crate) async fn voters(config: &Path, raw_endpoints: &[String]) -> Result<Vec<String>> {
-    let (members, _, _) = consensus_status(config, raw_endpoints).await?;
+    let (members, _, _, _) = consensus_status(config, raw_endpoints).await?;
     Ok(members
         .into_iter()
         .filter(|m| !m.learner && m.raft.is_some())
@@ -59,7 +59,7 @@ pub(crate) async fn voters(config: &Path, raw_endpoints: &[String]) -> Result<Ve
 async fn consensus_status(
     config: &Path,
     raw_endpoints: &[String],
-) -> Result<(Vec<MemberStatus>, bool, Vec<String>)> {
+) -> Result<(Vec<MemberStatus>, bool, Vec<String>, Vec<(u64, String)>)> {
     let session = owner_session(config, raw_endpoints).await?;
     let mut to_ask: Vec<SocketAddr> = session.endpoints();
     let mut asked = Vec::new();
@@ -97,5 +97,5 @@ async fn consensus_status(
         }
     }
     let (members, quorum) = summarize(&answers);
-    Ok((members, quorum, unreachable))
+    Ok((members, quorum, unreachable, alarms(&answers)))
 }

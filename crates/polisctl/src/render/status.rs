@@ -13,6 +13,7 @@ pub(crate) fn print_status(
     quorum: bool,
     unreachable: &[String],
     warnings: &[String],
+    alarms: &[(u64, String)],
     format: Format,
 ) {
     let rows: Vec<Value> = members
@@ -26,6 +27,8 @@ pub(crate) fn print_status(
                 "raft_index": m.raft.map(|r| r.0),
                 "raft_term": m.raft.map(|r| r.1),
                 "answered": m.raft.is_some(),
+                "db_size": m.db.map(|d| d.0),
+                "db_size_in_use": m.db.map(|d| d.1),
             })
         })
         .collect();
@@ -34,6 +37,10 @@ pub(crate) fn print_status(
         "members": rows,
         "unreachable": unreachable,
         "warnings": warnings,
+        "alarms": alarms
+            .iter()
+            .map(|(member, alarm)| json!({"member_id": format!("{member:x}"), "alarm": alarm}))
+            .collect::<Vec<_>>(),
     });
     match format {
         Format::Quiet => {}
@@ -56,13 +63,24 @@ pub(crate) fn print_status(
                             .map(|r| r.0.to_string())
                             .unwrap_or_else(|| "-".into()),
                         if m.raft.is_some() { "yes" } else { "NO" }.into(),
+                        m.db.map(|d| db_size(d.0)).unwrap_or_else(|| "-".into()),
+                        m.db.map(|d| db_size(d.1)).unwrap_or_else(|| "-".into()),
                     ]
                 })
                 .collect();
             print!(
                 "{}",
                 output::table(
-                    &["MEMBER", "NODE", "ROLE", "LEADER", "RAFT INDEX", "ANSWERS"],
+                    &[
+                        "MEMBER",
+                        "NODE",
+                        "ROLE",
+                        "LEADER",
+                        "RAFT INDEX",
+                        "ANSWERS",
+                        "DB SIZE",
+                        "IN USE",
+                    ],
                     &table
                 )
             );
@@ -70,9 +88,31 @@ pub(crate) fn print_status(
                 println!("unreachable: {u}");
             }
             println!("quorum: {}", if quorum { "yes" } else { "NO" });
+            for (member, alarm) in alarms {
+                println!(
+                    "alarm: etcd {alarm} raised by member {member:x}{}",
+                    alarm_meaning(alarm)
+                );
+            }
             for w in warnings {
                 println!("warning: {w}");
             }
         }
+    }
+}
+
+fn db_size(bytes: i64) -> String {
+    proto::quota::show(bytes.max(0) as u64)
+}
+
+/// What an etcd alarm means for the operator.
+fn alarm_meaning(alarm: &str) -> &'static str {
+    match alarm {
+        "NOSPACE" => {
+            " (backend quota reached: writes are refused; the curator compacts and \
+             defragments etcd and disarms it by itself once space is free)"
+        }
+        "CORRUPT" => " (its data differs from the other members')",
+        _ => "",
     }
 }

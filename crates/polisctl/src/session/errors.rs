@@ -13,6 +13,7 @@ pub(crate) fn call_error(what: &str, status: tonic::Status) -> anyhow::Error {
         Code::InvalidArgument => "invalid argument",
         Code::Unavailable => "unavailable",
         Code::DeadlineExceeded => "timed out",
+        Code::ResourceExhausted => "refused (resource exhausted)",
         _ => "failed",
     };
     anyhow!("{what}: {kind}: {}", status.message())

@@ -164,6 +164,12 @@ impl api::curator_local_server::CuratorLocal for Slow {
     ) -> Result<tonic::Response<api::GetConsensusStatusResponse>, tonic::Status> {
         Ok(tonic::Response::new(Default::default()))
     }
+    async fn defragment_member(
+        &self,
+        _: tonic::Request<api::DefragmentMemberRequest>,
+    ) -> Result<tonic::Response<api::DefragmentMemberResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
 }
 
 /// A curator-like server (our builder, the auth layer, our listener) on 127.0.0.1.
