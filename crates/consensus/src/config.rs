@@ -71,6 +71,10 @@ pub struct EtcdConfig {
     pub timing: RaftTiming,
     /// What "ready" means for this member.
     pub readiness: Readiness,
+    /// `--force-new-cluster`: make this member, on its existing data, a one-member
+    /// cluster (quorum-loss recovery). Only ever for one start: left on, a later
+    /// restart would remove every member that joined since.
+    pub force_new_cluster: bool,
 }
 
 /// When a started etcd counts as ready.
@@ -117,7 +121,7 @@ impl EtcdConfig {
             InitialClusterState::Existing => "existing",
         };
         let path = |p: &Path| p.display().to_string();
-        vec![
+        let mut args = vec![
             format!("--name={}", self.name),
             format!("--data-dir={}", path(&self.data_dir)),
             format!("--listen-peer-urls={}", self.peer_url()),
@@ -142,7 +146,11 @@ impl EtcdConfig {
             "--auto-compaction-retention=10000".to_string(),
             "--logger=zap".to_string(),
             "--log-outputs=stderr".to_string(),
-        ]
+        ];
+        if self.force_new_cluster {
+            args.push("--force-new-cluster".to_string());
+        }
+        args
     }
 }
 
@@ -169,6 +177,7 @@ mod tests {
             cluster_token: "tok".into(),
             timing: RaftTiming::default(),
             readiness: Readiness::Linearizable,
+            force_new_cluster: false,
         }
     }
 
@@ -214,6 +223,14 @@ mod tests {
                 "--initial-cluster-state=existing",
             ],
         );
+    }
+
+    #[test]
+    fn force_new_cluster_only_when_asked() {
+        assert!(!sample().args().iter().any(|a| a == "--force-new-cluster"));
+        let mut c = sample();
+        c.force_new_cluster = true;
+        check(&c, &["--force-new-cluster"]);
     }
 
     #[test]

@@ -66,6 +66,7 @@ impl BareEtcd {
             cluster_token: "bare".into(),
             timing,
             readiness: consensus::Readiness::Linearizable,
+            force_new_cluster: false,
         };
         let mut cmd = Command::new(&config.binary);
         cmd.args(config.args()).current_dir(&run_dir);
