@@ -1,5 +1,9 @@
 //! `polis-node`: the agent every machine of a Polis cluster runs.
 //!
+//! `polis-node --root ROOT --address ADDR` starts a node; `polis-node recover --root ROOT`
+//! starts a surviving consensus member after its cluster lost its quorum, as the only
+//! member (see `recover`).
+//!
 //! On every start the node decides once what it is (see `decision`): a node that
 //! already belongs to a cluster *joins* it again; a fresh node *bootstraps* a new cluster
 //! or *registers* into an existing one, as its node parameters say. Everything after
@@ -42,6 +46,9 @@
 //!   heartbeat       alive + status; Home ⇄ Split
 //!   renew           node and etcd peer certificates, applied live
 //!   ─────────────── start paths (once per start; never import a runnable) ──────────
+//!   recover         `polis-node recover`: its refusals (on top of preflight's), then a
+//!     │             join with --force-new-cluster for one etcd start
+//!     └──▶ preflight
 //!   preflight       every refusal before anything is written; the Plan
 //!     │ ──▶ decision    the start decision (pure)
 //!     │ ──▶ join        a member's identity, roles, directory, loaded and checked
@@ -50,6 +57,8 @@
 //!            └──▶ decision (BootstrapTrace)
 //!   register        the register path (RegisterNode, CommitNode)
 //!   ─────────────── leaves (shared by all; import only leaves listed below them) ──
+//!   rejoin          is this node's etcd member still a member? (JoinConsensus answer,
+//!                   the pure rule `verdict`); the control plane acts on it
 //!   curator_client  client with the node certificate; cluster CRL intake and saving
 //!   values          NodeValues: membership, cluster state, curators, roles, CRL, ...
 //!   settings        Settings (from the flags)
