@@ -53,3 +53,19 @@ impl ForceNewCluster {
         self.0.swap(false, Ordering::SeqCst)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn force_new_cluster_is_for_one_start() {
+        assert!(!ForceNewCluster::default().is_armed());
+        let armed = ForceNewCluster::armed();
+        let seen_by_the_control_plane = armed.clone();
+        assert!(seen_by_the_control_plane.is_armed());
+        assert!(seen_by_the_control_plane.disarm());
+        assert!(!armed.is_armed(), "disarmed for every holder");
+        assert!(!armed.disarm());
+    }
+}
