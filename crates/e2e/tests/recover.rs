@@ -3,7 +3,8 @@
 //! two members are killed (one loses its root, the other is kept); `recover` on the
 //! survivor: it serves, both workers come back Home by themselves, every acknowledged
 //! write is there; the kept former member started again with its old root rejoins by
-//! itself (learner, then voter); a fresh node given the role makes 3 voters again.
+//! itself (learner, then voter); a fresh node given the role makes 3 voters again; a
+//! former member whose role went while it was down comes back as a worker.
 //! Before that, on the healthy cluster, each refusal: a running root, a worker, a majority
 //! of the other members still answering, a root without etcd data — exit 1, one line
 //! saying why, root unchanged.
@@ -381,5 +382,28 @@ fn a_lost_majority_is_recovered_and_former_members_return_by_themselves() -> Res
     if gone.root.exists() {
         bail!("the lost member's root must stay deleted");
     }
+
+    // A former member whose role went while it was down comes back as a worker: its
+    // etcd is refused, the cluster's record has no role for it, its etcd data goes.
+    kept.proc().signal(libc::SIGTERM);
+    kept.proc().wait_exit(TIMEOUT)?;
+    let kept_id = kept.key_node_id()?;
+    cluster.ctl_retry(&[
+        "--endpoints",
+        &survivor_at,
+        "node",
+        "remove-role",
+        &kept_id,
+        "ConsensusMember",
+    ])?;
+    cluster.wait_members(&endpoints(&[&survivor, &fresh]), 2, 0)?;
+    assert!(kept.root.join("data/etcd/data/member").is_dir());
+    kept.start(&[])?;
+    kept.proc().wait_for_line(TIMEOUT, |l| {
+        l.contains("left consensus: etcd data and peer credentials removed")
+    })?;
+    kept.wait_home()?;
+    assert!(!kept.root.join("data/etcd/data").exists());
+    cluster.wait_members(&endpoints(&[&survivor, &fresh]), 2, 0)?;
     Ok(())
 }
