@@ -74,6 +74,10 @@ pub struct EtcdConfig {
     /// The backend quota (`--quota-backend-bytes`): past it etcd raises the NOSPACE alarm
     /// and refuses writes until the alarm is disarmed.
     pub quota_backend_bytes: u64,
+    /// `--force-new-cluster`: make this member, on its existing data, a one-member
+    /// cluster (quorum-loss recovery). Only ever for one start: left on, a later
+    /// restart would remove every member that joined since.
+    pub force_new_cluster: bool,
 }
 
 /// When a started etcd counts as ready.
@@ -120,7 +124,7 @@ impl EtcdConfig {
             InitialClusterState::Existing => "existing",
         };
         let path = |p: &Path| p.display().to_string();
-        vec![
+        let mut args = vec![
             format!("--name={}", self.name),
             format!("--data-dir={}", path(&self.data_dir)),
             format!("--listen-peer-urls={}", self.peer_url()),
@@ -146,7 +150,11 @@ impl EtcdConfig {
             format!("--quota-backend-bytes={}", self.quota_backend_bytes),
             "--logger=zap".to_string(),
             "--log-outputs=stderr".to_string(),
-        ]
+        ];
+        if self.force_new_cluster {
+            args.push("--force-new-cluster".to_string());
+        }
+        args
     }
 }
 
@@ -174,6 +182,7 @@ mod tests {
             timing: RaftTiming::default(),
             readiness: Readiness::Linearizable,
             quota_backend_bytes: 2 << 30,
+            force_new_cluster: false,
         }
     }
 
@@ -219,6 +228,14 @@ mod tests {
                 "--initial-cluster-state=existing",
             ],
         );
+    }
+
+    #[test]
+    fn force_new_cluster_only_when_asked() {
+        assert!(!sample().args().iter().any(|a| a == "--force-new-cluster"));
+        let mut c = sample();
+        c.force_new_cluster = true;
+        check(&c, &["--force-new-cluster"]);
     }
 
     #[test]

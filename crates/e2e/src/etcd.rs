@@ -67,6 +67,7 @@ impl BareEtcd {
             timing,
             readiness: consensus::Readiness::Linearizable,
             quota_backend_bytes: proto::quota::DEFAULT_QUOTA_BYTES,
+            force_new_cluster: false,
         };
         let mut cmd = Command::new(&config.binary);
         cmd.args(config.args()).current_dir(&run_dir);

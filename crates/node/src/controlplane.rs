@@ -6,6 +6,8 @@
 //!   bootstrapping (no sealed configuration yet) ─▶ new one-member etcd ─▶ bootstrap::finish
 //!   etcd data present (a member before) ─────────▶ etcd on its data ─▶ same cluster, same
 //!                                                   member, same node record? ─▶ voter?
+//!     (recover: --force-new-cluster, this start only; not serving and the cluster says
+//!      it holds another member for this node (`rejoin`) ─▶ data wiped ─▶ restart ─▶ ↓)
 //!   no etcd data (role given live) ──JoinConsensus─▶ peer files ─▶ etcd as learner
 //!                                                   (serializable readiness) ─▶ promoted
 //!                                                   by the leader ─▶ member.pb
@@ -33,9 +35,11 @@ use crate::cluster_state::Contact;
 use crate::curator_client::curator_client;
 use crate::fatal::FatalSender;
 use crate::files::{
-    has_etcd_data, record_quota, recorded_membership, recorded_quota, write_peer_files,
+    forget_consensus, has_etcd_data, record_quota, recorded_membership, recorded_quota,
+    write_peer_files,
 };
 use crate::membership::Membership;
+use crate::rejoin;
 use crate::retry::{Answer, call_until_answered, pause};
 use crate::settings::Settings;
 use crate::storage::{Root, read_file, read_proto, write_proto};
@@ -98,6 +102,9 @@ fn etcd_config(
         timing: settings.raft_timing,
         readiness,
         quota_backend_bytes,
+        // Recovery (`polis-node recover`) forces a new cluster from this member's data.
+        force_new_cluster: matches!(start, EtcdStart::Existing)
+            && settings.force_new_cluster.is_armed(),
     }
 }
 
@@ -148,16 +155,26 @@ async fn join_consensus(
     )))
 }
 
+/// What waiting to be a voter came to.
+enum VoterWait {
+    Voter,
+    Cancelled,
+    /// The cluster holds another member (this learner) for this node: the running
+    /// member is not its member any more (see `rejoin`).
+    NotMember(u64),
+}
+
 /// Waits until the local member answers a linearizable read: it is a voter with a
 /// leader. A learner only gets there once the leader promoted it; while it waits, it asks
 /// again now and then (JoinConsensus is idempotent and resumes a promotion a leader
-/// change or a slow catch-up interrupted).
+/// change or a slow catch-up interrupted) — and the answer tells whether the running
+/// member is still this node's member.
 async fn wait_voter(
     ctx: &supervisor::Context,
     running: &Running,
     settings: &Settings,
     values: &NodeValues,
-) -> Result<bool> {
+) -> Result<VoterWait> {
     let mut client = running.client.clone();
     let mut waited = Duration::ZERO;
     let mut next_ask = ASK_AGAIN_AFTER;
@@ -167,7 +184,7 @@ async fn wait_voter(
             client.get("\0polis-voter-probe", None),
         );
         if let Ok(Ok(_)) = probe.await {
-            return Ok(true);
+            return Ok(VoterWait::Voter);
         }
         if waited >= next_ask {
             next_ask += ASK_AGAIN_AFTER;
@@ -181,14 +198,20 @@ async fn wait_voter(
                         .await
                 })
                 .await;
-            if let Err(e) = asked {
+            if let Err(e) = &asked {
                 tracing::warn!("asking for promotion: {e}");
+            }
+            let answer = rejoin::classify(&asked);
+            if let rejoin::Verdict::NotMember { learner } =
+                rejoin::verdict(Some(running.member_id), answer)
+            {
+                return Ok(VoterWait::NotMember(learner));
             }
         }
         let step = Duration::from_millis(25);
         waited += step;
         if !pause(ctx, step).await {
-            return Ok(false);
+            return Ok(VoterWait::Cancelled);
         }
     }
 }
@@ -236,29 +259,59 @@ pub async fn run(
     }
     let quota = recorded_quota(&settings.root)?;
     let config = etcd_config(&settings, &node_id, &start, quota);
+    let forcing = config.force_new_cluster;
     let _services = ServicesStop(values.services.clone());
     let status = event::Value::<Status>::new();
     let etcd_status = status.clone();
-    ctx.run("consensus", move |ctx| {
-        let (config, status) = (config.clone(), etcd_status.clone());
+    let force = settings.force_new_cluster.clone();
+    let etcd = ctx.run_stoppable("consensus", move |ctx| {
+        let (mut config, status) = (config.clone(), etcd_status.clone());
+        // Forced once: a restart after the recovered etcd answered runs it as usual.
+        config.force_new_cluster &= force.is_armed();
         async move {
             consensus::run(&ctx, &config, &status).await?;
             Ok(())
         }
     })?;
     let mut status_watcher = status.watch();
+    // A member on its old data asks the cluster whether it still is one while its etcd
+    // does not come up (a removed member's etcd exits; see `rejoin`).
+    let own = match &start {
+        EtcdStart::Existing => {
+            recorded_membership(&settings.root, sealed.as_ref())?.map(|m| m.etcd_member_id)
+        }
+        _ => None,
+    };
+    let asking = matches!(start, EtcdStart::Existing) && !forcing;
     let running = tokio::select! {
         s = status_watcher.get_matching(|s| matches!(s, Status::Running(_))) => match s? {
             Status::Running(r) => r,
             Status::Stopped => unreachable!("filtered for Running"),
         },
+        learner = rejoin::until_not_member(&ctx, &settings, &values, own), if asking => {
+            return Err(leave_stale_member(etcd, &settings, own, learner).await.into());
+        }
         _ = ctx.cancelled() => return Ok(()),
     };
+    if forcing && settings.force_new_cluster.disarm() {
+        tracing::warn!(
+            member = format!("{:x}", running.member_id),
+            "recovered: this etcd member is now the only member of its cluster, with \
+             everything it had committed"
+        );
+    }
     set_services(&values, true, false);
-    if !matches!(start, EtcdStart::Bootstrap)
-        && !wait_voter(&ctx, &running, &settings, &values).await?
-    {
-        return Ok(());
+    if !matches!(start, EtcdStart::Bootstrap) {
+        match wait_voter(&ctx, &running, &settings, &values).await? {
+            VoterWait::Voter => {}
+            VoterWait::Cancelled => return Ok(()),
+            VoterWait::NotMember(learner) => {
+                let own = Some(running.member_id);
+                return Err(leave_stale_member(etcd, &settings, own, learner)
+                    .await
+                    .into());
+            }
+        }
     }
     let outcome = match (&membership, &start) {
         (Membership::Bootstrap(b), EtcdStart::Bootstrap) => {
@@ -311,6 +364,33 @@ pub async fn run(
             _ = ctx.cancelled() => return Ok(()),
         }
     }
+}
+
+/// The cluster answered that this node's etcd member (`own`) is no member any more
+/// (see `rejoin`): stops etcd, drops its data and peer credentials (as when the role is
+/// taken, `forget_consensus`), and fails, so that the control plane starts again
+/// without etcd data: it joins as learner `learner` and is promoted.
+async fn leave_stale_member(
+    etcd: supervisor::Stoppable,
+    settings: &Settings,
+    own: Option<u64>,
+    learner: u64,
+) -> anyhow::Error {
+    etcd.stop().await;
+    let own = own.map_or("unrecorded".into(), |m| format!("{m:x}"));
+    if let Err(e) = forget_consensus(&settings.root) {
+        return e.context("removing the etcd data of a member the cluster no longer has");
+    }
+    tracing::warn!(
+        old_member = own,
+        learner = format!("{learner:x}"),
+        "this node's etcd member is no longer a member of its cluster (removed by a recovery \
+         or restore): its etcd data was removed; rejoining as a learner"
+    );
+    anyhow!(
+        "etcd member {own} is no longer a member of its cluster; its stale data was removed, \
+         the control plane starts again as learner {learner:x}"
+    )
 }
 
 fn set_services(values: &NodeValues, etcd_member: bool, curator: bool) {

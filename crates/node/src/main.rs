@@ -1,5 +1,9 @@
 //! `polis-node`: the agent every machine of a Polis cluster runs.
 //!
+//! `polis-node --root ROOT --address ADDR` starts a node; `polis-node recover --root ROOT`
+//! starts a surviving consensus member after its cluster lost its quorum, as the only
+//! member (see `recover`).
+//!
 //! On every start the node decides once what it is (see `decision`): a node that
 //! already belongs to a cluster *joins* it again; a fresh node *bootstraps* a new cluster
 //! or *registers* into an existing one, as its node parameters say. Everything after
@@ -42,6 +46,9 @@
 //!   heartbeat       alive + status; Home ⇄ Split
 //!   renew           node and etcd peer certificates, applied live
 //!   ─────────────── start paths (once per start; never import a runnable) ──────────
+//!   recover         `polis-node recover`: its refusals (on top of preflight's), then a
+//!     │             join with --force-new-cluster for one etcd start
+//!     └──▶ preflight
 //!   preflight       every refusal before anything is written; the Plan
 //!     │ ──▶ decision    the start decision (pure)
 //!     │ ──▶ join        a member's identity, roles, directory, loaded and checked
@@ -50,6 +57,8 @@
 //!            └──▶ decision (BootstrapTrace)
 //!   register        the register path (RegisterNode, CommitNode)
 //!   ─────────────── leaves (shared by all; import only leaves listed below them) ──
+//!   rejoin          is this node's etcd member still a member? (JoinConsensus answer,
+//!                   the pure rule `verdict`); the control plane acts on it
 //!   curator_client  client with the node certificate; cluster CRL intake and saving
 //!   values          NodeValues: membership, cluster state, curators, roles, CRL, ...
 //!   settings        Settings (from the flags)
@@ -87,6 +96,7 @@ mod curator_client;
 mod fatal;
 mod files;
 mod membership;
+mod rejoin;
 mod retry;
 mod settings;
 mod storage;
@@ -97,6 +107,7 @@ mod bootstrap;
 mod decision;
 mod join;
 mod preflight;
+mod recover;
 mod register;
 
 // Runnables.
@@ -120,7 +131,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cluster_state::ClusterState;
 use crate::fatal::LeftCluster;
-use crate::settings::Settings;
+use crate::settings::{ForceNewCluster, Settings};
 use crate::storage::Root;
 use crate::values::NodeValues;
 
@@ -132,18 +143,56 @@ enum LogFormat {
 
 /// Runs a Polis node.
 #[derive(Debug, Parser)]
-#[command(name = "polis-node", version)]
+#[command(
+    name = "polis-node",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Node root directory (created 0700 if absent).
-    #[arg(long)]
-    root: PathBuf,
+    #[arg(long, required = true)]
+    root: Option<PathBuf>,
     /// This node's address; peers and clients reach it here. Must be on this machine.
-    #[arg(long)]
-    address: IpAddr,
+    #[arg(long, required = true)]
+    address: Option<IpAddr>,
     /// Node parameters file [default: ROOT/esp/parameters.pb]. Only read by a node
     /// that does not belong to a cluster yet.
     #[arg(long)]
     params: Option<PathBuf>,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// After a quorum loss: make this stopped surviving consensus member the only member
+    /// of its cluster, keeping everything it committed, then run it as usual. Refused
+    /// while a majority of the other members still answer (unless --force).
+    Recover(RecoverArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RecoverArgs {
+    /// The surviving member's node root.
+    #[arg(long)]
+    root: PathBuf,
+    /// This node's address [default: the one it joined its cluster with].
+    #[arg(long)]
+    address: Option<IpAddr>,
+    /// Recover even though a majority of the other members answer on their etcd peer
+    /// ports (they must be lost for good, or they would form a second cluster).
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+/// Flags of every start, recover included.
+#[derive(Debug, Clone, clap::Args)]
+struct Common {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -197,9 +246,36 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// What this process does, from its flags.
+struct Start {
+    root: PathBuf,
+    /// `None`: recover, address from the sealed configuration.
+    address: Option<IpAddr>,
+    params: Option<PathBuf>,
+    /// `Some(force)`: `polis-node recover`.
+    recover: Option<bool>,
+    args: Common,
+}
+
 fn main() -> ExitCode {
-    let args = Args::parse();
-    init_logging(args.log_format);
+    let parsed = Args::parse();
+    let start = match parsed.command {
+        Some(Command::Recover(r)) => Start {
+            root: r.root,
+            address: r.address,
+            params: None,
+            recover: Some(r.force),
+            args: r.common,
+        },
+        None => Start {
+            root: parsed.root.expect("clap requires --root"),
+            address: Some(parsed.address.expect("clap requires --address")),
+            params: parsed.params,
+            recover: None,
+            args: parsed.common,
+        },
+    };
+    init_logging(start.args.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -213,7 +289,7 @@ fn main() -> ExitCode {
     };
     // Lines logged before the supervisor starts belong to the root runnable too.
     let span = tracing::info_span!("runnable", dn = %"root");
-    let result = runtime.block_on(tracing::Instrument::instrument(run(args), span));
+    let result = runtime.block_on(tracing::Instrument::instrument(run(start), span));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -224,7 +300,8 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> Result<()> {
+async fn run(start: Start) -> Result<()> {
+    let args = &start.args;
     if args.etcd_election_timeout_ms < 5 * args.etcd_heartbeat_ms {
         bail!("--etcd-election-timeout-ms must be at least 5 times --etcd-heartbeat-ms");
     }
@@ -238,19 +315,34 @@ async fn run(args: Args) -> Result<()> {
         .map_or(0, |d| d.as_millis() as u64);
     // etcd runs with its own working directory: every path handed to it is absolute.
     let root = Root::new(
-        std::path::absolute(&args.root)
-            .with_context(|| format!("resolving node root {}", args.root.display()))?,
+        std::path::absolute(&start.root)
+            .with_context(|| format!("resolving node root {}", start.root.display()))?,
     );
     match preflight::raise_open_files_limit() {
         Ok(limit) => tracing::info!(limit, "open files limit"),
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
     }
-    let flags = preflight::Flags {
-        address: args.address,
-        params: args.params.clone(),
-        etcd_binary: args.etcd_binary.clone(),
+    let (_lock, address, plan, force_new_cluster) = match (start.recover, start.address) {
+        (Some(force), address) => {
+            let flags = recover::RecoverFlags {
+                address,
+                etcd_binary: args.etcd_binary.clone(),
+                force,
+            };
+            let (lock, address, plan) = recover::preflight(&root, &flags).await?;
+            (lock, address, plan, ForceNewCluster::armed())
+        }
+        (None, address) => {
+            let address = address.context("--address is required")?;
+            let flags = preflight::Flags {
+                address,
+                params: start.params.clone(),
+                etcd_binary: args.etcd_binary.clone(),
+            };
+            let (lock, plan) = preflight::preflight(&flags, &root)?;
+            (lock, address, plan, ForceNewCluster::default())
+        }
     };
-    let (_lock, plan) = preflight::preflight(&flags, &root)?;
     root.prepare()?;
 
     let values = NodeValues {
@@ -266,7 +358,7 @@ async fn run(args: Args) -> Result<()> {
     values.cluster_state.set(ClusterState::Unknown);
     let settings = Settings {
         root: root.clone(),
-        address: args.address,
+        address,
         etcd_binary: args.etcd_binary.clone(),
         raft_timing: consensus::RaftTiming {
             heartbeat: Duration::from_millis(args.etcd_heartbeat_ms),
@@ -279,9 +371,9 @@ async fn run(args: Args) -> Result<()> {
             defrag_floor_bytes: args.etcd_defrag_floor_bytes,
         },
         started_at_unix_ms,
+        force_new_cluster,
     };
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
-    let address = args.address;
     let node_root = root.clone();
     let supervisor = supervisor::Supervisor::start(supervisor::Config::default(), move |ctx| {
         let (root, plan, values, settings, fatal) = (

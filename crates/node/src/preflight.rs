@@ -49,7 +49,7 @@ pub struct Flags {
 }
 
 /// Fails unless `address` is assigned to an interface of this machine.
-fn check_address(address: IpAddr) -> Result<()> {
+pub fn check_address(address: IpAddr) -> Result<()> {
     match std::net::TcpListener::bind((address, 0)) {
         Ok(_) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
@@ -137,6 +137,13 @@ fn check_etcd_binary(path: &Path) -> Result<()> {
 pub fn preflight(flags: &Flags, root: &Root) -> Result<(RootLock, Plan)> {
     check_address(flags.address)?;
     check_crash_points()?;
+    let lock = lock_root(root)?;
+    Ok((lock, decide_plan(flags, root)?))
+}
+
+/// The root lock (refused while another node runs on the root), then the refusal of a
+/// decommissioned root. Shared by every start, `recover` included.
+pub fn lock_root(root: &Root) -> Result<RootLock> {
     if root.root.exists() && !root.root.is_dir() {
         bail!("node root {} is not a directory", root.root.display());
     }
@@ -151,7 +158,7 @@ pub fn preflight(flags: &Flags, root: &Root) -> Result<(RootLock, Plan)> {
             marker.display()
         );
     }
-    Ok((lock, decide_plan(flags, root)?))
+    Ok(lock)
 }
 
 fn decide_plan(flags: &Flags, root: &Root) -> Result<Plan> {
@@ -191,27 +198,8 @@ fn decide_plan(flags: &Flags, root: &Root) -> Result<Plan> {
     tracing::info!(?decision, "start decision");
     match decision {
         Decision::Join => {
-            let sealed: SealedConfiguration = read_proto(&sealed_path, "sealed configuration")?;
-            identity::validate_node_id(&sealed.node_id).with_context(|| {
-                format!(
-                    "sealed configuration in {} is corrupt",
-                    sealed_path.display()
-                )
-            })?;
-            if sealed.address != flags.address.to_string() {
-                bail!(
-                    "this node joined its cluster with address {}, but was started with --address {}; \
-                     changing a node's address is not supported",
-                    sealed.address,
-                    flags.address
-                );
-            }
-            let join = join::prepare(root, sealed)?;
-            if join.roles.consensus_member {
-                check_etcd_binary(&flags.etcd_binary)?;
-                check_member_root(root, &join.sealed)?;
-                check_control_plane_ports(flags.address)?;
-            }
+            let join = load_join(flags, root)?;
+            check_member_start(flags, root, &join)?;
             Ok(Plan::Join(Arc::new(join)))
         }
         Decision::Bootstrap => {
@@ -246,6 +234,37 @@ fn decide_plan(flags: &Flags, root: &Root) -> Result<Plan> {
             Ok(Plan::Register(Arc::new(r), what))
         }
     }
+}
+
+/// The sealed configuration (present), checked against the address, and the join data.
+pub fn load_join(flags: &Flags, root: &Root) -> Result<JoinData> {
+    let sealed_path = root.sealed_configuration();
+    let sealed: SealedConfiguration = read_proto(&sealed_path, "sealed configuration")?;
+    identity::validate_node_id(&sealed.node_id).with_context(|| {
+        format!(
+            "sealed configuration in {} is corrupt",
+            sealed_path.display()
+        )
+    })?;
+    if sealed.address != flags.address.to_string() {
+        bail!(
+            "this node joined its cluster with address {}, but was started with --address {}; \
+             changing a node's address is not supported",
+            sealed.address,
+            flags.address
+        );
+    }
+    join::prepare(root, sealed)
+}
+
+/// A consensus member's start: etcd binary, its etcd data, free ports.
+pub fn check_member_start(flags: &Flags, root: &Root, join: &JoinData) -> Result<()> {
+    if join.roles.consensus_member {
+        check_etcd_binary(&flags.etcd_binary)?;
+        check_member_root(root, &join.sealed)?;
+        check_control_plane_ports(flags.address)?;
+    }
+    Ok(())
 }
 
 /// Register parameters must name a ticket, a CA certificate, curators and valid labels.

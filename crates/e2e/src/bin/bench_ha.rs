@@ -8,6 +8,11 @@
 //! - `bench-ha failover [N]`: a 3-member control plane; per sample kill -9 the curator
 //!   leader's node and time until a Management call succeeds through the other
 //!   curators. Prints `{"bench":"failover","ms",…}`.
+//! - `bench-ha recover [N]`: per sample a fresh 3-member control plane; kill -9 two
+//!   members, stop the third, `polis-node recover` on it → a label write served. Prints
+//!   `{"bench":"recover","ms","etcd_ready_ms",…}`: ms from starting recover to the
+//!   served write, etcd_ready_ms the recovered etcd's own start (spawn → ready, from the
+//!   node's log); goal ms ≤ etcd_ready_ms + 2000.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -163,11 +168,112 @@ fn failover(samples: usize) -> Result<()> {
     Ok(())
 }
 
+/// One recovery: (recover started → label write served, its etcd spawn → ready), ms.
+fn recover_once() -> Result<(f64, f64)> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::bootstrap(dir.path())?;
+    let params = cluster.register_params("w")?;
+    let mut members = Vec::new();
+    for name in ["a", "b"] {
+        let (mut node, id) = cluster.add_worker(name, &params)?;
+        cluster.ctl_retry(&["node", "add-role", &id, "ConsensusMember"])?;
+        node.wait_for_curator()?;
+        members.push(node);
+    }
+    wait_three_voters(&cluster, &[&cluster.first, &members[0], &members[1]])?;
+    let target = cluster.first.key_node_id()?;
+    let owner = cluster.owner_client()?;
+    for node in &mut members {
+        node.proc().signal(libc::SIGKILL);
+        node.proc().wait_exit(TIMEOUT)?;
+    }
+    let survivor = &mut cluster.first;
+    survivor.proc().signal(libc::SIGTERM);
+    survivor.proc().wait_exit(TIMEOUT)?;
+    let mut cmd = std::process::Command::new(e2e::bin("polis-node"));
+    cmd.arg("recover")
+        .arg("--root")
+        .arg(&survivor.root)
+        .arg("--log-format=json");
+    let started = Instant::now();
+    survivor.proc = Some(e2e::Proc::spawn(
+        "polis-node recover",
+        cmd,
+        &survivor.dir.join("recover.log"),
+    )?);
+    let mut write = 0u64;
+    loop {
+        write += 1;
+        let request = api::UpdateNodeLabelsRequest {
+            id: target.clone(),
+            upsert: [("bench-recover".to_string(), write.to_string())].into(),
+            delete: vec![],
+        };
+        let served = runtime.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(2),
+                owner.call(|channel| {
+                    let request = request.clone();
+                    async move {
+                        api::management_client::ManagementClient::new(channel)
+                            .update_node_labels(request)
+                            .await
+                    }
+                }),
+            )
+            .await
+        });
+        if matches!(served, Ok(Ok(_))) {
+            break;
+        }
+        if started.elapsed() > TIMEOUT {
+            bail!("no label write was served within {TIMEOUT:?} of recover");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let ms = ms_since(started);
+    let ready = survivor
+        .proc()
+        .wait_for_line(TIMEOUT, |l| l.contains("etcd is ready"))?;
+    let json: serde_json::Value = serde_json::from_str(&ready)?;
+    let etcd_ms = json["fields"]["ms"]
+        .as_f64()
+        .context("etcd is ready: ms field")?;
+    Ok((ms, etcd_ms))
+}
+
+fn recover(samples: usize) -> Result<()> {
+    let (mut served, mut etcd) = (Vec::new(), Vec::new());
+    for i in 0..samples {
+        let (ms, etcd_ms) = recover_once()?;
+        println!(
+            "recover {i}: recover started → label write served {ms:.1} ms (its etcd: spawn → ready {etcd_ms:.1} ms)"
+        );
+        served.push(ms);
+        etcd.push(etcd_ms);
+    }
+    let (ms, etcd_ms) = (median(served), median(etcd));
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "recover",
+            "ms": round(ms),
+            "etcd_ready_ms": round(etcd_ms),
+            "goal_ms": round(etcd_ms + 2000.0),
+            "samples": samples,
+        })
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let mode = args
         .next()
-        .context("usage: bench-ha promote|failover [SAMPLES]")?;
+        .context("usage: bench-ha promote|failover|recover [SAMPLES]")?;
     let samples: usize = args
         .next()
         .map(|a| a.parse())
@@ -178,6 +284,7 @@ fn main() -> Result<()> {
     match mode.as_str() {
         "promote" => promote(samples),
         "failover" => failover(samples),
-        other => bail!("unknown mode {other:?}: promote or failover"),
+        "recover" => recover(samples),
+        other => bail!("unknown mode {other:?}: promote, failover or recover"),
     }
 }
