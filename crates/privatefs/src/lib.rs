@@ -5,6 +5,7 @@
 //!
 //! ```text
 //!   write_atomic(path, bytes):  <dir>/.<name>.tmp (0600) ─write─fsync─▶ rename ─▶ fsync <dir>
+//!   AtomicFile (streamed):      the same, written in pieces; removed if dropped uncommitted
 //! ```
 //!
 //! Invariants:
@@ -75,6 +76,94 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), FsError> {
         .map_err(at("syncing directory", &dir))
 }
 
+/// A private file written in pieces that appears at its path only once complete:
+/// `<dir>/.<name>.tmp` (0600) is written, then [`AtomicFile::commit`] fsyncs it, renames
+/// it into place and fsyncs the directory. Dropped without a commit (an error, a
+/// cancelled copy), the temporary file is removed: nothing is left behind.
+pub struct AtomicFile {
+    file: Option<File>,
+    tmp: PathBuf,
+    path: PathBuf,
+    dir: PathBuf,
+}
+
+impl AtomicFile {
+    /// Starts writing `path`; fails (naming the path) when its directory is missing.
+    pub fn create(path: &Path) -> Result<AtomicFile, FsError> {
+        let (dir, tmp) = temporary_for(path)?;
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(at("creating", &tmp))?;
+        Ok(AtomicFile {
+            file: Some(file),
+            tmp,
+            path: path.to_path_buf(),
+            dir,
+        })
+    }
+
+    /// The temporary file being written.
+    pub fn temporary_path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Makes the file appear at its path, complete and durable.
+    pub fn commit(mut self) -> Result<(), FsError> {
+        let file = self
+            .file
+            .take()
+            .expect("an uncommitted AtomicFile holds its file");
+        file.sync_all().map_err(at("writing", &self.tmp))?;
+        drop(file);
+        fs::rename(&self.tmp, &self.path).map_err(at("renaming into place", &self.path))?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(at("syncing directory", &self.dir))
+    }
+}
+
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file
+            .as_mut()
+            .expect("an uncommitted AtomicFile holds its file")
+            .write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.file
+            .as_mut()
+            .expect("an uncommitted AtomicFile holds its file")
+            .flush()
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if self.file.take().is_some() {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// The directory of `path` and the temporary file written before renaming to it.
+fn temporary_for(path: &Path) -> Result<(PathBuf, PathBuf), FsError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path.file_name().ok_or_else(|| FsError {
+        step: "writing (not a file path)",
+        path: path.to_path_buf(),
+        source: io::Error::from(io::ErrorKind::InvalidInput),
+    })?;
+    let tmp = dir.join(format!(".{}.tmp", name.to_string_lossy()));
+    Ok((dir, tmp))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +197,33 @@ mod tests {
     #[test]
     fn errors_name_the_path() {
         let err = write_atomic(Path::new("/nonexistent-dir/x"), b"x").unwrap_err();
+        assert!(err.to_string().contains("/nonexistent-dir/.x.tmp"), "{err}");
+    }
+    #[test]
+    fn atomic_file_appears_only_on_commit_and_leaves_nothing_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big");
+        let mut f = AtomicFile::create(&path).unwrap();
+        f.write_all(b"part one, ").unwrap();
+        f.write_all(b"part two").unwrap();
+        assert!(!path.exists());
+        f.commit().unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"part one, part two");
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+
+        let other = dir.path().join("abandoned");
+        let mut f = AtomicFile::create(&other).unwrap();
+        f.write_all(b"half").unwrap();
+        drop(f);
+        let entries: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(entries.len(), 1, "only the committed file remains");
+
+        let err = AtomicFile::create(Path::new("/nonexistent-dir/x"))
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("/nonexistent-dir/.x.tmp"), "{err}");
     }
 }
