@@ -106,6 +106,8 @@ pub const METHODS: &[(&str, Permission)] = &[
     // A registering node has no certificate but a self-signed one for its key.
     ("/polis.api.Curator/RegisterNode", Permission::ProvenKey),
     ("/polis.api.Curator/CommitNode", Permission::ProvenKey),
+    // Answered by the curator called, from its own etcd member (never forwarded).
+    ("/polis.api.Backup/TakeBackup", Permission::Manage),
 ];
 
 /// Why a call was refused.
@@ -229,6 +231,7 @@ mod tests {
         check("/polis.api.Curator/WatchNode", &["node"]);
         check("/polis.api.Curator/RegisterNode", &["self-signed"]);
         check("/polis.api.Curator/CommitNode", &["self-signed"]);
+        check("/polis.api.Backup/TakeBackup", &["owner"]);
     }
 
     #[test]

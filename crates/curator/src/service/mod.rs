@@ -12,6 +12,7 @@
 //!   │                (expiry warnings in NodeInfo; see `certificates`)
 //!   ├── health       leader: heartbeat verdicts (crate::health) → Node.health on change
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
+//!                    | backup
 //! ```
 //!
 //! Modules top to bottom (each imports only modules below it, and the crate's own:
@@ -20,7 +21,8 @@
 //!   run (this file)  wires the runnables
 //!   listener         TLS, AuthLayer, ForwardLayer, every service
 //!   handlers         local (CuratorLocal), aaa (AAA), management (Management),
-//!                    nodes (Curator); node_info builds their NodeInfo answers
+//!                    nodes (Curator), backup (Backup: a snapshot of this curator's
+//!                    own etcd member); node_info builds their NodeInfo answers
 //!   runnables        snapshot (`nodes`), crl, health
 //!   decommission     DecommissionNode, DeleteNode and the `decommission` runnable
 //!   membership       every etcd membership change: join (learner, promotion), the
@@ -43,6 +45,7 @@
 //! watch per client.
 
 mod aaa;
+mod backup;
 pub mod certificates;
 mod crl;
 mod decommission;
