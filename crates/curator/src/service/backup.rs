@@ -25,7 +25,9 @@ use super::shared::Services;
 
 /// Size of the data chunks sent (etcd sends 32 KiB blobs).
 const CHUNK: usize = 256 * 1024;
-/// How long etcd may pause its snapshot stream before the backup is given up.
+/// How long etcd may pause its snapshot stream, or the client stop reading it, before
+/// the backup is given up (an open snapshot holds etcd's read transaction, which keeps
+/// bbolt from reusing pages).
 const STALL: Duration = Duration::from_secs(30);
 /// How long the revision read may wait for the quorum before the local state is used.
 const QUORUM_READ: Duration = Duration::from_secs(5);
@@ -33,9 +35,27 @@ const QUORUM_READ: Duration = Duration::from_secs(5);
 const ETCD_HASH_LEN: usize = 32;
 
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<api::BackupChunk, Status>> + Send>>;
+type Sender = tokio::sync::mpsc::Sender<Result<api::BackupChunk, Status>>;
+
+/// Sends to the client; `Err(None)` when it went away or stopped reading for [`STALL`].
+async fn send(tx: &Sender, part: Part) -> Result<(), Option<Status>> {
+    match tokio::time::timeout(STALL, tx.send(Ok(chunk(part)))).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(None),
+        Err(_) => {
+            tracing::warn!("backup: the client read nothing for {STALL:?}; given up");
+            Err(None)
+        }
+    }
+}
 
 fn chunk(part: Part) -> api::BackupChunk {
     api::BackupChunk { part: Some(part) }
+}
+
+/// Ends the client's stream with `status` (unless it stopped reading).
+async fn fail(tx: &Sender, status: Status) {
+    let _ = tokio::time::timeout(STALL, tx.send(Err(status))).await;
 }
 
 #[tonic::async_trait]
@@ -100,13 +120,11 @@ impl api::backup_server::Backup for Services {
             let first = match tokio::time::timeout(STALL, snapshot.message()).await {
                 Ok(Ok(m)) => m,
                 Ok(Err(e)) => {
-                    let _ = tx
-                        .send(Err(Status::unavailable(format!("etcd snapshot: {e}"))))
-                        .await;
+                    fail(&tx, Status::unavailable(format!("etcd snapshot: {e}"))).await;
                     return;
                 }
                 Err(_) => {
-                    let _ = tx.send(Err(stalled())).await;
+                    fail(&tx, stalled()).await;
                     return;
                 }
             };
@@ -115,18 +133,18 @@ impl api::backup_server::Backup for Services {
                 .map(|m| m.remaining_bytes() + m.blob().len() as u64)
                 .unwrap_or_default();
             start.expected_size = database + ETCD_HASH_LEN as u64;
-            if tx.send(Ok(chunk(Part::Start(start)))).await.is_err() {
+            if send(&tx, Part::Start(start)).await.is_err() {
                 return;
             }
             let outcome = relay(first, &mut snapshot, database, &tx).await;
             match outcome {
                 Ok(end) => {
                     tracing::info!(size = end.size, "backup: etcd snapshot sent");
-                    let _ = tx.send(Ok(chunk(Part::End(end)))).await;
+                    let _ = send(&tx, Part::End(end)).await;
                 }
                 Err(Some(status)) => {
                     tracing::warn!("backup failed: {}", status.message());
-                    let _ = tx.send(Err(status)).await;
+                    fail(&tx, status).await;
                 }
                 Err(None) => tracing::info!("backup: the client went away"),
             }
@@ -147,7 +165,7 @@ async fn relay(
     first: Option<etcd_client::SnapshotResponse>,
     snapshot: &mut etcd_client::SnapshotStreaming,
     database: u64,
-    tx: &tokio::sync::mpsc::Sender<Result<api::BackupChunk, Status>>,
+    tx: &Sender,
 ) -> Result<api::BackupEnd, Option<Status>> {
     let mut ours = Context::new(&SHA256);
     let mut of_database = Context::new(&SHA256);
@@ -160,15 +178,15 @@ async fn relay(
         // Bytes before `database` are the database; the rest is etcd's hash of it.
         let in_db = database.saturating_sub(size).min(blob.len() as u64) as usize;
         of_database.update(&blob[..in_db]);
-        tail.extend_from_slice(&blob[in_db..]);
+        // At most one byte more than a hash: enough to tell it is not one.
+        let room = (ETCD_HASH_LEN + 1).saturating_sub(tail.len());
+        tail.extend_from_slice(&blob[in_db..][..room.min(blob.len() - in_db)]);
         ours.update(blob);
         size += blob.len() as u64;
         buffer.extend_from_slice(blob);
         if buffer.len() >= CHUNK {
             let full = std::mem::replace(&mut buffer, Vec::with_capacity(CHUNK));
-            tx.send(Ok(chunk(Part::Data(full))))
-                .await
-                .map_err(|_| None)?;
+            send(tx, Part::Data(full)).await?;
         }
         next = match tokio::time::timeout(STALL, snapshot.message()).await {
             Ok(Ok(m)) => m,
@@ -183,9 +201,7 @@ async fn relay(
         ))));
     }
     if !buffer.is_empty() {
-        tx.send(Ok(chunk(Part::Data(buffer))))
-            .await
-            .map_err(|_| None)?;
+        send(tx, Part::Data(buffer)).await?;
     }
     Ok(api::BackupEnd {
         size,
