@@ -5,7 +5,8 @@
 //! restored data holds the node record with the label written before the backup, not
 //! the one written after); workers and anonymous callers are refused; `inspect` refuses
 //! truncated, corrupted and foreign files naming them; `--out` into a missing directory
-//! leaves nothing behind.
+//! leaves nothing behind; with two of three members killed, the survivor still gives a
+//! backup of its own state, marked as read without a quorum.
 //!
 //! One cluster for the whole file: the cases build on the one backup.
 
@@ -102,8 +103,8 @@ fn backup_through_a_follower_is_a_restorable_private_etcd_snapshot() -> Result<(
     let dir = tempfile::tempdir()?;
     let cluster = Cluster::bootstrap(dir.path())?;
     let params = cluster.register_params("nodes")?;
-    let (w1, id1) = cluster.add_worker("w1", &params)?;
-    let (w2, id2) = cluster.add_worker("w2", &params)?;
+    let (mut w1, id1) = cluster.add_worker("w1", &params)?;
+    let (mut w2, id2) = cluster.add_worker("w2", &params)?;
     let (worker, _) = cluster.add_worker("worker", &params)?;
     for id in [&id1, &id2] {
         cluster.ctl_retry(&["node", "add-role", id, "ConsensusMember"])?;
@@ -262,7 +263,33 @@ fn backup_through_a_follower_is_a_restorable_private_etcd_snapshot() -> Result<(
     assert!(err.contains("no-such-dir"), "{err}");
     assert!(!dir.path().join("no-such-dir").exists());
 
-    // The cluster still serves after all this.
+    // Without a quorum (two of three members killed), the survivor's curator still
+    // gives a backup of its own member's state, saying so.
     cluster.wait_members(&endpoints(&[n0, &w1, &w2]), 3, 0)?;
+    for member in [&mut w1, &mut w2] {
+        member.proc().signal(libc::SIGKILL);
+        member.proc().wait_exit(TIMEOUT)?;
+    }
+    let alone = dir.path().join("backups/alone.polisbackup");
+    let alone_str = alone.to_str().context("utf-8")?;
+    let n0 = &cluster.first;
+    let saved = cluster.ctl_retry(&[
+        "--endpoints",
+        &n0.address.to_string(),
+        "cluster",
+        "backup",
+        "--out",
+        alone_str,
+        "-o",
+        "json",
+    ])?;
+    let saved: serde_json::Value = serde_json::from_str(&saved)?;
+    assert_eq!(saved["quorum_read"], false, "{saved}");
+    assert_eq!(saved["node_id"], id0.as_str());
+    let (ok, out, err) = cluster.ctl(&["cluster", "backup", "inspect", alone_str, "-o", "json"])?;
+    assert!(ok, "{err}");
+    let inspected: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(inspected["quorum_read"], false);
+    assert!(inspected["revision"].as_i64().context("revision")? > revision);
     Ok(())
 }
