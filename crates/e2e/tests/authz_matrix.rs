@@ -154,6 +154,10 @@ async fn allowed(
             })
             .await
             .err(),
+        "TakeBackup" => api::backup_client::BackupClient::new(channel_for_curator.clone())
+            .take_backup(api::TakeBackupRequest {})
+            .await
+            .err(),
         "GetConsensusStatus" => local
             .get_consensus_status(api::GetConsensusStatusRequest {})
             .await
@@ -330,6 +334,7 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         ("UpdateNodeRoles", &["owner"]),
         ("ListCertificates", &["owner"]),
         ("RotateOwner", &["owner"]),
+        ("TakeBackup", &["owner"]),
         ("GetConsensusStatus", &["node", "owner"]),
         ("DefragmentMember", &["node"]),
         ("Heartbeat", &["node"]),

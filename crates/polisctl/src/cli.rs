@@ -132,6 +132,11 @@ pub(crate) enum ClusterCommand {
     /// The cluster owner's credentials.
     #[command(subcommand)]
     Owner(OwnerCommand),
+    /// Save a backup of the cluster's etcd (`--out FILE`), taken from the etcd member of
+    /// the first curator that answers (`--endpoints` picks one), or inspect one
+    /// (`backup inspect FILE`). A backup holds the cluster CA's private key and the
+    /// register ticket: keep it like a private key.
+    Backup(BackupArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -140,6 +145,24 @@ pub(crate) enum OwnerCommand {
     /// every owner certificate issued so far: copies of the old key or certificates stop
     /// working. Run again after an interruption to finish.
     Rotate,
+}
+
+/// `cluster backup --out FILE` | `cluster backup inspect FILE`.
+#[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub(crate) struct BackupArgs {
+    #[command(subcommand)]
+    pub(crate) command: Option<BackupCommand>,
+    /// Where to write the backup (0600; it appears only once complete and verified).
+    #[arg(long, required = true, value_name = "FILE")]
+    pub(crate) out: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BackupCommand {
+    /// Show a backup's header and verify its SHA-256, offline. Exits 1 when the file is
+    /// not a complete, intact Polis backup.
+    Inspect { file: PathBuf },
 }
 
 #[derive(Debug, Subcommand)]
@@ -291,6 +314,18 @@ mod tests {
         ] {
             assert_eq!(parse_lifetime(text).ok(), secs, "{text:?}");
         }
+    }
+
+    #[test]
+    fn backup_takes_out_or_inspect() {
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(["polisctl", "cluster", "backup"].iter().chain(args))
+                .map(|c| format!("{:?}", c.command))
+        };
+        assert!(parse(&["--out", "f"]).unwrap().contains("out: Some(\"f\")"));
+        assert!(parse(&["inspect", "f"]).unwrap().contains("Inspect"));
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["inspect"]).is_err());
     }
 
     #[test]

@@ -18,11 +18,12 @@
 //!   main            parses (cli) and dispatches: one call per command, nothing else
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   commands::launch       a local cluster; runs the other commands as steps
-//!   commands::{params, cluster, node, decommission, certificates, status, owner}
+//!   commands::{params, cluster, node, decommission, certificates, status, owner,
+//!              backup}
 //!                          one module per command group: arguments → calls → render
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   trust           takeownership: first contact, CA approval, first owner certificate
-//!   render::{node, certificates, status, cluster}
+//!   render::{node, certificates, status, cluster, backup}
 //!                   results as table / JSON / YAML (no calls, no files)
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   session         the owner session: Management calls following the leader, CRL
@@ -51,8 +52,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{CommandFactory, Parser};
 
-use cli::{Cli, ClusterCommand, Command, NodeCommand, OwnerCommand, ParamsCommand};
-use commands::{certificates, cluster, decommission, launch, node, owner, params, status};
+use cli::{BackupCommand, Cli, ClusterCommand, Command, NodeCommand, OwnerCommand, ParamsCommand};
+use commands::{backup, certificates, cluster, decommission, launch, node, owner, params, status};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -117,6 +118,14 @@ async fn run(cli: Cli) -> Result<()> {
             let config = cli.config_dir()?;
             certificates::certificates(&config, &cli.endpoints, cli.output).await
         }
+        Command::Cluster(ClusterCommand::Backup(args)) => match (&args.command, &args.out) {
+            (Some(BackupCommand::Inspect { file }), _) => backup::inspect(file, cli.output),
+            (None, Some(out)) => {
+                let config = cli.config_dir()?;
+                backup::save(&config, &cli.endpoints, out, cli.output).await
+            }
+            (None, None) => anyhow::bail!("cluster backup needs --out FILE (or `inspect FILE`)"),
+        },
         Command::Cluster(ClusterCommand::RotateTicket) => {
             let config = cli.config_dir()?;
             cluster::rotate_ticket(&config, &cli.endpoints).await

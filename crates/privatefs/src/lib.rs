@@ -6,6 +6,7 @@
 //! ```text
 //!   write_atomic(path, bytes):  <dir>/.<name>.<random>.tmp  created new (O_EXCL), 0600
 //!                               ─write─fsync─▶ rename over <path> ─▶ fsync <dir>
+//!   AtomicFile (streamed):      written in pieces; removed if dropped uncommitted
 //! ```
 //!
 //! Invariants:
@@ -54,33 +55,79 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), FsError> {
 
 /// Writes `contents` to `path` atomically with mode 0600.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), FsError> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path.file_name().ok_or_else(|| FsError {
-        step: "writing (not a file path)",
-        path: path.to_path_buf(),
-        source: io::Error::from(io::ErrorKind::InvalidInput),
-    })?;
-    let mut prefix = std::ffi::OsString::from(".");
-    prefix.push(name);
-    prefix.push(".");
-    let mut file = tempfile::Builder::new()
-        .prefix(&prefix)
-        .suffix(".tmp")
-        .permissions(fs::Permissions::from_mode(0o600))
-        .tempfile_in(&dir)
-        .map_err(at("creating a temporary file in", &dir))?;
+    let mut file = AtomicFile::create(path)?;
     file.write_all(contents)
-        .and_then(|()| file.as_file().sync_all())
         .map_err(at("writing a temporary file for", path))?;
-    // On failure the temporary file is dropped, and with it removed.
-    file.persist(path)
-        .map_err(|e| at("renaming into place", path)(e.error))?;
-    File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(at("syncing directory", &dir))
+    file.commit()
+}
+
+/// A private file written in pieces that appears at its path only once complete:
+/// `<dir>/.<name>.<random>.tmp`, created new (`O_EXCL`, 0600 from the start), is
+/// written, then [`AtomicFile::commit`] fsyncs it, renames it into place and fsyncs the
+/// directory. Dropped without a commit (an error, a cancelled copy), the temporary file
+/// is removed: nothing is left behind.
+pub struct AtomicFile {
+    file: tempfile::NamedTempFile,
+    path: PathBuf,
+    dir: PathBuf,
+}
+
+impl AtomicFile {
+    /// Starts writing `path`; fails (naming the directory) when it is missing.
+    pub fn create(path: &Path) -> Result<AtomicFile, FsError> {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let name = path.file_name().ok_or_else(|| FsError {
+            step: "writing (not a file path)",
+            path: path.to_path_buf(),
+            source: io::Error::from(io::ErrorKind::InvalidInput),
+        })?;
+        let mut prefix = std::ffi::OsString::from(".");
+        prefix.push(name);
+        prefix.push(".");
+        let file = tempfile::Builder::new()
+            .prefix(&prefix)
+            .suffix(".tmp")
+            .permissions(fs::Permissions::from_mode(0o600))
+            .tempfile_in(&dir)
+            .map_err(at("creating a temporary file in", &dir))?;
+        Ok(AtomicFile {
+            file,
+            path: path.to_path_buf(),
+            dir,
+        })
+    }
+
+    /// The temporary file being written.
+    pub fn temporary_path(&self) -> &Path {
+        self.file.path()
+    }
+
+    /// Makes the file appear at its path, complete and durable.
+    pub fn commit(self) -> Result<(), FsError> {
+        self.file
+            .as_file()
+            .sync_all()
+            .map_err(at("writing a temporary file for", &self.path))?;
+        // On failure the temporary file is dropped, and with it removed.
+        self.file
+            .persist(&self.path)
+            .map_err(|e| at("renaming into place", &self.path)(e.error))?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(at("syncing directory", &self.dir))
+    }
+}
+
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
 }
 
 #[cfg(test)]
@@ -178,5 +225,32 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("occupied")]);
+    }
+    #[test]
+    fn atomic_file_appears_only_on_commit_and_leaves_nothing_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big");
+        let mut f = AtomicFile::create(&path).unwrap();
+        f.write_all(b"part one, ").unwrap();
+        f.write_all(b"part two").unwrap();
+        assert!(!path.exists());
+        f.commit().unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"part one, part two");
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+
+        let other = dir.path().join("abandoned");
+        let mut f = AtomicFile::create(&other).unwrap();
+        f.write_all(b"half").unwrap();
+        drop(f);
+        let entries: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(entries.len(), 1, "only the committed file remains");
+
+        let err = AtomicFile::create(Path::new("/nonexistent-dir/x"))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("/nonexistent-dir"), "{err}");
     }
 }

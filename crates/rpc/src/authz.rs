@@ -113,6 +113,8 @@ pub const METHODS: &[(&str, Permission)] = &[
         "/polis.api.CuratorLocal/DefragmentMember",
         Permission::UpdateNodeSelf,
     ),
+    // Answered by the curator called, from its own etcd member (never forwarded).
+    ("/polis.api.Backup/TakeBackup", Permission::Manage),
 ];
 
 /// Why a call was refused.
@@ -236,6 +238,7 @@ mod tests {
         check("/polis.api.Curator/WatchNode", &["node"]);
         check("/polis.api.Curator/RegisterNode", &["self-signed"]);
         check("/polis.api.Curator/CommitNode", &["self-signed"]);
+        check("/polis.api.Backup/TakeBackup", &["owner"]);
     }
 
     #[test]

@@ -15,8 +15,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long stopping waits for open connections to finish.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The forwarding decision: a follower sends every call but CuratorLocal (which any
-/// curator answers from its own etcd member) to the leader, over one cached channel with
+/// The forwarding decision: a follower sends every call but CuratorLocal and Backup
+/// (which any curator answers from its own etcd member) to the leader, over one cached channel with
 /// this node's certificate (the current one: a channel made with a certificate that was
 /// renewed since is replaced).
 fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
@@ -29,7 +29,9 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
         // Answered from this curator's own etcd member: CuratorLocal, and the long-lived
         // WatchNode streams (which would otherwise pile up on one forwarding connection).
         let local = method.starts_with("/polis.api.CuratorLocal/")
-            || method == "/polis.api.Curator/WatchNode";
+            || method == "/polis.api.Curator/WatchNode"
+            // A backup is a snapshot of this curator's own etcd member.
+            || method.starts_with("/polis.api.Backup/");
         Box::pin(async move {
             if local || matches!(shared.role.current(), Some(Role::Leader(_))) {
                 return None;
@@ -121,7 +123,8 @@ pub(super) async fn serve(
         .add_service(api::management_server::ManagementServer::new(
             services.clone(),
         ))
-        .add_service(api::curator_server::CuratorServer::new(services))
+        .add_service(api::curator_server::CuratorServer::new(services.clone()))
+        .add_service(api::backup_server::BackupServer::new(services))
         .serve_with_incoming_shutdown(
             rpc::incoming(listener, tls),
             cancel.clone().cancelled_owned(),

@@ -14,6 +14,7 @@
 //!   ├── upkeep       leader: etcd compaction under NOSPACE, defragmentation one
 //!   │                member at a time (through each member's curator), disarm
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
+//!                    | backup
 //! ```
 //!
 //! Modules top to bottom (each imports only modules below it, and the crate's own:
@@ -22,7 +23,8 @@
 //!   run (this file)  wires the runnables
 //!   listener         TLS, AuthLayer, ForwardLayer, every service
 //!   handlers         local (CuratorLocal), aaa (AAA), management (Management),
-//!                    nodes (Curator); node_info builds their NodeInfo answers
+//!                    nodes (Curator), backup (Backup: a snapshot of this curator's
+//!                    own etcd member); node_info builds their NodeInfo answers
 //!   runnables        snapshot (`nodes`), crl, health, upkeep (etcd upkeep; also
 //!                    CuratorLocal.DefragmentMember's work)
 //!   decommission     DecommissionNode, DeleteNode and the `decommission` runnable
@@ -46,6 +48,7 @@
 //! watch per client.
 
 mod aaa;
+mod backup;
 pub mod certificates;
 mod crl;
 mod decommission;
