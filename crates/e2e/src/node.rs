@@ -233,3 +233,28 @@ pub fn read_register_params(path: &Path) -> Result<proto::config::ClusterRegiste
         other => bail!("not register parameters: {other:?}"),
     }
 }
+
+impl Node {
+    /// The address of the node whose curator leads, as this node's curator tells it
+    /// (CuratorLocal.GetCurrentLeader, answered by any curator).
+    pub fn curator_leader_address(&self) -> Result<IpAddr> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let answer = runtime.block_on(async {
+            let channel = rpc::connect(
+                std::net::SocketAddr::new(self.address, rpc::CURATOR_PORT),
+                &rpc::ServerTrust::FirstUse,
+                None,
+            )
+            .await?;
+            anyhow::Ok(
+                proto::api::curator_local_client::CuratorLocalClient::new(channel)
+                    .get_current_leader(proto::api::GetCurrentLeaderRequest {})
+                    .await?
+                    .into_inner(),
+            )
+        })?;
+        Ok(answer.leader_endpoint.parse::<std::net::SocketAddr>()?.ip())
+    }
+}

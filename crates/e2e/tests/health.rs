@@ -15,12 +15,10 @@
 //! One cluster for the whole file: the cases run in turn on it.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail, ensure};
 use e2e::{Cluster, Node, TIMEOUT, endpoints};
-use proto::api;
 use serde_json::Value;
 
 const PERIOD_MS: u64 = 1000;
@@ -115,28 +113,6 @@ fn recorded_transitions(nodes: &mut [&mut Node], id: &str, from: &str, verdict: 
                 .count()
         })
         .sum()
-}
-
-/// The node whose curator leads, asked of the curator at `via`.
-fn leader_address(via: &Node) -> Result<std::net::IpAddr> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let answer = runtime.block_on(async {
-        let channel = rpc::connect(
-            SocketAddr::new(via.address, rpc::CURATOR_PORT),
-            &rpc::ServerTrust::FirstUse,
-            None,
-        )
-        .await?;
-        anyhow::Ok(
-            api::curator_local_client::CuratorLocalClient::new(channel)
-                .get_current_leader(api::GetCurrentLeaderRequest {})
-                .await?
-                .into_inner(),
-        )
-    })?;
-    Ok(answer.leader_endpoint.parse::<SocketAddr>()?.ip())
 }
 
 fn unix_ms() -> u64 {
@@ -323,7 +299,7 @@ fn health_status_split_and_failover() -> Result<()> {
     }
 
     // Failover: kill -9 the curator leader's node; nobody else flips.
-    let leader = leader_address(&cluster.first)?;
+    let leader = cluster.first.curator_leader_address()?;
     let mut members = [&mut cluster.first, &mut m1, &mut m2];
     let leader_node = members
         .iter_mut()

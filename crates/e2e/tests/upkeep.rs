@@ -8,12 +8,10 @@
 //! (SIGSTOP) before the fill: the upkeep never defragments while a member does not
 //! answer, so the alarm stays until it is resumed.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use e2e::{Cluster, Node, TIMEOUT, endpoints, wait_until};
-use proto::api;
 
 /// 128 labels with 63-character values that differ per round: one node record of about
 /// 10 KiB, a new revision on every write.
@@ -25,27 +23,10 @@ fn label_args(round: usize) -> Vec<String> {
 
 /// The node whose curator leads, asked of `at`.
 fn curator_leader<'a>(at: &Node, candidates: &[&'a Node]) -> Result<&'a Node> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let answer = runtime.block_on(async {
-        let channel = rpc::connect(
-            SocketAddr::new(at.address, rpc::CURATOR_PORT),
-            &rpc::ServerTrust::FirstUse,
-            None,
-        )
-        .await?;
-        anyhow::Ok(
-            api::curator_local_client::CuratorLocalClient::new(channel)
-                .get_current_leader(api::GetCurrentLeaderRequest {})
-                .await?
-                .into_inner(),
-        )
-    })?;
-    let leader: SocketAddr = answer.leader_endpoint.parse()?;
+    let leader = at.curator_leader_address()?;
     candidates
         .iter()
-        .find(|n| n.address == leader.ip())
+        .find(|n| n.address == leader)
         .copied()
         .context("the curator leader is one of the members")
 }

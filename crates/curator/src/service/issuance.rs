@@ -81,21 +81,13 @@ pub(super) async fn commit_node_certificate(
                 .map_err(|e| Status::unavailable(format!("issuing the node certificate: {e}")))?
         }
         Some(_) => {
-            let issued = ca
-                .issue(
-                    &templates::node_certificate_template(id, address, lifetime),
-                    key,
-                )
-                .map_err(|e| Status::internal(format!("issuing the node certificate: {e}")))?;
-            let name = layout::renewed_node_certificate_name(id, &issued.serial);
             tracing::info!(
                 node = id,
-                "the recorded node certificate expired before the commit: issued a new one"
+                "the recorded node certificate expired before the commit: issuing a new one"
             );
-            store
-                .ensure_certificate(&name, || Ok(issued.clone()))
-                .await
-                .map_err(|e| Status::unavailable(format!("recording the node certificate: {e}")))?
+            issue_renewed_node_certificate(&store, &ca, id, key, address, lifetime)
+                .await?
+                .0
         }
     };
     if pki::certificate_public_key(&certificate).ok().as_deref() != Some(key.as_slice()) {
@@ -104,6 +96,30 @@ pub(super) async fn commit_node_certificate(
         )));
     }
     Ok((certificate, ca.cert_der))
+}
+
+/// A new node certificate for `id`, recorded as `node-<id>-<serial>`; returns it
+/// (DER) and its serial.
+async fn issue_renewed_node_certificate(
+    store: &pki::CaStore,
+    ca: &pki::Ca,
+    id: &str,
+    key: &[u8; 32],
+    address: IpAddr,
+    lifetime: std::time::Duration,
+) -> Result<(Vec<u8>, Vec<u8>), Status> {
+    let issued = ca
+        .issue(
+            &templates::node_certificate_template(id, address, lifetime),
+            key,
+        )
+        .map_err(|e| Status::internal(format!("issuing the node certificate: {e}")))?;
+    let name = layout::renewed_node_certificate_name(id, &issued.serial);
+    let der = store
+        .ensure_certificate(&name, || Ok(issued.clone()))
+        .await
+        .map_err(|e| Status::unavailable(format!("recording the node certificate: {e}")))?;
+    Ok((der, issued.serial))
 }
 
 /// What RenewCertificates hands out: a certificate and its CA's certificate (DER).
@@ -195,21 +211,12 @@ pub(super) async fn renew(
             peer: renewed_peer,
         });
     }
-    let issued = ca
-        .issue(
-            &templates::node_certificate_template(id, address, lifetime),
-            key,
-        )
-        .map_err(|e| Status::internal(format!("issuing the node certificate: {e}")))?;
-    let name = layout::renewed_node_certificate_name(id, &issued.serial);
-    let node_certificate = store
-        .ensure_certificate(&name, || Ok(issued.clone()))
-        .await
-        .map_err(|e| Status::unavailable(format!("recording the node certificate: {e}")))?;
+    let (node_certificate, serial) =
+        issue_renewed_node_certificate(&store, &ca, id, key, address, lifetime).await?;
     shared.certificates_changed.notify_one();
     tracing::info!(
         node = id,
-        serial = hex::encode(&issued.serial),
+        serial = hex::encode(&serial),
         peer,
         lifetime_s = lifetime.as_secs(),
         "renewed a node's certificates"
@@ -282,10 +289,7 @@ pub(super) async fn escrow_owner_certificate(
         .ensure_certificate(&name, || Ok(issued.clone()))
         .await
         .map_err(|e| Status::unavailable(format!("recording the owner certificate: {e}")))?;
-    tracing::info!(
-        serial = hex::encode(&issued.serial),
-        "issued an owner certificate"
-    );
+    tracing::info!(serial = hex::encode(&issued.serial), "issued an owner certificate");
     Ok((certificate, ca.cert_der))
 }
 
