@@ -109,6 +109,7 @@ mod join;
 mod preflight;
 mod recover;
 mod register;
+mod restore;
 
 // Runnables.
 mod cluster;
@@ -172,6 +173,25 @@ enum Command {
     /// of its cluster, keeping everything it committed, then run it as usual. Refused
     /// while a majority of the other members still answer (unless --force).
     Recover(RecoverArgs),
+    /// Make a new node, on an empty or absent root, the only consensus member and curator
+    /// of the cluster a backup (`polisctl cluster backup`) was taken from, then run it
+    /// as usual. Later starts are the usual `polis-node --root ROOT --address ADDR`.
+    Restore(RestoreArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RestoreArgs {
+    /// The new node root: empty or absent.
+    #[arg(long)]
+    root: PathBuf,
+    /// This node's address (a former member's lets the workers return by themselves).
+    #[arg(long)]
+    address: IpAddr,
+    /// The backup file.
+    #[arg(long)]
+    backup: PathBuf,
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(Debug, clap::Args)]
@@ -254,6 +274,8 @@ struct Start {
     params: Option<PathBuf>,
     /// `Some(force)`: `polis-node recover`.
     recover: Option<bool>,
+    /// `Some(backup file)`: `polis-node restore`.
+    restore: Option<PathBuf>,
     args: Common,
 }
 
@@ -265,6 +287,15 @@ fn main() -> ExitCode {
             address: r.address,
             params: None,
             recover: Some(r.force),
+            restore: None,
+            args: r.common,
+        },
+        Some(Command::Restore(r)) => Start {
+            root: r.root,
+            address: Some(r.address),
+            params: None,
+            recover: None,
+            restore: Some(r.backup),
             args: r.common,
         },
         None => Start {
@@ -272,6 +303,7 @@ fn main() -> ExitCode {
             address: Some(parsed.address.expect("clap requires --address")),
             params: parsed.params,
             recover: None,
+            restore: None,
             args: parsed.common,
         },
     };
@@ -322,7 +354,21 @@ async fn run(start: Start) -> Result<()> {
         Ok(limit) => tracing::info!(limit, "open files limit"),
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
     }
+    let raft_timing = consensus::RaftTiming {
+        heartbeat: Duration::from_millis(args.etcd_heartbeat_ms),
+        election_timeout: Duration::from_millis(args.etcd_election_timeout_ms),
+    };
     let (_lock, address, plan, force_new_cluster) = match (start.recover, start.address) {
+        (None, Some(address)) if start.restore.is_some() => {
+            let flags = restore::RestoreFlags {
+                address,
+                backup: start.restore.clone().expect("matched"),
+                etcd_binary: args.etcd_binary.clone(),
+                raft_timing,
+            };
+            let (lock, plan) = restore::restore(&root, &flags).await?;
+            (lock, address, plan, ForceNewCluster::default())
+        }
         (Some(force), address) => {
             let flags = recover::RecoverFlags {
                 address,
@@ -360,10 +406,7 @@ async fn run(start: Start) -> Result<()> {
         root: root.clone(),
         address,
         etcd_binary: args.etcd_binary.clone(),
-        raft_timing: consensus::RaftTiming {
-            heartbeat: Duration::from_millis(args.etcd_heartbeat_ms),
-            election_timeout: Duration::from_millis(args.etcd_election_timeout_ms),
-        },
+        raft_timing,
         curator_lease_ttl: Duration::from_secs(args.curator_lease_ttl),
         heartbeat,
         upkeep: curator::upkeep::Settings {

@@ -114,7 +114,7 @@ pub fn raise_open_files_limit() -> std::io::Result<u64> {
 }
 
 /// The ports a consensus member listens on: etcd peers and the curator.
-fn check_control_plane_ports(address: IpAddr) -> Result<()> {
+pub fn check_control_plane_ports(address: IpAddr) -> Result<()> {
     check_port_free(
         address,
         consensus::config::PEER_PORT,
@@ -124,7 +124,7 @@ fn check_control_plane_ports(address: IpAddr) -> Result<()> {
     check_port_free(address, rpc::CURATOR_PORT, "curator", PORT_WAIT)
 }
 
-fn check_etcd_binary(path: &Path) -> Result<()> {
+pub fn check_etcd_binary(path: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => Ok(()),

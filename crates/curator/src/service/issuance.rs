@@ -289,7 +289,10 @@ pub(super) async fn escrow_owner_certificate(
         .ensure_certificate(&name, || Ok(issued.clone()))
         .await
         .map_err(|e| Status::unavailable(format!("recording the owner certificate: {e}")))?;
-    tracing::info!(serial = hex::encode(&issued.serial), "issued an owner certificate");
+    tracing::info!(
+        serial = hex::encode(&issued.serial),
+        "issued an owner certificate"
+    );
     Ok((certificate, ca.cert_der))
 }
 

@@ -1,0 +1,270 @@
+//! `polis-node restore` from a backup file, with real polis-node processes and real
+//! etcd: a one-member cluster and a worker; a label written before a backup taken with
+//! `polisctl cluster backup`, another after it; every node stopped and the member's root
+//! deleted (the worker's kept); each refusal first (a non-empty root, a truncated
+//! backup, a flipped byte, a file that is no backup: exit 1, one line naming the file or
+//! root, the root unchanged or absent); then `restore` into a new root on the former
+//! member's address: it serves, the owner's polisctl config still works (same CA, same
+//! owner), the label from before the backup is there and the later one is not, the
+//! worker comes back UP and HEALTHY by itself, and the restored node starts again
+//! normally (`polis-node --root --address`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use e2e::{Cluster, Proc, TIMEOUT, bin};
+
+/// Fast heartbeats (the same on every node), so that the worker's return shows quickly.
+const NODE_ARGS: [&str; 2] = ["--heartbeat-period-ms=300", "--heartbeat-timeout-ms=1500"];
+
+/// The `polis-node restore` command line.
+fn restore_command(root: &Path, address: &str, backup: &Path) -> Command {
+    let mut cmd = Command::new(bin("polis-node"));
+    cmd.arg("restore")
+        .arg("--root")
+        .arg(root)
+        .arg("--address")
+        .arg(address)
+        .arg("--backup")
+        .arg(backup)
+        .arg("--log-format=json")
+        .args(NODE_ARGS);
+    cmd
+}
+
+/// Every path under `root` (empty when absent), with sizes.
+fn tree(root: &Path) -> Result<Vec<(PathBuf, u64)>> {
+    let mut found = Vec::new();
+    if !root.exists() {
+        return Ok(found);
+    }
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            if meta.is_dir() {
+                dirs.push(entry.path());
+            }
+            found.push((entry.path(), meta.len()));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// `restore` must exit 1 with a `polis-node:` line naming `names` and `why`, and leave
+/// `root` as it was.
+fn refused(
+    dir: &Path,
+    root: &Path,
+    address: &str,
+    backup: &Path,
+    names: &Path,
+    why: &str,
+) -> Result<()> {
+    let before = tree(root)?;
+    let existed = root.exists();
+    let mut proc = Proc::spawn(
+        "polis-node restore (refused)",
+        restore_command(root, address, backup),
+        &dir.join("restore-refused.log"),
+    )?;
+    let status = proc.wait_exit(TIMEOUT)?;
+    let output = proc.output();
+    assert_eq!(status.code(), Some(1), "restore must exit 1: {output}");
+    let line = output
+        .lines()
+        .find(|l| l.starts_with("polis-node: "))
+        .with_context(|| format!("no error line in: {output}"))?;
+    let named = names.to_str().context("utf-8")?;
+    assert!(
+        line.contains(named) && line.contains(why),
+        "expected {named:?} and {why:?} in {line:?}"
+    );
+    assert_eq!(
+        root.exists(),
+        existed,
+        "restore refused but created/removed the root"
+    );
+    assert_eq!(
+        tree(root)?,
+        before,
+        "restore refused but changed {}",
+        root.display()
+    );
+    println!("refused as expected: {line}");
+    Ok(())
+}
+
+fn labels_of(cluster: &Cluster, id: &str) -> Result<serde_json::Value> {
+    let node = cluster
+        .node(id)?
+        .with_context(|| format!("node {id} not listed"))?;
+    Ok(node["labels"].clone())
+}
+
+#[test]
+fn restore_from_a_backup_file_brings_the_cluster_back_on_a_new_root() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::bootstrap_with(dir.path(), &[], &NODE_ARGS)?;
+    let params = cluster.register_params("nodes")?;
+    let (mut worker, worker_id) = cluster.add_worker("worker", &params)?;
+    let (mut former, former_id) = cluster.add_worker("former", &params)?;
+    cluster.ctl_retry(&["node", "add-role", &former_id, "ConsensusMember"])?;
+    let member_id = cluster.first.key_node_id()?;
+    let both = e2e::endpoints(&[&cluster.first, &former]);
+    cluster.wait_members(&both, 2, 0)?;
+
+    cluster.ctl_retry(&["node", "label", &worker_id, "before=yes"])?;
+    let file = dir.path().join("cluster.polisbackup");
+    let file_str = file.to_str().context("utf-8")?;
+    cluster.ctl_retry(&["cluster", "backup", "--out", file_str])?;
+    cluster.ctl_retry(&["node", "label", &worker_id, "after=yes"])?;
+
+    // Every node stopped; the member's root is lost, the worker's kept.
+    for node in [&mut former, &mut cluster.first, &mut worker] {
+        node.proc().signal(libc::SIGTERM);
+        node.proc().wait_exit(TIMEOUT)?;
+    }
+    std::fs::remove_dir_all(&cluster.first.root)?;
+    let address = cluster.first.address.to_string();
+
+    // Refusals.
+    let busy = dir.path().join("busy-root");
+    std::fs::create_dir(&busy)?;
+    std::fs::write(busy.join("something"), b"keep me")?;
+    refused(dir.path(), &busy, &address, &file, &busy, "is not empty")?;
+    let new_root = dir.path().join("restored-root");
+    let bytes = std::fs::read(&file)?;
+    let truncated = dir.path().join("truncated.polisbackup");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2])?;
+    refused(
+        dir.path(),
+        &new_root,
+        &address,
+        &truncated,
+        &truncated,
+        "truncated",
+    )?;
+    let flipped = dir.path().join("flipped.polisbackup");
+    let mut corrupt = bytes.clone();
+    let middle = corrupt.len() / 2;
+    corrupt[middle] ^= 0x40;
+    std::fs::write(&flipped, &corrupt)?;
+    refused(
+        dir.path(),
+        &new_root,
+        &address,
+        &flipped,
+        &flipped,
+        "hash mismatch",
+    )?;
+    let foreign = dir.path().join("foreign.db");
+    std::fs::write(&foreign, b"SQLite format 3\0 and more bytes than a prefix")?;
+    refused(
+        dir.path(),
+        &new_root,
+        &address,
+        &foreign,
+        &foreign,
+        "not a Polis backup",
+    )?;
+    let empty = dir.path().join("empty-root");
+    std::fs::create_dir(&empty)?;
+    refused(
+        dir.path(),
+        &empty,
+        &address,
+        &foreign,
+        &foreign,
+        "not a Polis backup",
+    )?;
+    // A well-formed backup whose snapshot is no etcd database fails once the root was
+    // written to: what the restore wrote goes again (the root too, when it was absent).
+    let garbage = dir.path().join("garbage.polisbackup");
+    {
+        let header = backup::Header {
+            ca_fingerprint: "ab".repeat(32),
+            revision: 42,
+            quorum_read: true,
+            taken_at_unix_ms: 1_700_000_000_000,
+            node_id: member_id.clone(),
+            etcd_cluster_id: "1".into(),
+            etcd_member_id: "2".into(),
+            polis_version: "0.1.0".into(),
+            etcd_version: "3.4.23".into(),
+        };
+        let mut writer = backup::Writer::new(std::fs::File::create(&garbage)?, &header)?;
+        writer.write_snapshot(&[0x5a; 64 * 1024])?;
+        writer.finish()?;
+    }
+    for root in [&new_root, &empty] {
+        refused(
+            dir.path(),
+            root,
+            &address,
+            &garbage,
+            &garbage,
+            "snapshot restore failed",
+        )?;
+    }
+
+    // The restore, on the former member's address, into a new root.
+    cluster.first.root = new_root.clone();
+    let log = cluster.first.dir.join("restore.log");
+    let proc = Proc::spawn(
+        "polis-node restore",
+        restore_command(&new_root, &address, &file),
+        &log,
+    )?;
+    cluster.first.proc = Some(proc);
+    cluster.first.wait_home()?;
+    let restored_id = cluster.first.key_node_id()?;
+    assert_ne!(restored_id, member_id, "a new node key");
+
+    // The owner's config works (same CA, same owner); the labels are the backup's.
+    let labels = labels_of(&cluster, &worker_id)?;
+    assert_eq!(labels["before"], "yes", "{labels}");
+    assert!(
+        labels.get("after").is_none(),
+        "written after the backup: {labels}"
+    );
+    cluster.ctl_retry(&["node", "label", &worker_id, "restored=yes"])?;
+    cluster.wait_node(&restored_id, "UP", None)?;
+    let restored = cluster
+        .node(&restored_id)?
+        .context("restored node listed")?;
+    assert!(
+        restored["roles"].to_string().contains("ConsensusMember"),
+        "{restored}"
+    );
+    cluster.wait_members(&address, 1, 0)?;
+
+    // The worker comes back by itself.
+    worker.start(&[])?;
+    worker.wait_home()?;
+    cluster.wait_node(&worker_id, "UP", Some("HEALTHY"))?;
+    let labels = labels_of(&cluster, &worker_id)?;
+    assert_eq!(labels["restored"], "yes", "{labels}");
+
+    // The former member, started with its old root, finds its etcd data belongs to the
+    // old cluster: it drops it and rejoins as a learner, then a voter, by itself.
+    former.start(&[])?;
+    cluster.wait_members(&format!("{address},{}", former.address), 2, 0)?;
+    cluster.wait_node(&former_id, "UP", Some("HEALTHY"))?;
+
+    // Later starts are ordinary ones.
+    cluster.first.proc().signal(libc::SIGTERM);
+    let status = cluster.first.proc().wait_exit(TIMEOUT)?;
+    if !status.success() {
+        bail!("restored node did not stop cleanly: {status:?}");
+    }
+    cluster.first.start(&[])?;
+    cluster.first.wait_home()?;
+    let labels = labels_of(&cluster, &worker_id)?;
+    assert_eq!(labels["before"], "yes", "{labels}");
+    assert_eq!(labels["restored"], "yes", "{labels}");
+    Ok(())
+}

@@ -1,0 +1,376 @@
+//! `polis-node restore --root NEWROOT --address ADDR --backup FILE`: a new root becomes
+//! the only consensus member and curator of the cluster a Polis backup was taken from
+//! (same cluster CA, owner, node records and labels), then the node starts as usual (the
+//! Plan is an ordinary join).
+//!
+//! ```text
+//!   root empty or absent ─▶ backup verified (structure + SHA-256) ─▶ address on this
+//!   machine ─▶ etcd binary, free ports ─▶ root lock
+//!   ─▶ node key ─▶ `etcdctl snapshot restore` into data/etcd/data (name = node ID,
+//!      token polis-<node ID>, this node's peer URL: the IDs a bootstrap would get)
+//!   ─▶ etcd started once (throwaway peer files) ─▶ cluster CA, etcd peer CA loaded
+//!   ─▶ peer + node certificates issued ─▶ this node's record created (UP,
+//!      ConsensusMember) ─▶ etcd stopped
+//!   ─▶ peer files, node files, roles.pb, directory.pb, quota.pb ─▶ sealed configuration
+//!      (last) ─▶ Plan::Join
+//! ```
+//! Other nodes' records are kept as they are: workers come back by themselves when the
+//! address is a former member's; a former member's etcd belongs to another etcd cluster
+//! and rejoins as a learner (see `rejoin`).
+//!
+//! Any failure after the root was touched removes what this run created (the root itself
+//! when it was absent), so a refused restore leaves nothing behind. A start path: may not
+//! start runnables or touch shared values.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use consensus::{EtcdConfig, InitialClusterState, PeerTlsFiles, RaftTiming, Readiness, Status};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use identity::NodeKey;
+use pki::{CA_LIFETIME, Ca};
+use prost::Message as _;
+use proto::config::{LocalRoles, SealedConfiguration};
+use proto::state::{ConsensusMemberRole, Node, NodeRoles, NodeState};
+
+use crate::files::{record_quota, save_directory, write_peer_files};
+use crate::preflight::{self, Flags, Plan};
+use crate::storage::{Root, RootLock, write_atomic, write_proto};
+
+/// What `restore` needs of its flags.
+#[derive(Debug, Clone)]
+pub struct RestoreFlags {
+    pub address: IpAddr,
+    pub backup: PathBuf,
+    pub etcd_binary: PathBuf,
+    pub raft_timing: RaftTiming,
+}
+
+/// Whether `root` may receive a restore: absent, or an empty directory. Returns whether
+/// it exists.
+fn check_root_empty(root: &Path) -> Result<bool> {
+    if !root.exists() {
+        return Ok(false);
+    }
+    if !root.is_dir() {
+        bail!(
+            "node root {} is not a directory: restore needs an empty or absent root",
+            root.display()
+        );
+    }
+    let mut entries =
+        std::fs::read_dir(root).with_context(|| format!("reading node root {}", root.display()))?;
+    if entries.next().is_some() {
+        bail!(
+            "node root {} is not empty: restore needs an empty or absent root (it makes a new \
+             member; a node that already belongs to a cluster starts without `restore`)",
+            root.display()
+        );
+    }
+    Ok(true)
+}
+
+/// Every refusal, then the restore itself; the lock and a join plan.
+pub async fn restore(root: &Root, flags: &RestoreFlags) -> Result<(RootLock, Plan)> {
+    let existed = check_root_empty(&root.root)?;
+    let backup = backup::inspect_file(&flags.backup).map_err(|e| anyhow!("backup {e}"))?;
+    preflight::check_address(flags.address)?;
+    preflight::check_etcd_binary(&flags.etcd_binary)?;
+    let etcdctl = etcdctl_binary(&flags.etcd_binary);
+    preflight::check_etcd_binary(&etcdctl).context("etcdctl is needed to restore a snapshot")?;
+    preflight::check_control_plane_ports(flags.address)?;
+    tracing::warn!(
+        backup = %flags.backup.display(),
+        from_node = backup.header.node_id,
+        revision = backup.header.revision,
+        "restoring a cluster from a backup"
+    );
+    let lock = preflight::lock_root(root)?;
+    match restore_into(root, flags, &backup, &etcdctl).await {
+        Ok(plan) => Ok((lock, plan)),
+        Err(e) => {
+            if let Err(c) = clean_up(&root.root, existed) {
+                tracing::error!(
+                    "cleaning up {} after a failed restore: {c:#}",
+                    root.root.display()
+                );
+            }
+            Err(e)
+        }
+    }
+}
+
+/// etcdctl, next to the etcd binary (Debian installs both in /usr/bin).
+fn etcdctl_binary(etcd: &Path) -> PathBuf {
+    etcd.with_file_name("etcdctl")
+}
+
+/// Removes what a failed restore created: the root, or its contents when it existed.
+fn clean_up(root: &Path, existed: bool) -> Result<()> {
+    if !existed {
+        return std::fs::remove_dir_all(root)
+            .with_context(|| format!("removing {}", root.display()));
+    }
+    for entry in std::fs::read_dir(root)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        }
+        .with_context(|| format!("removing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+async fn restore_into(
+    root: &Root,
+    flags: &RestoreFlags,
+    backup: &backup::Backup,
+    etcdctl: &Path,
+) -> Result<Plan> {
+    root.prepare()?;
+    let key = NodeKey::generate().context("generating the node key")?;
+    write_atomic(&root.node_key(), key.pkcs8_der()).context("saving the node key")?;
+    let node_id = key.node_id();
+    restore_snapshot(root, flags, backup, etcdctl, &node_id).await?;
+    // Throwaway peer files: the peer CA's key is in the snapshot, readable once etcd
+    // runs; a one-member cluster has no peer to present them to.
+    let throwaway = Ca::generate("Polis restore (throwaway)", CA_LIFETIME)?;
+    let lifetime = curator::templates::node_certificate_lifetime(None);
+    let cert = throwaway.issue(
+        &curator::templates::peer_certificate_template(&node_id, flags.address, lifetime),
+        &key.public_key(),
+    )?;
+    let crl = throwaway.crl(&[], 1)?;
+    write_peer_files(root, &key, &throwaway.cert_der, &cert.der, &crl)
+        .context("writing temporary etcd peer files")?;
+
+    let config = etcd_config(root, flags, &node_id);
+    let status = event::Value::<Status>::new();
+    let etcd_status = status.clone();
+    let supervisor = supervisor::Supervisor::start(supervisor::Config::default(), move |ctx| {
+        let (config, status) = (config.clone(), etcd_status.clone());
+        async move {
+            consensus::run(&ctx, &config, &status).await?;
+            Ok(())
+        }
+    });
+    let written = async {
+        let running = match status
+            .watch()
+            .get_matching(|s| matches!(s, Status::Running(_)))
+            .await?
+        {
+            Status::Running(r) => r,
+            Status::Stopped => unreachable!("filtered for Running"),
+        };
+        let quota = write_cluster_state(root, flags, &key, &running).await?;
+        anyhow::Ok((running.cluster_id, running.member_id, quota))
+    };
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(60), written).await;
+    supervisor.shutdown().await;
+    let (cluster_id, member_id, (cluster_ca, quota)) =
+        outcome.map_err(|_| anyhow!("the restored etcd did not serve within 60 s"))??;
+
+    record_quota(root, quota)?;
+    write_proto(
+        &root.local_roles(),
+        &LocalRoles {
+            consensus_member: true,
+        },
+    )
+    .context("saving the node's roles")?;
+    save_directory(
+        root,
+        &[SocketAddr::new(flags.address, rpc::CURATOR_PORT).to_string()],
+    )?;
+    let sealed = SealedConfiguration {
+        node_id: node_id.clone(),
+        cluster_ca_certificate: cluster_ca,
+        address: flags.address.to_string(),
+        etcd_cluster_id: cluster_id,
+        etcd_member_id: member_id,
+    };
+    write_proto(&root.sealed_configuration(), &sealed)
+        .context("writing the sealed configuration")?;
+    tracing::warn!(
+        node_id,
+        cluster_id = format!("{cluster_id:x}"),
+        "restored: this node is the only consensus member of the restored cluster"
+    );
+    let start = Flags {
+        address: flags.address,
+        params: None,
+        etcd_binary: flags.etcd_binary.clone(),
+    };
+    let join = preflight::load_join(&start, root)?;
+    Ok(Plan::Join(Arc::new(join)))
+}
+
+/// The snapshot, verified again while it is copied out, restored into the etcd data
+/// directory as this node's one-member cluster.
+async fn restore_snapshot(
+    root: &Root,
+    flags: &RestoreFlags,
+    backup: &backup::Backup,
+    etcdctl: &Path,
+    node_id: &str,
+) -> Result<()> {
+    let snapshot = root.data().join("restore-snapshot.db");
+    {
+        let mut input = std::io::BufReader::new(
+            std::fs::File::open(&flags.backup)
+                .with_context(|| format!("opening backup {}", flags.backup.display()))?,
+        );
+        let mut out =
+            privatefs::AtomicFile::create(&snapshot).map_err(|e| anyhow!("{e}: {}", e.source))?;
+        backup::copy_snapshot(&mut input, backup, &mut out)
+            .map_err(|e| anyhow!("backup {}: {e}", flags.backup.display()))?;
+        out.commit()
+            .map_err(|e| anyhow!("writing {}: {e}", snapshot.display()))?;
+    }
+    let peer_url = consensus::config::peer_url(flags.address, consensus::config::PEER_PORT);
+    let output = tokio::process::Command::new(etcdctl)
+        .env("ETCDCTL_API", "3")
+        .arg("snapshot")
+        .arg("restore")
+        .arg(&snapshot)
+        .arg("--name")
+        .arg(node_id)
+        .arg("--initial-cluster")
+        .arg(format!("{node_id}={peer_url}"))
+        .arg("--initial-cluster-token")
+        .arg(format!("polis-{node_id}"))
+        .arg("--initial-advertise-peer-urls")
+        .arg(&peer_url)
+        .arg("--data-dir")
+        .arg(root.etcd_data())
+        .output()
+        .await
+        .with_context(|| format!("running {}", etcdctl.display()))?;
+    let _ = std::fs::remove_file(&snapshot);
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let last = stderr.lines().last().unwrap_or("").trim();
+        bail!(
+            "backup {}: etcdctl snapshot restore failed ({}): {last}",
+            flags.backup.display(),
+            output.status
+        );
+    }
+    Ok(())
+}
+
+fn etcd_config(root: &Root, flags: &RestoreFlags, node_id: &str) -> EtcdConfig {
+    let peer_dir = root.etcd_peer_dir();
+    let peer_url = consensus::config::peer_url(flags.address, consensus::config::PEER_PORT);
+    EtcdConfig {
+        binary: flags.etcd_binary.clone(),
+        name: node_id.to_string(),
+        data_dir: root.etcd_data(),
+        run_dir: root.consensus_run_dir(),
+        peer_address: flags.address,
+        peer_port: consensus::config::PEER_PORT,
+        peer_tls: PeerTlsFiles {
+            cert: peer_dir.join("cert.pem"),
+            key: peer_dir.join("key.pem"),
+            ca: peer_dir.join("ca.pem"),
+            crl: peer_dir.join("crl.pem"),
+        },
+        initial_cluster: vec![(node_id.to_string(), peer_url)],
+        initial_cluster_state: InitialClusterState::Existing,
+        cluster_token: format!("polis-{node_id}"),
+        timing: flags.raft_timing,
+        readiness: Readiness::Linearizable,
+        quota_backend_bytes: proto::quota::DEFAULT_QUOTA_BYTES,
+        force_new_cluster: false,
+    }
+}
+
+/// In the restored etcd: this node's certificates and record; on disk: its peer and node
+/// files. Returns the cluster CA certificate and the quota the member runs with.
+async fn write_cluster_state(
+    root: &Root,
+    flags: &RestoreFlags,
+    key: &NodeKey,
+    running: &consensus::Running,
+) -> Result<(Vec<u8>, u64)> {
+    let node_id = key.node_id();
+    let curator_ns = running.namespaced(curator::layout::NAMESPACE);
+    let cluster_pki = curator::cluster_pki(&curator_ns);
+    let etcd_pki = curator::layout::etcd_pki(running.client.clone());
+    let what = |w: &str| format!("backup {}: {w}", flags.backup.display());
+    let cluster_ca = cluster_pki
+        .load_ca()
+        .await
+        .context("loading the cluster CA")?
+        .ok_or_else(|| anyhow!(what("the snapshot holds no cluster CA")))?;
+    let peer_ca = etcd_pki
+        .load_ca()
+        .await
+        .context("loading the etcd peer CA")?
+        .ok_or_else(|| anyhow!(what("the snapshot holds no etcd peer CA")))?;
+    let configuration = curator::records::cluster_configuration(&curator_ns)
+        .await
+        .context("loading the cluster configuration")?
+        .ok_or_else(|| anyhow!(what("the snapshot holds no cluster configuration")))?;
+    let quota = proto::quota::effective_quota(configuration.etcd_quota_bytes)
+        .context("the restored cluster's etcd quota")?;
+    let lifetime = curator::templates::node_certificate_lifetime(Some(&configuration));
+    let peer_certificate = etcd_pki
+        .ensure_certificate(&curator::layout::peer_certificate_prefix(&node_id), || {
+            peer_ca.issue(
+                &curator::templates::peer_certificate_template(&node_id, flags.address, lifetime),
+                &key.public_key(),
+            )
+        })
+        .await
+        .context("issuing the etcd peer certificate")?;
+    let crl = etcd_pki.crl().await.context("loading the etcd peer CRL")?;
+    write_peer_files(root, key, &peer_ca.cert_der, &peer_certificate, &crl)
+        .context("writing etcd peer TLS files")?;
+    let node_certificate = cluster_pki
+        .ensure_certificate(&curator::layout::node_certificate_prefix(&node_id), || {
+            cluster_ca.issue(
+                &curator::templates::node_certificate_template(&node_id, flags.address, lifetime),
+                &key.public_key(),
+            )
+        })
+        .await
+        .context("issuing the node certificate")?;
+    write_atomic(&root.node_certificate(), &node_certificate)
+        .context("saving the node certificate")?;
+    write_atomic(&root.cluster_ca(), &cluster_ca.cert_der)
+        .context("saving the cluster CA certificate")?;
+    let node = Node {
+        id: node_id.clone(),
+        public_key: key.public_key().to_vec(),
+        state: NodeState::Up as i32,
+        roles: Some(NodeRoles {
+            consensus_member: Some(ConsensusMemberRole {}),
+        }),
+        address: flags.address.to_string(),
+        ..Default::default()
+    };
+    let record = curator_ns.key(&curator::layout::node_key(&node_id));
+    let txn = Txn::new()
+        .when([Compare::create_revision(
+            record.clone(),
+            CompareOp::Equal,
+            0,
+        )])
+        .and_then([TxnOp::put(record, node.encode_to_vec(), None)]);
+    let response = running
+        .client
+        .clone()
+        .txn(txn)
+        .await
+        .context("creating this node's record")?;
+    if !response.succeeded() {
+        bail!("the restored cluster already holds a record of node {node_id}");
+    }
+    Ok((cluster_ca.cert_der, quota))
+}
