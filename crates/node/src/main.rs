@@ -2,7 +2,9 @@
 //!
 //! `polis-node --root ROOT --address ADDR` starts a node; `polis-node recover --root ROOT`
 //! starts a surviving consensus member after its cluster lost its quorum, as the only
-//! member (see `recover`).
+//! member (see `recover`); `polis-node restore --root NEWROOT --address ADDR --backup FILE`
+//! makes a new node the only member of the cluster a backup was taken from (see
+//! `restore`).
 //!
 //! On every start the node decides once what it is (see `decision`): a node that
 //! already belongs to a cluster *joins* it again; a fresh node *bootstraps* a new cluster
@@ -48,6 +50,10 @@
 //!   ─────────────── start paths (once per start; never import a runnable) ──────────
 //!   recover         `polis-node recover`: its refusals (on top of preflight's), then a
 //!     │             join with --force-new-cluster for one etcd start
+//!     └──▶ preflight
+//!   restore         `polis-node restore`: an empty root made the only member of a
+//!     │             backup's cluster (etcdctl snapshot restore, one etcd start), then
+//!     │             a join
 //!     └──▶ preflight
 //!   preflight       every refusal before anything is written; the Plan
 //!     │ ──▶ decision    the start decision (pure)

@@ -18,6 +18,7 @@
 //! address is a former member's; a former member's etcd belongs to another etcd cluster
 //! and rejoins as a learner (see `rejoin`).
 //!
+//! The cluster CA found in the snapshot must be the one the backup's header names.
 //! Any failure after the root was touched removes what this run created (the root itself
 //! when it was absent), so a refused restore leaves nothing behind. A start path: may not
 //! start runnables or touch shared values.
@@ -167,7 +168,7 @@ async fn restore_into(
             Status::Running(r) => r,
             Status::Stopped => unreachable!("filtered for Running"),
         };
-        let quota = write_cluster_state(root, flags, &key, &running).await?;
+        let quota = write_cluster_state(root, flags, backup, &key, &running).await?;
         anyhow::Ok((running.cluster_id, running.member_id, quota))
     };
     let outcome = tokio::time::timeout(std::time::Duration::from_secs(60), written).await;
@@ -295,6 +296,7 @@ fn etcd_config(root: &Root, flags: &RestoreFlags, node_id: &str) -> EtcdConfig {
 async fn write_cluster_state(
     root: &Root,
     flags: &RestoreFlags,
+    backup: &backup::Backup,
     key: &NodeKey,
     running: &consensus::Running,
 ) -> Result<(Vec<u8>, u64)> {
@@ -308,6 +310,15 @@ async fn write_cluster_state(
         .await
         .context("loading the cluster CA")?
         .ok_or_else(|| anyhow!(what("the snapshot holds no cluster CA")))?;
+    let fingerprint = rpc::fingerprint(&cluster_ca.cert_der);
+    if fingerprint != backup.header.ca_fingerprint {
+        bail!(
+            "backup {}: the snapshot's cluster CA ({fingerprint}) is not the one its header \
+             names ({})",
+            flags.backup.display(),
+            backup.header.ca_fingerprint
+        );
+    }
     let peer_ca = etcd_pki
         .load_ca()
         .await
@@ -373,4 +384,48 @@ async fn write_cluster_state(
         bail!("the restored cluster already holds a record of node {node_id}");
     }
     Ok((cluster_ca.cert_der, quota))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_absent_or_empty_root_is_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let absent = dir.path().join("absent");
+        assert!(!check_root_empty(&absent).unwrap());
+        let empty = dir.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        assert!(check_root_empty(&empty).unwrap());
+        std::fs::write(empty.join("x"), b"").unwrap();
+        let e = check_root_empty(&empty).unwrap_err().to_string();
+        assert!(
+            e.contains("is not empty") && e.contains(empty.to_str().unwrap()),
+            "{e}"
+        );
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        assert!(
+            check_root_empty(&file)
+                .unwrap_err()
+                .to_string()
+                .contains("not a directory")
+        );
+    }
+
+    #[test]
+    fn clean_up_leaves_the_root_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("data/etcd")).unwrap();
+        std::fs::write(root.join("lock"), b"1").unwrap();
+        std::fs::write(root.join("data/etcd/x"), b"1").unwrap();
+        clean_up(&root, true).unwrap();
+        assert!(root.is_dir());
+        assert_eq!(std::fs::read_dir(&root).unwrap().count(), 0);
+        std::fs::create_dir_all(root.join("esp")).unwrap();
+        clean_up(&root, false).unwrap();
+        assert!(!root.exists());
+    }
 }
