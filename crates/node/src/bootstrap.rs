@@ -28,20 +28,20 @@
 //! A start path: may not start runnables or touch shared values; it is handed a running
 //! etcd by the control plane.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use anyhow::{Context as _, Result, anyhow};
 use consensus::Running;
 use curator::BootstrapRecords;
 use identity::NodeKey;
 use pki::{CA_LIFETIME, Ca};
-use proto::config::{ClusterBootstrap, ClusterConfiguration, LocalRoles, SealedConfiguration};
+use proto::config::{ClusterBootstrap, ClusterConfiguration, SealedConfiguration};
 use proto::state::{ConsensusMemberRole, Node, NodeRoles, NodeState};
 
 use crate::crash::crash_point;
 use crate::decision::BootstrapTrace;
 use crate::files::{
-    PEER_FILES, read_node_key, read_pem_certificate, save_directory, write_peer_files,
+    PEER_FILES, read_node_key, read_pem_certificate, save_member_files, write_peer_files,
 };
 use crate::membership::BootstrapData;
 use crate::storage::{Root, dir_non_empty, read_file, read_proto, write_atomic, write_proto};
@@ -310,17 +310,7 @@ pub async fn finish(
     }
     crash_point("records");
 
-    write_proto(
-        &root.local_roles(),
-        &LocalRoles {
-            consensus_member: true,
-        },
-    )
-    .context("saving the node's roles")?;
-    save_directory(
-        root,
-        &[SocketAddr::new(address, rpc::CURATOR_PORT).to_string()],
-    )?;
+    save_member_files(root, address)?;
     let sealed = SealedConfiguration {
         node_id,
         cluster_ca_certificate: cluster_ca.cert_der.clone(),

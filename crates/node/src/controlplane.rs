@@ -26,7 +26,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow};
-use consensus::{EtcdConfig, InitialClusterState, PeerTlsFiles, Readiness, Running, Status};
+use consensus::{EtcdConfig, InitialClusterState, Readiness, Running, Status};
 use proto::api;
 use proto::config::{ConsensusMembership, SealedConfiguration};
 
@@ -35,8 +35,8 @@ use crate::cluster_state::Contact;
 use crate::curator_client::curator_client;
 use crate::fatal::FatalSender;
 use crate::files::{
-    forget_consensus, has_etcd_data, record_quota, recorded_membership, recorded_quota,
-    write_peer_files,
+    forget_consensus, has_etcd_data, peer_tls_files, record_quota, recorded_membership,
+    recorded_quota, write_peer_files,
 };
 use crate::membership::Membership;
 use crate::rejoin;
@@ -62,7 +62,6 @@ fn etcd_config(
     quota_backend_bytes: u64,
 ) -> EtcdConfig {
     let root = &settings.root;
-    let peer_dir = root.etcd_peer_dir();
     let peer_url = consensus::config::peer_url(settings.address, consensus::config::PEER_PORT);
     let (initial_cluster, state, readiness) = match start {
         EtcdStart::Bootstrap => (
@@ -90,12 +89,7 @@ fn etcd_config(
         run_dir: root.consensus_run_dir(),
         peer_address: settings.address,
         peer_port: consensus::config::PEER_PORT,
-        peer_tls: PeerTlsFiles {
-            cert: peer_dir.join("cert.pem"),
-            key: peer_dir.join("key.pem"),
-            ca: peer_dir.join("ca.pem"),
-            crl: peer_dir.join("crl.pem"),
-        },
+        peer_tls: peer_tls_files(root),
         initial_cluster,
         initial_cluster_state: state,
         cluster_token: format!("polis-{node_id}"),

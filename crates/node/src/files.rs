@@ -25,6 +25,34 @@ pub fn read_node_key(root: &Root) -> Result<NodeKey> {
         .with_context(|| format!("node key in {} is corrupt", key_path.display()))
 }
 
+/// Where etcd finds the peer TLS files of this root.
+pub fn peer_tls_files(root: &Root) -> consensus::PeerTlsFiles {
+    let dir = root.etcd_peer_dir();
+    consensus::PeerTlsFiles {
+        cert: dir.join("cert.pem"),
+        key: dir.join("key.pem"),
+        ca: dir.join("ca.pem"),
+        crl: dir.join("crl.pem"),
+    }
+}
+
+/// The files a consensus member's root holds besides its credentials: its roles (a
+/// consensus member) and a cluster directory naming its own curator. Written by the
+/// bootstrap and the restore, before the sealed configuration.
+pub fn save_member_files(root: &Root, address: std::net::IpAddr) -> Result<()> {
+    write_proto(
+        &root.local_roles(),
+        &proto::config::LocalRoles {
+            consensus_member: true,
+        },
+    )
+    .context("saving the node's roles")?;
+    save_directory(
+        root,
+        &[SocketAddr::new(address, rpc::CURATOR_PORT).to_string()],
+    )
+}
+
 /// Writes the etcd peer TLS files; the CRL is replaced atomically like every file.
 pub fn write_peer_files(
     root: &Root,

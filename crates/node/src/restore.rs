@@ -23,20 +23,20 @@
 //! when it was absent), so a refused restore leaves nothing behind. A start path: may not
 //! start runnables or touch shared values.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use consensus::{EtcdConfig, InitialClusterState, PeerTlsFiles, RaftTiming, Readiness, Status};
+use consensus::{EtcdConfig, InitialClusterState, RaftTiming, Readiness, Status};
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use identity::NodeKey;
 use pki::{CA_LIFETIME, Ca};
 use prost::Message as _;
-use proto::config::{LocalRoles, SealedConfiguration};
+use proto::config::SealedConfiguration;
 use proto::state::{ConsensusMemberRole, Node, NodeRoles, NodeState};
 
-use crate::files::{record_quota, save_directory, write_peer_files};
+use crate::files::{peer_tls_files, record_quota, save_member_files, write_peer_files};
 use crate::preflight::{self, Flags, Plan};
 use crate::storage::{Root, RootLock, write_atomic, write_proto};
 
@@ -177,17 +177,7 @@ async fn restore_into(
         outcome.map_err(|_| anyhow!("the restored etcd did not serve within 60 s"))??;
 
     record_quota(root, quota)?;
-    write_proto(
-        &root.local_roles(),
-        &LocalRoles {
-            consensus_member: true,
-        },
-    )
-    .context("saving the node's roles")?;
-    save_directory(
-        root,
-        &[SocketAddr::new(flags.address, rpc::CURATOR_PORT).to_string()],
-    )?;
+    save_member_files(root, flags.address)?;
     let sealed = SealedConfiguration {
         node_id: node_id.clone(),
         cluster_ca_certificate: cluster_ca,
@@ -266,7 +256,6 @@ async fn restore_snapshot(
 }
 
 fn etcd_config(root: &Root, flags: &RestoreFlags, node_id: &str) -> EtcdConfig {
-    let peer_dir = root.etcd_peer_dir();
     let peer_url = consensus::config::peer_url(flags.address, consensus::config::PEER_PORT);
     EtcdConfig {
         binary: flags.etcd_binary.clone(),
@@ -275,12 +264,7 @@ fn etcd_config(root: &Root, flags: &RestoreFlags, node_id: &str) -> EtcdConfig {
         run_dir: root.consensus_run_dir(),
         peer_address: flags.address,
         peer_port: consensus::config::PEER_PORT,
-        peer_tls: PeerTlsFiles {
-            cert: peer_dir.join("cert.pem"),
-            key: peer_dir.join("key.pem"),
-            ca: peer_dir.join("ca.pem"),
-            crl: peer_dir.join("crl.pem"),
-        },
+        peer_tls: peer_tls_files(root),
         initial_cluster: vec![(node_id.to_string(), peer_url)],
         initial_cluster_state: InitialClusterState::Existing,
         cluster_token: format!("polis-{node_id}"),
