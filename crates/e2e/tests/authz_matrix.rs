@@ -20,17 +20,6 @@ struct Identities {
     foreign_ca: Option<rpc::Credentials>,
 }
 
-fn owner_template(lifetime: Duration) -> pki::Template {
-    pki::Template {
-        common_name: "owner".into(),
-        dns_names: vec![],
-        ip_addresses: vec![],
-        usage: pki::Usage::Client,
-        lifetime,
-        kind: pki::CertificateKind::Owner,
-    }
-}
-
 async fn identities(node: &Node, owner_key: &identity::NodeKey) -> Result<Identities> {
     let client = consensus::connect_unix(&node.socket()).await?;
     let store = curator::cluster_pki(&consensus::Namespaced::new(client, "curator"));
@@ -40,16 +29,24 @@ async fn identities(node: &Node, owner_key: &identity::NodeKey) -> Result<Identi
         key_pkcs8: key.pkcs8_der().to_vec(),
     };
     let day = Duration::from_secs(24 * 3600);
-    let owner = ca.issue(&owner_template(day), &owner_key.public_key())?;
+    let owner = ca.issue(
+        &curator::templates::owner_certificate_template(day),
+        &owner_key.public_key(),
+    )?;
     let expired = ca.issue_at(
-        &owner_template(day),
+        &curator::templates::owner_certificate_template(day),
         &owner_key.public_key(),
         time::OffsetDateTime::now_utc() - 2 * day,
     )?;
-    let revoked = ca.issue(&owner_template(day), &owner_key.public_key())?;
+    let revoked = ca.issue(
+        &curator::templates::owner_certificate_template(day),
+        &owner_key.public_key(),
+    )?;
     store.revoke(&ca, &revoked.serial).await?;
-    let foreign = pki::Ca::generate("Foreign CA", pki::CA_LIFETIME)?
-        .issue(&owner_template(day), &owner_key.public_key())?;
+    let foreign = pki::Ca::generate("Foreign CA", pki::CA_LIFETIME)?.issue(
+        &curator::templates::owner_certificate_template(day),
+        &owner_key.public_key(),
+    )?;
     let node_key =
         identity::NodeKey::from_pkcs8(&std::fs::read(node.root.join("data/node/key.der"))?)?;
     Ok(Identities {

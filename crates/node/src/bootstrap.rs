@@ -260,19 +260,7 @@ pub async fn finish(
     let lifetime = curator::templates::node_certificate_lifetime(
         b.parameters.initial_cluster_configuration.as_ref(),
     );
-    let node_certificate = cluster_pki
-        .ensure_certificate(&curator::layout::node_certificate_prefix(&node_id), || {
-            cluster_ca.issue(
-                &curator::templates::node_certificate_template(&node_id, address, lifetime),
-                &b.key.public_key(),
-            )
-        })
-        .await
-        .context("issuing the node certificate")?;
-    write_atomic(&root.node_certificate(), &node_certificate)
-        .context("saving the node certificate")?;
-    write_atomic(&root.cluster_ca(), &cluster_ca.cert_der)
-        .context("saving the cluster CA certificate")?;
+    save_node_certificate(root, &cluster_pki, &cluster_ca, &b.key, address, lifetime).await?;
     crash_point("node-certificate");
 
     let records = BootstrapRecords {
@@ -332,6 +320,34 @@ pub async fn finish(
         "bootstrap complete; sealed configuration written"
     );
     Ok(())
+}
+
+/// The node's certificate from the cluster CA in etcd (the one recorded as
+/// `node-<id>`, issued now if there is none), saved with the CA's certificate in the
+/// root. Used by the bootstrap and by a restore, which both found a cluster's only node
+/// before any curator runs.
+pub async fn save_node_certificate(
+    root: &Root,
+    cluster_pki: &pki::CaStore,
+    cluster_ca: &Ca,
+    key: &NodeKey,
+    address: IpAddr,
+    lifetime: std::time::Duration,
+) -> Result<()> {
+    let node_id = key.node_id();
+    let node_certificate = cluster_pki
+        .ensure_certificate(&curator::layout::node_certificate_prefix(&node_id), || {
+            cluster_ca.issue(
+                &curator::templates::node_certificate_template(&node_id, address, lifetime),
+                &key.public_key(),
+            )
+        })
+        .await
+        .context("issuing the node certificate")?;
+    write_atomic(&root.node_certificate(), &node_certificate)
+        .context("saving the node certificate")?;
+    write_atomic(&root.cluster_ca(), &cluster_ca.cert_der)
+        .context("saving the cluster CA certificate")
 }
 
 /// The member ID etcd 3.4 gives the founding member of a new cluster: the first 8 bytes

@@ -327,19 +327,15 @@ async fn write_cluster_state(
     let crl = etcd_pki.crl().await.context("loading the etcd peer CRL")?;
     write_peer_files(root, key, &peer_ca.cert_der, &peer_certificate, &crl)
         .context("writing etcd peer TLS files")?;
-    let node_certificate = cluster_pki
-        .ensure_certificate(&curator::layout::node_certificate_prefix(&node_id), || {
-            cluster_ca.issue(
-                &curator::templates::node_certificate_template(&node_id, flags.address, lifetime),
-                &key.public_key(),
-            )
-        })
-        .await
-        .context("issuing the node certificate")?;
-    write_atomic(&root.node_certificate(), &node_certificate)
-        .context("saving the node certificate")?;
-    write_atomic(&root.cluster_ca(), &cluster_ca.cert_der)
-        .context("saving the cluster CA certificate")?;
+    crate::bootstrap::save_node_certificate(
+        root,
+        &cluster_pki,
+        &cluster_ca,
+        key,
+        flags.address,
+        lifetime,
+    )
+    .await?;
     let node = Node {
         id: node_id.clone(),
         public_key: key.public_key().to_vec(),

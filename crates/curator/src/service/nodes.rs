@@ -396,7 +396,8 @@ impl api::curator_server::Curator for Services {
         let serial = request
             .extensions()
             .get::<rpc::server::ClientCertificate>()
-            .and_then(|c| pki::certificate_serial(&c.0).ok());
+            .and_then(|c| c.leaf())
+            .and_then(|der| pki::certificate_serial(der).ok());
         let crl = self.0.crl.clone();
         let stream = snapshot_stream(&self.0, serial, move |nodes| {
             let node = nodes.nodes.get(&id)?;

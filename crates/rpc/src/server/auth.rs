@@ -11,17 +11,25 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use rustls::pki_types::UnixTime;
+use rustls::pki_types::{CertificateDer, UnixTime};
 
 use super::calls::CallGuard;
 use super::conn::PeerInfo;
 use crate::authz::{Denied, Identity, authorize};
 use crate::tls::Authenticator;
 
-/// The DER of the certificate the caller presented, for calls not forwarded by another
-/// curator: a stream handler ends the stream once this certificate is revoked.
+/// The certificate chain the caller presented (shared with its connection, not copied),
+/// for calls not forwarded by another curator: a stream handler ends the stream once
+/// the caller's certificate is revoked.
 #[derive(Clone, Debug)]
-pub struct ClientCertificate(pub Arc<Vec<u8>>);
+pub struct ClientCertificate(Arc<Vec<CertificateDer<'static>>>);
+
+impl ClientCertificate {
+    /// The DER of the caller's own (leaf) certificate.
+    pub fn leaf(&self) -> Option<&[u8]> {
+        self.0.first().map(|c| c.as_ref())
+    }
+}
 
 /// Fetches the current cluster CRL (DER).
 pub type CrlSource =
@@ -201,10 +209,8 @@ where
                 tracing::info!(method, caller = %identity, "denied: {denied}");
                 return Ok(denied_status(&denied).into_http());
             }
-            if !was_forwarded && let Some(cert) = leaf.as_ref().and_then(|c| c.first()) {
-                request
-                    .extensions_mut()
-                    .insert(ClientCertificate(Arc::new(cert.as_ref().to_vec())));
+            if !was_forwarded && let Some(chain) = leaf {
+                request.extensions_mut().insert(ClientCertificate(chain));
             }
             request.extensions_mut().insert(identity);
             let response = inner.call(request).await?;
