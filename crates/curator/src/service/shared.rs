@@ -36,6 +36,8 @@ pub struct CuratorConfig {
     pub etcd_quota_bytes: u64,
     /// How often the leader looks after etcd, and its defragmentation floor.
     pub upkeep: crate::upkeep::Settings,
+    /// Scheduled snapshots: where they go, the interval bounds accepted.
+    pub snapshots: super::scheduled::SnapshotSettings,
 }
 
 /// Every node record, as of one etcd revision.
@@ -84,6 +86,8 @@ pub struct Shared {
     /// Held while RegisterNode checks that a new node's address is free and creates
     /// its record, so that two registrations cannot take one address.
     pub(super) registrations: tokio::sync::Mutex<()>,
+    /// How this member's last scheduled snapshot went (the `snapshots` runnable).
+    pub(super) scheduled: Mutex<super::scheduled::ScheduledOutcome>,
 }
 
 impl Shared {

@@ -23,12 +23,15 @@ pub(crate) fn bootstrap(
     node_certificate_lifetime: Option<u64>,
     owner_certificate_lifetime: Option<u64>,
     etcd_quota: Option<u64>,
+    snapshot_schedule: (Option<u64>, Option<u32>),
 ) -> Result<()> {
     let configuration = ClusterConfiguration {
         cluster_domain: cluster_domain.to_string(),
         node_certificate_lifetime_seconds: node_certificate_lifetime.unwrap_or(0),
         owner_certificate_lifetime_seconds: owner_certificate_lifetime.unwrap_or(0),
         etcd_quota_bytes: etcd_quota.unwrap_or(0),
+        snapshot_interval_seconds: snapshot_schedule.0.unwrap_or(0),
+        snapshot_keep: snapshot_schedule.1.unwrap_or(0),
     };
     write_bootstrap_params(config, out, configuration, labels)?;
     eprintln!("wrote bootstrap parameters to {}", out.display());
