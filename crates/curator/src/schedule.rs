@@ -47,16 +47,14 @@ pub async fn set_snapshot_schedule(
     // A concurrent change of the configuration makes the comparison fail: read again.
     for _ in 0..5 {
         let response = curator.client().get(key.clone(), None).await?;
-        let kv = response
-            .kvs()
-            .first()
-            .ok_or(CuratorError::Protocol("the cluster configuration is missing"))?;
-        let mut config = ClusterConfiguration::decode(kv.value()).map_err(|source| {
-            CuratorError::Corrupt {
+        let kv = response.kvs().first().ok_or(CuratorError::Protocol(
+            "the cluster configuration is missing",
+        ))?;
+        let mut config =
+            ClusterConfiguration::decode(kv.value()).map_err(|source| CuratorError::Corrupt {
                 what: "cluster configuration".into(),
                 source,
-            }
-        })?;
+            })?;
         if interval_seconds != 0 {
             config.snapshot_interval_seconds = interval_seconds;
         }

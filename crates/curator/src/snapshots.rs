@@ -122,7 +122,10 @@ mod tests {
             taken_at_unix_ms: t,
             revision: 1,
         };
-        assert_eq!(to_prune(vec![n(3), n(1), n(2), n(5), n(4)], 3), vec![n(1), n(2)]);
+        assert_eq!(
+            to_prune(vec![n(3), n(1), n(2), n(5), n(4)], 3),
+            vec![n(1), n(2)]
+        );
         assert!(to_prune(vec![n(1)], 3).is_empty());
     }
 
@@ -131,7 +134,10 @@ mod tests {
         let h = Duration::from_secs(3600);
         let m = Duration::from_secs(60);
         assert_eq!(due_in(1000, None, None, h, m), Duration::ZERO);
-        assert_eq!(due_in(1000, Some(500), None, h, m), Duration::from_millis(3_599_500));
+        assert_eq!(
+            due_in(1000, Some(500), None, h, m),
+            Duration::from_millis(3_599_500)
+        );
         assert_eq!(due_in(4_000_000, Some(0), None, h, m), Duration::ZERO);
         // A failure 10 s ago: retry in 50 s even though the interval has passed.
         assert_eq!(

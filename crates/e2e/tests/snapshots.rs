@@ -113,13 +113,17 @@ fn scheduled_snapshots_are_kept_pruned_listed_fetched_and_watched() -> Result<()
     // Each member: 3 kept, and the ones seen first pruned while new ones come.
     for (node, id) in members {
         let mut first_seen = BTreeSet::new();
-        wait_until(&format!("{id}: 3 snapshots kept, older pruned"), TIMEOUT * 2, || {
-            let now = files(node);
-            if first_seen.is_empty() {
-                first_seen = now.clone();
-            }
-            now.len() == 3 && !first_seen.is_empty() && first_seen.is_disjoint(&now)
-        })?;
+        wait_until(
+            &format!("{id}: 3 snapshots kept, older pruned"),
+            TIMEOUT * 2,
+            || {
+                let now = files(node);
+                if first_seen.is_empty() {
+                    first_seen = now.clone();
+                }
+                now.len() == 3 && !first_seen.is_empty() && first_seen.is_disjoint(&now)
+            },
+        )?;
         let snapshots = node.root.join("data/snapshots");
         let mode = std::fs::metadata(&snapshots)?.permissions().mode() & 0o777;
         assert_eq!(mode, 0o700, "{}", snapshots.display());
@@ -139,7 +143,8 @@ fn scheduled_snapshots_are_kept_pruned_listed_fetched_and_watched() -> Result<()
         assert!(!own.is_empty(), "no snapshots of {id} listed: {listed}");
         for r in own {
             let name = r["name"].as_str().context("name")?;
-            let parsed = curator::snapshots::SnapshotName::parse(name).context("a snapshot name")?;
+            let parsed =
+                curator::snapshots::SnapshotName::parse(name).context("a snapshot name")?;
             assert_eq!(r["revision"], parsed.revision, "{r}");
             assert!(r["size"].as_u64().unwrap_or(0) > 0, "{r}");
         }
@@ -167,15 +172,22 @@ fn scheduled_snapshots_are_kept_pruned_listed_fetched_and_watched() -> Result<()
         ])?;
         let mode = std::fs::metadata(&out)?.permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let inspected: serde_json::Value = serde_json::from_str(&cluster.ctl_retry(&[
-            "cluster", "backup", "inspect", out_str, "-o", "json",
-        ])?)?;
+        let inspected: serde_json::Value = serde_json::from_str(
+            &cluster.ctl_retry(&["cluster", "backup", "inspect", out_str, "-o", "json"])?,
+        )?;
         assert_eq!(inspected["node_id"], *id, "{inspected}");
         let parsed = curator::snapshots::SnapshotName::parse(&newest).context("name")?;
         assert_eq!(inspected["revision"], parsed.revision, "{inspected}");
-        assert_eq!(inspected["taken_at_unix_ms"], parsed.taken_at_unix_ms, "{inspected}");
+        assert_eq!(
+            inspected["taken_at_unix_ms"], parsed.taken_at_unix_ms,
+            "{inspected}"
+        );
         let ca = pem_der(&cluster.config.join("ca.pem"))?;
-        assert_eq!(inspected["ca_fingerprint"], rpc::fingerprint(&ca), "{inspected}");
+        assert_eq!(
+            inspected["ca_fingerprint"],
+            rpc::fingerprint(&ca),
+            "{inspected}"
+        );
     }
 
     // Refusals: nothing is written.
@@ -218,7 +230,10 @@ fn scheduled_snapshots_are_kept_pruned_listed_fetched_and_watched() -> Result<()
     let (list, fetch, local) = runtime.block_on(async {
         let channel = rpc::connect(n0_endpoint, &trust, Some(&node_credentials)).await?;
         let mut backup = api::backup_client::BackupClient::new(channel.clone());
-        let list = backup.list_snapshots(api::ListSnapshotsRequest {}).await.err();
+        let list = backup
+            .list_snapshots(api::ListSnapshotsRequest {})
+            .await
+            .err();
         let fetch = backup
             .fetch_snapshot(api::FetchSnapshotRequest {
                 node_id: id0.clone(),
@@ -241,7 +256,9 @@ fn scheduled_snapshots_are_kept_pruned_listed_fetched_and_watched() -> Result<()
     // Keep lowered live: 2 per member.
     cluster.ctl_retry(&["cluster", "config", "set", "--snapshot-keep", "2"])?;
     for (node, id) in members {
-        wait_until(&format!("{id}: 2 snapshots kept"), TIMEOUT, || files(node).len() == 2)?;
+        wait_until(&format!("{id}: 2 snapshots kept"), TIMEOUT, || {
+            files(node).len() == 2
+        })?;
     }
 
     // A failing member: its snapshot directory replaced by a regular file.
@@ -253,16 +270,22 @@ fn scheduled_snapshots_are_kept_pruned_listed_fetched_and_watched() -> Result<()
         status["warnings"].as_array().is_some_and(|w| {
             w.iter().any(|w| {
                 w.as_str().is_some_and(|w| {
-                    w.contains(&id1) && w.contains("scheduled snapshot failed") && w.contains("last success: 20")
+                    w.contains(&id1)
+                        && w.contains("scheduled snapshot failed")
+                        && w.contains("last success: 20")
                 })
             })
         })
     };
     let mut last = serde_json::Value::Null;
-    wait_until("the failed snapshot shown in cluster status", TIMEOUT, || {
-        last = cluster.status(&all).map(|s| s.1).unwrap_or_default();
-        warned(&last)
-    })
+    wait_until(
+        "the failed snapshot shown in cluster status",
+        TIMEOUT,
+        || {
+            last = cluster.status(&all).map(|s| s.1).unwrap_or_default();
+            warned(&last)
+        },
+    )
     .with_context(|| format!("last status: {last}"))?;
     let (_, table, _) = cluster.ctl(&["--endpoints", &all, "cluster", "status"])?;
     assert!(
@@ -271,14 +294,20 @@ fn scheduled_snapshots_are_kept_pruned_listed_fetched_and_watched() -> Result<()
     );
     // Only that member warns.
     assert!(
-        !last["warnings"].to_string().contains(&format!("node {id0}: scheduled")),
+        !last["warnings"]
+            .to_string()
+            .contains(&format!("node {id0}: scheduled")),
         "{last}"
     );
     std::fs::remove_file(&snapshots)?;
-    wait_until("the member snapshots again and the warning goes", TIMEOUT, || {
-        last = cluster.status(&all).map(|s| s.1).unwrap_or_default();
-        !warned(&last) && !files(&w1).is_empty()
-    })
+    wait_until(
+        "the member snapshots again and the warning goes",
+        TIMEOUT,
+        || {
+            last = cluster.status(&all).map(|s| s.1).unwrap_or_default();
+            !warned(&last) && !files(&w1).is_empty()
+        },
+    )
     .with_context(|| format!("last status: {last}"))?;
     Ok(())
 }

@@ -129,8 +129,7 @@ async fn run(cli: Cli) -> Result<()> {
                 let config = cli.config_dir()?;
                 match (&args.from_node, &args.name) {
                     (Some(node), Some(name)) => {
-                        snapshots::fetch(&config, &cli.endpoints, node, name, out, cli.output)
-                            .await
+                        snapshots::fetch(&config, &cli.endpoints, node, name, out, cli.output).await
                     }
                     _ => backup::save(&config, &cli.endpoints, out, cli.output).await,
                 }
@@ -255,8 +254,11 @@ async fn run(cli: Cli) -> Result<()> {
             labels,
             *node_certificate_lifetime,
             *owner_certificate_lifetime,
-            *etcd_quota,
-            (*snapshot_interval, *snapshot_keep),
+            params::EtcdSettings {
+                quota: *etcd_quota,
+                snapshot_interval: *snapshot_interval,
+                snapshot_keep: *snapshot_keep,
+            },
         ),
         Command::Params(ParamsCommand::Register { out, labels }) => {
             params::register(&cli.config_dir()?, &cli.endpoints, out, labels).await

@@ -77,7 +77,10 @@ pub fn parse_interval(text: &str) -> Result<u64, ScheduleError> {
 /// Checks an interval (seconds, not 0) against `bounds`.
 pub fn check_interval(seconds: u64, bounds: Bounds) -> Result<u64, ScheduleError> {
     if seconds < bounds.min_interval_seconds {
-        return Err(ScheduleError::TooShort(seconds, bounds.min_interval_seconds));
+        return Err(ScheduleError::TooShort(
+            seconds,
+            bounds.min_interval_seconds,
+        ));
     }
     if seconds > MAX_INTERVAL_SECONDS {
         return Err(ScheduleError::TooLong(seconds));
@@ -114,7 +117,7 @@ pub fn effective(interval_seconds: u64, keep: u32, bounds: Bounds) -> Schedule {
 /// An interval in its largest whole unit (`6h`, `90m`, `45s`).
 pub fn show(seconds: u64) -> String {
     for (unit, size) in [("d", 86400), ("h", 3600), ("m", 60)] {
-        if seconds >= size && seconds % size == 0 {
+        if seconds >= size && seconds.is_multiple_of(size) {
             return format!("{}{unit}", seconds / size);
         }
     }

@@ -78,7 +78,12 @@ impl api::curator_local_server::CuratorLocal for Services {
             .await
             .unwrap_or_default();
         let header = status.header();
-        let scheduled = self.0.scheduled.lock().expect("scheduled outcome lock").clone();
+        let scheduled = self
+            .0
+            .scheduled
+            .lock()
+            .expect("scheduled outcome lock")
+            .clone();
         Ok(Response::new(api::GetConsensusStatusResponse {
             node_id: self.0.config.node_id.clone(),
             member_id: header.map(|h| h.member_id()).unwrap_or_default(),

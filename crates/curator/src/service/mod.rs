@@ -78,8 +78,7 @@ use std::sync::{Arc, Mutex};
 
 use consensus::Namespaced;
 
-pub use scheduled::SnapshotSettings;
-pub use shared::{CuratorConfig, NodeSnapshot, Services, Shared, Snapshot};
+pub use shared::{CuratorConfig, NodeSnapshot, Services, Shared, Snapshot, SnapshotSettings};
 
 use crate::election::{self, ElectionConfig, Role};
 use health_book::HealthBook;

@@ -22,7 +22,7 @@ use etcd_client::GetOptions;
 use ring::digest::{Context, SHA256};
 use tonic::Status;
 
-use super::shared::Shared;
+use super::shared::{ScheduledOutcome, Shared};
 use crate::snapshots::{SnapshotName, due_in, to_prune};
 
 /// How often the schedule and the directory are looked at.
@@ -35,32 +35,6 @@ const STALL: Duration = Duration::from_secs(30);
 const ETCD_HASH_LEN: usize = 32;
 /// How long the revision read may wait for the quorum before the local state is used.
 const QUORUM_READ: Duration = Duration::from_secs(5);
-
-/// What `cluster status` shows of this member's scheduled snapshots.
-#[derive(Debug, Clone, Default)]
-pub struct ScheduledOutcome {
-    /// When the newest snapshot was taken (ms since the Unix epoch; 0: none).
-    pub last_success_unix_ms: u64,
-    /// Why the last attempt failed; empty when it did not.
-    pub last_error: String,
-}
-
-/// Where scheduled snapshots go, and the interval bounds this node accepts.
-#[derive(Debug, Clone)]
-pub struct SnapshotSettings {
-    /// `ROOT/data/snapshots`; `None`: no scheduled snapshots (curators in unit tests).
-    pub dir: Option<PathBuf>,
-    pub bounds: proto::snapshots::Bounds,
-}
-
-impl Default for SnapshotSettings {
-    fn default() -> Self {
-        SnapshotSettings {
-            dir: None,
-            bounds: proto::snapshots::Bounds::NORMAL,
-        }
-    }
-}
 
 pub(super) fn now_ms() -> u64 {
     SystemTime::now()
@@ -97,10 +71,12 @@ pub(super) fn list_local(dir: &Path) -> std::io::Result<Vec<(SnapshotName, u64)>
 pub(super) fn local_path(dir: Option<&Path>, name: &str) -> Result<PathBuf, Status> {
     let parsed = SnapshotName::parse(name).ok_or_else(|| bad_name(name))?;
     let dir = dir.ok_or_else(|| Status::not_found("this node keeps no snapshots"))?;
-    let listing = list_local(dir)
-        .map_err(|e| Status::unavailable(format!("{}: {e}", dir.display())))?;
+    let listing =
+        list_local(dir).map_err(|e| Status::unavailable(format!("{}: {e}", dir.display())))?;
     if !listing.iter().any(|(n, _)| *n == parsed) {
-        return Err(Status::not_found(format!("no snapshot {name} on this node")));
+        return Err(Status::not_found(format!(
+            "no snapshot {name} on this node"
+        )));
     }
     Ok(dir.join(parsed.file_name()))
 }
@@ -129,7 +105,9 @@ pub(super) async fn run(
     if let Ok(files) = list_local(&dir)
         && let Some((newest, _)) = files.last()
     {
-        record(&shared, |o| o.last_success_unix_ms = newest.taken_at_unix_ms);
+        record(&shared, |o| {
+            o.last_success_unix_ms = newest.taken_at_unix_ms
+        });
     }
     loop {
         match crate::schedule::local_configuration(&shared.curator).await {
@@ -153,7 +131,11 @@ pub(super) async fn run(
         }
         let newest = match list_local(&dir) {
             Ok(files) => {
-                prune(&dir, files.iter().map(|(n, _)| n.clone()).collect(), schedule.keep);
+                prune(
+                    &dir,
+                    files.iter().map(|(n, _)| n.clone()).collect(),
+                    schedule.keep,
+                );
                 files.last().map(|(n, _)| n.taken_at_unix_ms)
             }
             Err(_) => None,

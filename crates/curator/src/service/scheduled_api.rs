@@ -35,15 +35,16 @@ const LIST_ANSWER: Duration = Duration::from_secs(5);
 /// How long a reader may stop reading before a fetch is given up.
 const STALL: Duration = Duration::from_secs(30);
 
-pub(super) type FileStream = Pin<Box<dyn Stream<Item = Result<api::SnapshotFileChunk, Status>> + Send>>;
+pub(super) type FileStream =
+    Pin<Box<dyn Stream<Item = Result<api::SnapshotFileChunk, Status>> + Send>>;
 
 /// This curator's own snapshots, as the API describes them.
 fn own_files(shared: &Shared) -> Result<Vec<api::SnapshotFile>, Status> {
     let Some(dir) = shared.config.snapshots.dir.as_deref() else {
         return Ok(Vec::new());
     };
-    let files = list_local(dir)
-        .map_err(|e| Status::unavailable(format!("{}: {e}", dir.display())))?;
+    let files =
+        list_local(dir).map_err(|e| Status::unavailable(format!("{}: {e}", dir.display())))?;
     Ok(files
         .into_iter()
         .map(|(n, size)| api::SnapshotFile {

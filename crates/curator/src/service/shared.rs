@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,7 +38,33 @@ pub struct CuratorConfig {
     /// How often the leader looks after etcd, and its defragmentation floor.
     pub upkeep: crate::upkeep::Settings,
     /// Scheduled snapshots: where they go, the interval bounds accepted.
-    pub snapshots: super::scheduled::SnapshotSettings,
+    pub snapshots: SnapshotSettings,
+}
+
+/// What `cluster status` shows of this member's scheduled snapshots.
+#[derive(Debug, Clone, Default)]
+pub struct ScheduledOutcome {
+    /// When the newest snapshot was taken (ms since the Unix epoch; 0: none).
+    pub last_success_unix_ms: u64,
+    /// Why the last attempt failed; empty when it did not.
+    pub last_error: String,
+}
+
+/// Where scheduled snapshots go, and the interval bounds this node accepts.
+#[derive(Debug, Clone)]
+pub struct SnapshotSettings {
+    /// `ROOT/data/snapshots`; `None`: no scheduled snapshots (curators in unit tests).
+    pub dir: Option<PathBuf>,
+    pub bounds: proto::snapshots::Bounds,
+}
+
+impl Default for SnapshotSettings {
+    fn default() -> Self {
+        SnapshotSettings {
+            dir: None,
+            bounds: proto::snapshots::Bounds::NORMAL,
+        }
+    }
 }
 
 /// Every node record, as of one etcd revision.
@@ -87,7 +114,7 @@ pub struct Shared {
     /// its record, so that two registrations cannot take one address.
     pub(super) registrations: tokio::sync::Mutex<()>,
     /// How this member's last scheduled snapshot went (the `snapshots` runnable).
-    pub(super) scheduled: Mutex<super::scheduled::ScheduledOutcome>,
+    pub(super) scheduled: Mutex<ScheduledOutcome>,
 }
 
 impl Shared {

@@ -31,7 +31,10 @@ const STALL: Duration = Duration::from_secs(60);
 /// A Backup client on the first curator that answers.
 async fn backup_client(
     session: &OwnerSession,
-) -> Result<(std::net::SocketAddr, api::backup_client::BackupClient<Channel>)> {
+) -> Result<(
+    std::net::SocketAddr,
+    api::backup_client::BackupClient<Channel>,
+)> {
     let mut failures = Vec::new();
     for endpoint in session.endpoints() {
         match rpc::connect(endpoint, session.trust(), Some(&session.credentials())).await {
@@ -107,7 +110,10 @@ pub(crate) async fn fetch(
         }
     }
     let Some((endpoint, mut stream)) = stream else {
-        bail!("fetching snapshot {name} of {node}: {}", failures.join("; "));
+        bail!(
+            "fetching snapshot {name} of {node}: {}",
+            failures.join("; ")
+        );
     };
     loop {
         let message = tokio::time::timeout(STALL, stream.message())
@@ -164,7 +170,9 @@ pub(crate) async fn set_schedule(
     format: Format,
 ) -> Result<()> {
     if interval.is_none() && keep.is_none() {
-        bail!("cluster config set: nothing to change (give --snapshot-interval, --snapshot-keep or both)");
+        bail!(
+            "cluster config set: nothing to change (give --snapshot-interval, --snapshot-keep or both)"
+        );
     }
     let request = api::SetSnapshotScheduleRequest {
         snapshot_interval_seconds: interval.unwrap_or(0),
@@ -172,9 +180,8 @@ pub(crate) async fn set_schedule(
     };
     let answer = owner_session(config, raw_endpoints)
         .await?
-        .management("changing the snapshot schedule", |mut m| {
-            let request = request.clone();
-            async move { m.set_snapshot_schedule(request).await }
+        .management("changing the snapshot schedule", |mut m| async move {
+            m.set_snapshot_schedule(request).await
         })
         .await?;
     print_config(&answer.cluster_configuration.unwrap_or_default(), format);

@@ -170,7 +170,8 @@ impl api::curator_local_server::CuratorLocal for Slow {
     ) -> Result<tonic::Response<api::DefragmentMemberResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("not in this test"))
     }
-    type SnapshotsFetchLocalStream = tokio_stream::Empty<Result<api::SnapshotFileChunk, tonic::Status>>;
+    type SnapshotsFetchLocalStream =
+        tokio_stream::Empty<Result<api::SnapshotFileChunk, tonic::Status>>;
     async fn snapshots_list_local(
         &self,
         _: tonic::Request<api::SnapshotsListLocalRequest>,
