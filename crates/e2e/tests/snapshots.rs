@@ -9,7 +9,8 @@
 //! lowered live to 2; a member whose snapshot directory is a regular file shows the
 //! failure in `cluster status` and recovers once it is gone; refusals: unknown node,
 //! traversal and unknown names (no file left behind), a node certificate instead of
-//! the owner's, intervals out of bounds.
+//! the owner's, intervals out of bounds (a second, plain cluster: under a minute is
+//! refused by its curator).
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -309,5 +310,25 @@ fn scheduled_snapshots_are_kept_pruned_listed_fetched_and_watched() -> Result<()
         },
     )
     .with_context(|| format!("last status: {last}"))?;
+    drop(w1);
+    drop(cluster);
+
+    // Without the test flag a curator refuses intervals under a minute, and takes one.
+    let plain = Cluster::bootstrap(&dir.path().join("plain"))?;
+    let (ok, _, err) = plain.ctl(&["cluster", "config", "set", "--snapshot-interval", "2s"])?;
+    assert!(!ok && err.contains("too short"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let set = plain.ctl_retry(&[
+        "cluster",
+        "config",
+        "set",
+        "--snapshot-interval",
+        "1m",
+        "-o",
+        "json",
+    ])?;
+    let config: serde_json::Value = serde_json::from_str(&set)?;
+    assert_eq!(config["snapshot_interval"], "1m", "{config}");
+    assert_eq!(config["snapshot_keep"], 5, "{config}");
     Ok(())
 }
