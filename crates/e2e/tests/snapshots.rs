@@ -151,6 +151,15 @@ fn scheduled_snapshots_are_kept_pruned_listed_fetched_and_watched() -> Result<()
         }
     }
     assert_eq!(listed["unreachable"], serde_json::json!([]), "{listed}");
+    let table = cluster.ctl_retry(&["cluster", "backups"])?;
+    let header = table.lines().next().unwrap_or_default();
+    for column in ["NODE", "NAME", "REVISION", "SIZE", "AGE"] {
+        assert!(header.contains(column), "{table}");
+    }
+    assert!(table.contains(&id0) && table.contains(&id1), "{table}");
+    let table = cluster.ctl_retry(&["cluster", "config"])?;
+    assert!(table.contains("Snapshot interval:           2s"), "{table}");
+    assert!(table.contains("Snapshots kept per member:   3"), "{table}");
 
     // Fetch the newest of each member through the first node's curator (w1's relayed).
     let out_dir = dir.path().join("fetched");
