@@ -4,7 +4,7 @@
 //! the defaults (6 h, keep 5) shown by `cluster config`; the schedule changed live to
 //! 2 s / keep 3 — every member then keeps exactly 3 private files in
 //! ROOT/data/snapshots and the older ones are pruned; `cluster backups` lists both
-//! members'; one of each fetched through the first node's curator (the other's relayed
+//! members' (never a hidden temporary file a crash would leave, nor other files); one of each fetched through the first node's curator (the other's relayed
 //! from its own curator), verified by `backup inspect` and naming its member; keep
 //! lowered live to 2; a member whose snapshot directory is a regular file shows the
 //! failure in `cluster status` and recovers once it is gone; refusals: unknown node,
@@ -136,8 +136,24 @@ fn scheduled_snapshots_are_kept_pruned_listed_fetched_and_watched() -> Result<()
         }
     }
 
+    // What a crash mid-snapshot leaves (a hidden temporary file) and other files are
+    // never listed.
+    let planted = [
+        ".snapshot-0000000000000001-r1.polisbak.x1y2z3.tmp",
+        "snapshot-0000000000000001-r1.polisbak.tmp",
+        "notes.txt",
+    ];
+    for name in planted {
+        std::fs::write(n0.root.join("data/snapshots").join(name), b"partial")?;
+    }
     // Listed through the first node's curator: both members', named, with revisions.
     let listed = listing(&cluster, &n0.address.to_string())?;
+    for name in planted {
+        assert!(
+            !listed.to_string().contains(name),
+            "{name} listed: {listed}"
+        );
+    }
     let rows = listed["snapshots"].as_array().cloned().unwrap_or_default();
     for (_, id) in members {
         let own: Vec<_> = rows.iter().filter(|r| r["node"] == *id).collect();
