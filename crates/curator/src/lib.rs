@@ -26,6 +26,8 @@
 //!                delete_node; writes::batch combines a record's writes (group commit)
 //!   ticket       the register ticket (leader writes)
 //!   owner        the owner's key, replaced by a rotation (leader write)
+//!   schedule     the snapshot schedule in the cluster configuration (local read,
+//!                leader write)
 //!   ───────────────────────────────────────────────────────────────────────────────
 //!   election     leader election, the guard every leader write carries
 //!   records      node records decoded, loaded, listed, watched; owner, configuration
@@ -37,6 +39,7 @@
 //!   lifecycle    node states and the events that move them              (pure)
 //!   health       heartbeat timing and verdict hysteresis                (pure)
 //!   upkeep       etcd defragmentation order, NOSPACE disarm rule         (pure)
+//!   snapshots    scheduled snapshots: file names, pruning, due time     (pure)
 //! ```
 //!
 //! Invariants:
@@ -79,7 +82,9 @@ pub mod layout;
 pub mod lifecycle;
 mod owner;
 pub mod records;
+mod schedule;
 pub mod service;
+pub mod snapshots;
 pub mod templates;
 mod ticket;
 pub mod upkeep;

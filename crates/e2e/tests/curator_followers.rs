@@ -61,6 +61,7 @@ fn start_curator(
         heartbeat: curator::health::Timing::DEFAULT,
         etcd_quota_bytes: proto::quota::DEFAULT_QUOTA_BYTES,
         upkeep: curator::upkeep::Settings::DEFAULT,
+        snapshots: Default::default(),
     };
     let ns = ns.clone();
     let supervisor = supervisor::Supervisor::start(supervisor::Config::default(), move |ctx| {

@@ -338,6 +338,10 @@ pub async fn run(
         heartbeat: settings.heartbeat,
         etcd_quota_bytes: quota,
         upkeep: settings.upkeep,
+        snapshots: curator::service::SnapshotSettings {
+            dir: Some(settings.root.snapshots()),
+            bounds: settings.snapshot_bounds,
+        },
     };
     let curator_ns = running.namespaced(curator::layout::NAMESPACE);
     ctx.run("curator", move |ctx| {

@@ -252,6 +252,10 @@ struct Common {
     /// tests).
     #[arg(long, hide = true, default_value_t = curator::upkeep::Settings::DEFAULT.defrag_floor_bytes)]
     etcd_defrag_floor_bytes: u64,
+    /// Scheduled snapshots: let the owner set intervals from 1 s up (else at least 1
+    /// minute), for tests.
+    #[arg(long, hide = true)]
+    snapshot_short_intervals: bool,
 }
 
 fn init_logging(format: LogFormat) {
@@ -418,6 +422,11 @@ async fn run(start: Start) -> Result<()> {
         upkeep: curator::upkeep::Settings {
             period: Duration::from_millis(args.etcd_upkeep_period_ms.max(100)),
             defrag_floor_bytes: args.etcd_defrag_floor_bytes,
+        },
+        snapshot_bounds: if args.snapshot_short_intervals {
+            proto::snapshots::Bounds::TESTING
+        } else {
+            proto::snapshots::Bounds::NORMAL
         },
         started_at_unix_ms,
         force_new_cluster,

@@ -1,5 +1,6 @@
 //! The node's settings, fixed for the life of the process (from its flags): root,
 //! address, etcd binary and timing, curator lease, heartbeat timing, etcd upkeep,
+//! snapshot interval bounds,
 //! start time, and whether this start recovers a lost quorum (`polis-node recover`,
 //! one etcd start).
 //!
@@ -27,6 +28,8 @@ pub struct Settings {
     pub heartbeat: curator::health::Timing,
     /// etcd upkeep: how often the leader looks, the defragmentation floor.
     pub upkeep: curator::upkeep::Settings,
+    /// Scheduled snapshots: the shortest interval this node's curator accepts.
+    pub snapshot_bounds: proto::snapshots::Bounds,
     /// When this polis-node process started (reported in its status).
     pub started_at_unix_ms: u64,
     /// Armed by `polis-node recover`: the etcd start of this process forces a new

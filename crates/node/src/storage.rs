@@ -104,6 +104,10 @@ impl Root {
     pub fn etcd_quota(&self) -> PathBuf {
         self.data().join("etcd").join("quota.pb")
     }
+    /// Scheduled snapshots of this member's etcd (written by its curator).
+    pub fn snapshots(&self) -> PathBuf {
+        self.data().join("snapshots")
+    }
     pub fn etcd_peer_dir(&self) -> PathBuf {
         self.data().join("etcd").join("peer")
     }

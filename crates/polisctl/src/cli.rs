@@ -80,6 +80,15 @@ pub(crate) enum ParamsCommand {
         /// curator has freed space. [default: 2GiB]
         #[arg(long, value_parser = parse_etcd_quota, value_name = "SIZE")]
         etcd_quota: Option<u64>,
+        /// Scheduled snapshots: how often every consensus member snapshots its etcd into
+        /// its root (ROOT/data/snapshots), e.g. 6h, 30m, 1d (at least 1m, at most 7d);
+        /// changeable later (`cluster config set`). [default: 6h]
+        #[arg(long, value_parser = parse_snapshot_interval_normal, value_name = "DURATION")]
+        snapshot_interval: Option<u64>,
+        /// Scheduled snapshots: how many each member keeps (1 to 100); older ones are
+        /// deleted. [default: 5]
+        #[arg(long, value_parser = parse_snapshot_keep, value_name = "N")]
+        snapshot_keep: Option<u32>,
     },
     /// Parameters for a new node to register into this cluster: the register ticket,
     /// the pinned cluster CA and the current curator endpoints. They stop working for
@@ -137,6 +146,33 @@ pub(crate) enum ClusterCommand {
     /// (`backup inspect FILE`). A backup holds the cluster CA's private key and the
     /// register ticket: keep it like a private key.
     Backup(BackupArgs),
+    /// Every consensus member's scheduled snapshots: node, name, revision, size, age.
+    /// Fetch one with `cluster backup --from-node ID --name NAME --out FILE`.
+    Backups,
+    /// The cluster configuration (`config set` changes the snapshot schedule).
+    Config(ConfigArgs),
+}
+
+/// `cluster config` | `cluster config set …`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ConfigArgs {
+    #[command(subcommand)]
+    pub(crate) command: Option<ConfigCommand>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ConfigCommand {
+    /// Change the scheduled snapshots: every member picks the change up without a
+    /// restart.
+    Set {
+        /// How often each consensus member snapshots its etcd, e.g. 6h, 30m, 1d (at
+        /// least 1m; curators started for tests accept seconds).
+        #[arg(long, value_parser = parse_snapshot_interval_any, value_name = "DURATION")]
+        snapshot_interval: Option<u64>,
+        /// How many snapshots each member keeps (1 to 100).
+        #[arg(long, value_parser = parse_snapshot_keep, value_name = "N")]
+        snapshot_keep: Option<u32>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -156,6 +192,13 @@ pub(crate) struct BackupArgs {
     /// Where to write the backup (0600; it appears only once complete and verified).
     #[arg(long, required = true, value_name = "FILE")]
     pub(crate) out: Option<PathBuf>,
+    /// Fetch a scheduled snapshot kept by this node (see `cluster backups`) instead of
+    /// taking a backup now.
+    #[arg(long, requires = "name", value_name = "ID")]
+    pub(crate) from_node: Option<String>,
+    /// The scheduled snapshot to fetch (with --from-node).
+    #[arg(long, requires = "from_node", value_name = "NAME")]
+    pub(crate) name: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -271,6 +314,29 @@ fn parse_etcd_quota(s: &str) -> Result<u64, String> {
     proto::quota::effective_quota(bytes).map_err(|e| e.to_string())
 }
 
+/// A snapshot interval within the normal bounds (`proto::snapshots`).
+fn parse_snapshot_interval_normal(s: &str) -> Result<u64, String> {
+    let secs = proto::snapshots::parse_interval(s).map_err(|e| e.to_string())?;
+    proto::snapshots::check_interval(secs, proto::snapshots::Bounds::NORMAL)
+        .map_err(|e| e.to_string())
+}
+
+/// A snapshot interval of at least a second: the curator applies its own bounds (a
+/// minute, unless started for tests).
+fn parse_snapshot_interval_any(s: &str) -> Result<u64, String> {
+    let secs = proto::snapshots::parse_interval(s).map_err(|e| e.to_string())?;
+    proto::snapshots::check_interval(secs, proto::snapshots::Bounds::TESTING)
+        .map_err(|e| e.to_string())
+}
+
+fn parse_snapshot_keep(s: &str) -> Result<u32, String> {
+    let keep: u32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a count (1 to {})", proto::snapshots::MAX_KEEP))?;
+    proto::snapshots::check_keep(keep).map_err(|e| e.to_string())
+}
+
 fn parse_label(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
@@ -326,6 +392,25 @@ mod tests {
         assert!(parse(&["inspect", "f"]).unwrap().contains("Inspect"));
         assert!(parse(&[]).is_err());
         assert!(parse(&["inspect"]).is_err());
+    }
+
+    #[test]
+    fn snapshot_flags_parse() {
+        assert_eq!(parse_snapshot_interval_normal("6h"), Ok(21600));
+        assert!(parse_snapshot_interval_normal("2s").is_err());
+        assert_eq!(parse_snapshot_interval_any("2s"), Ok(2));
+        assert!(parse_snapshot_interval_any("0").is_err());
+        assert!(parse_snapshot_interval_any("8d").is_err());
+        assert_eq!(parse_snapshot_keep("5"), Ok(5));
+        assert!(parse_snapshot_keep("0").is_err());
+        assert!(parse_snapshot_keep("x").is_err());
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(["polisctl", "cluster", "backup"].iter().chain(args))
+                .map(|c| format!("{:?}", c.command))
+        };
+        assert!(parse(&["--out", "f", "--from-node", "n", "--name", "x"]).is_ok());
+        assert!(parse(&["--out", "f", "--from-node", "n"]).is_err());
+        assert!(parse(&["--out", "f", "--name", "x"]).is_err());
     }
 
     #[test]

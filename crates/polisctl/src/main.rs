@@ -19,11 +19,11 @@
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   commands::launch       a local cluster; runs the other commands as steps
 //!   commands::{params, cluster, node, decommission, certificates, status, owner,
-//!              backup}
+//!              backup, snapshots}
 //!                          one module per command group: arguments → calls → render
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   trust           takeownership: first contact, CA approval, first owner certificate
-//!   render::{node, certificates, status, cluster, backup}
+//!   render::{node, certificates, status, cluster, backup, snapshots}
 //!                   results as table / JSON / YAML (no calls, no files)
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   session         the owner session: Management calls following the leader, CRL
@@ -52,8 +52,13 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{CommandFactory, Parser};
 
-use cli::{BackupCommand, Cli, ClusterCommand, Command, NodeCommand, OwnerCommand, ParamsCommand};
-use commands::{backup, certificates, cluster, decommission, launch, node, owner, params, status};
+use cli::{
+    BackupCommand, Cli, ClusterCommand, Command, ConfigCommand, NodeCommand, OwnerCommand,
+    ParamsCommand,
+};
+use commands::{
+    backup, certificates, cluster, decommission, launch, node, owner, params, snapshots, status,
+};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -122,10 +127,38 @@ async fn run(cli: Cli) -> Result<()> {
             (Some(BackupCommand::Inspect { file }), _) => backup::inspect(file, cli.output),
             (None, Some(out)) => {
                 let config = cli.config_dir()?;
-                backup::save(&config, &cli.endpoints, out, cli.output).await
+                match (&args.from_node, &args.name) {
+                    (Some(node), Some(name)) => {
+                        snapshots::fetch(&config, &cli.endpoints, node, name, out, cli.output).await
+                    }
+                    _ => backup::save(&config, &cli.endpoints, out, cli.output).await,
+                }
             }
             (None, None) => anyhow::bail!("cluster backup needs --out FILE (or `inspect FILE`)"),
         },
+        Command::Cluster(ClusterCommand::Backups) => {
+            let config = cli.config_dir()?;
+            snapshots::list(&config, &cli.endpoints, cli.output).await
+        }
+        Command::Cluster(ClusterCommand::Config(args)) => {
+            let config = cli.config_dir()?;
+            match &args.command {
+                None => snapshots::show_config(&config, &cli.endpoints, cli.output).await,
+                Some(ConfigCommand::Set {
+                    snapshot_interval,
+                    snapshot_keep,
+                }) => {
+                    snapshots::set_schedule(
+                        &config,
+                        &cli.endpoints,
+                        *snapshot_interval,
+                        *snapshot_keep,
+                        cli.output,
+                    )
+                    .await
+                }
+            }
+        }
         Command::Cluster(ClusterCommand::RotateTicket) => {
             let config = cli.config_dir()?;
             cluster::rotate_ticket(&config, &cli.endpoints).await
@@ -212,6 +245,8 @@ async fn run(cli: Cli) -> Result<()> {
             node_certificate_lifetime,
             owner_certificate_lifetime,
             etcd_quota,
+            snapshot_interval,
+            snapshot_keep,
         }) => params::bootstrap(
             &cli.config_dir()?,
             out,
@@ -219,7 +254,11 @@ async fn run(cli: Cli) -> Result<()> {
             labels,
             *node_certificate_lifetime,
             *owner_certificate_lifetime,
-            *etcd_quota,
+            params::EtcdSettings {
+                quota: *etcd_quota,
+                snapshot_interval: *snapshot_interval,
+                snapshot_keep: *snapshot_keep,
+            },
         ),
         Command::Params(ParamsCommand::Register { out, labels }) => {
             params::register(&cli.config_dir()?, &cli.endpoints, out, labels).await

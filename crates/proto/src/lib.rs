@@ -7,13 +7,15 @@
 //!
 //! It also holds the validation rules of API fields that clients and servers must agree
 //! on (`labels`), so that `polisctl` refuses bad input before sending it and the curator
-//! refuses it again; and the bounds of the etcd backend quota (`quota`).
+//! refuses it again; and the bounds of the etcd backend quota (`quota`) and of the
+//! scheduled snapshots' interval and count (`snapshots`).
 //!
 //! Invariant: these are the only serialization formats Polis writes; changing a field
 //! number breaks existing clusters, so fields are only ever added.
 
 pub mod labels;
 pub mod quota;
+pub mod snapshots;
 
 pub mod config {
     tonic::include_proto!("polis.config");

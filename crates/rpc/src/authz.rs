@@ -115,6 +115,23 @@ pub const METHODS: &[(&str, Permission)] = &[
     ),
     // Answered by the curator called, from its own etcd member (never forwarded).
     ("/polis.api.Backup/TakeBackup", Permission::Manage),
+    // Scheduled snapshots: an owner lists and fetches them through any curator (never
+    // forwarded), which asks the member's curator (nodes; the handler also requires an
+    // UP ConsensusMember caller); the owner changes the schedule (leader).
+    ("/polis.api.Backup/ListSnapshots", Permission::Manage),
+    ("/polis.api.Backup/FetchSnapshot", Permission::Manage),
+    (
+        "/polis.api.CuratorLocal/SnapshotsListLocal",
+        Permission::UpdateNodeSelf,
+    ),
+    (
+        "/polis.api.CuratorLocal/SnapshotsFetchLocal",
+        Permission::UpdateNodeSelf,
+    ),
+    (
+        "/polis.api.Management/SetSnapshotSchedule",
+        Permission::Manage,
+    ),
 ];
 
 /// Why a call was refused.
@@ -239,6 +256,11 @@ mod tests {
         check("/polis.api.Curator/RegisterNode", &["self-signed"]);
         check("/polis.api.Curator/CommitNode", &["self-signed"]);
         check("/polis.api.Backup/TakeBackup", &["owner"]);
+        check("/polis.api.Backup/ListSnapshots", &["owner"]);
+        check("/polis.api.Backup/FetchSnapshot", &["owner"]);
+        check("/polis.api.CuratorLocal/SnapshotsListLocal", &["node"]);
+        check("/polis.api.CuratorLocal/SnapshotsFetchLocal", &["node"]);
+        check("/polis.api.Management/SetSnapshotSchedule", &["owner"]);
     }
 
     #[test]

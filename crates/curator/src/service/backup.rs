@@ -15,12 +15,13 @@
 use std::pin::Pin;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_client::GetOptions;
 use proto::api::{self, backup_chunk::Part};
 use ring::digest::{Context, SHA256};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use super::scheduled::read_revision;
+use super::scheduled_api;
 use super::shared::Services;
 
 /// Size of the data chunks sent (etcd sends 32 KiB blobs).
@@ -29,8 +30,6 @@ const CHUNK: usize = 256 * 1024;
 /// the backup is given up (an open snapshot holds etcd's read transaction, which keeps
 /// bbolt from reusing pages).
 const STALL: Duration = Duration::from_secs(30);
-/// How long the revision read may wait for the quorum before the local state is used.
-const QUORUM_READ: Duration = Duration::from_secs(5);
 /// Length of etcd's SHA-256 at the end of its snapshot stream.
 const ETCD_HASH_LEN: usize = 32;
 
@@ -61,6 +60,23 @@ async fn fail(tx: &Sender, status: Status) {
 #[tonic::async_trait]
 impl api::backup_server::Backup for Services {
     type TakeBackupStream = ChunkStream;
+    type FetchSnapshotStream = scheduled_api::FileStream;
+
+    async fn list_snapshots(
+        &self,
+        _: Request<api::ListSnapshotsRequest>,
+    ) -> Result<Response<api::ListSnapshotsResponse>, Status> {
+        Ok(Response::new(scheduled_api::list_all(&self.0).await?))
+    }
+
+    async fn fetch_snapshot(
+        &self,
+        request: Request<api::FetchSnapshotRequest>,
+    ) -> Result<Response<Self::FetchSnapshotStream>, Status> {
+        Ok(Response::new(
+            scheduled_api::fetch(&self.0, request.get_ref()).await?,
+        ))
+    }
 
     async fn take_backup(
         &self,
@@ -71,26 +87,7 @@ impl api::backup_server::Backup for Services {
             Status::unavailable(format!("the local etcd member does not answer: {e}"))
         };
         let status = client.status().await.map_err(local)?;
-        let key = self.0.curator.key("");
-        let linearizable = tokio::time::timeout(
-            QUORUM_READ,
-            client.get(key.clone(), Some(GetOptions::new().with_count_only())),
-        )
-        .await;
-        let (revision, quorum_read) = match linearizable {
-            Ok(Ok(r)) => (r.header().map(|h| h.revision()).unwrap_or_default(), true),
-            _ => {
-                let r = client
-                    .get(
-                        key,
-                        Some(GetOptions::new().with_count_only().with_serializable()),
-                    )
-                    .await
-                    .map_err(local)?;
-                tracing::warn!("backup without a quorum: taken from this member's local state");
-                (r.header().map(|h| h.revision()).unwrap_or_default(), false)
-            }
-        };
+        let (revision, quorum_read) = read_revision(&self.0).await?;
         let taken_at_unix_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)

@@ -1,15 +1,36 @@
-//! CuratorLocal: served by every curator, leader or not, to anyone.
+//! CuratorLocal: served by every curator, leader or not, to anyone (the snapshot
+//! calls to UP consensus members only: `scheduled_api`).
 
 use proto::api;
 use tonic::{Request, Response, Status};
 
 use super::shared::Services;
 use super::status::{identity, status_from};
-use super::upkeep;
+use super::{scheduled_api, upkeep};
 use crate::election;
 
 #[tonic::async_trait]
 impl api::curator_local_server::CuratorLocal for Services {
+    type SnapshotsFetchLocalStream = scheduled_api::FileStream;
+
+    async fn snapshots_list_local(
+        &self,
+        request: Request<api::SnapshotsListLocalRequest>,
+    ) -> Result<Response<api::SnapshotsListLocalResponse>, Status> {
+        Ok(Response::new(scheduled_api::list_local_call(
+            &self.0, &request,
+        )?))
+    }
+
+    async fn snapshots_fetch_local(
+        &self,
+        request: Request<api::SnapshotsFetchLocalRequest>,
+    ) -> Result<Response<Self::SnapshotsFetchLocalStream>, Status> {
+        Ok(Response::new(
+            scheduled_api::fetch_local_call(&self.0, &request).await?,
+        ))
+    }
+
     async fn get_current_leader(
         &self,
         _: Request<api::GetCurrentLeaderRequest>,
@@ -57,6 +78,12 @@ impl api::curator_local_server::CuratorLocal for Services {
             .await
             .unwrap_or_default();
         let header = status.header();
+        let scheduled = self
+            .0
+            .scheduled
+            .lock()
+            .expect("scheduled outcome lock")
+            .clone();
         Ok(Response::new(api::GetConsensusStatusResponse {
             node_id: self.0.config.node_id.clone(),
             member_id: header.map(|h| h.member_id()).unwrap_or_default(),
@@ -84,6 +111,8 @@ impl api::curator_local_server::CuratorLocal for Services {
                     alarm: a.kind.name().to_string(),
                 })
                 .collect(),
+            snapshot_last_success_unix_ms: scheduled.last_success_unix_ms,
+            snapshot_last_error: scheduled.last_error,
         }))
     }
 

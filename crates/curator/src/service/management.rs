@@ -313,4 +313,13 @@ impl api::management_server::Management for Services {
             revoked: revoked as u32,
         }))
     }
+
+    async fn set_snapshot_schedule(
+        &self,
+        request: Request<api::SetSnapshotScheduleRequest>,
+    ) -> Result<Response<api::SetSnapshotScheduleResponse>, Status> {
+        Ok(Response::new(
+            super::scheduled_api::set_schedule(&self.0, request.get_ref()).await?,
+        ))
+    }
 }

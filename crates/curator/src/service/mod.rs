@@ -13,6 +13,8 @@
 //!   ├── health       leader: heartbeat verdicts (crate::health) → Node.health on change
 //!   ├── upkeep       leader: etcd compaction under NOSPACE, defragmentation one
 //!   │                member at a time (through each member's curator), disarm
+//!   ├── snapshots    every curator: scheduled snapshots of its own etcd member into
+//!   │                ROOT/data/snapshots, pruned past the count kept (`scheduled`)
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
 //!                    | backup
 //! ```
@@ -24,9 +26,11 @@
 //!   listener         TLS, AuthLayer, ForwardLayer, every service
 //!   handlers         local (CuratorLocal), aaa (AAA), management (Management),
 //!                    nodes (Curator), backup (Backup: a snapshot of this curator's
-//!                    own etcd member); node_info builds their NodeInfo answers
+//!                    own etcd member); node_info builds their NodeInfo answers;
+//!                    scheduled_api (snapshot listing, fetch, relay; the schedule)
 //!   runnables        snapshot (`nodes`), crl, health, upkeep (etcd upkeep; also
-//!                    CuratorLocal.DefragmentMember's work)
+//!                    CuratorLocal.DefragmentMember's work), scheduled (scheduled
+//!                    snapshots; their files listed and located)
 //!   decommission     DecommissionNode, DeleteNode and the `decommission` runnable
 //!   membership       every etcd membership change: join (learner, promotion), the
 //!                    role given and taken, the quorum probe
@@ -62,6 +66,8 @@ mod management;
 mod membership;
 mod node_info;
 mod nodes;
+mod scheduled;
+mod scheduled_api;
 mod shared;
 mod snapshot;
 mod status;
@@ -72,7 +78,7 @@ use std::sync::{Arc, Mutex};
 
 use consensus::Namespaced;
 
-pub use shared::{CuratorConfig, NodeSnapshot, Services, Shared, Snapshot};
+pub use shared::{CuratorConfig, NodeSnapshot, Services, Shared, Snapshot, SnapshotSettings};
 
 use crate::election::{self, ElectionConfig, Role};
 use health_book::HealthBook;
@@ -100,6 +106,7 @@ pub async fn run(
         certificates: event::Value::new(),
         certificates_changed: tokio::sync::Notify::new(),
         registrations: tokio::sync::Mutex::new(()),
+        scheduled: Mutex::new(Default::default()),
     });
 
     let election_config = ElectionConfig {
@@ -153,6 +160,11 @@ pub async fn run(
 
     let upkeep_shared = shared.clone();
     ctx.run("upkeep", move |ctx| upkeep::run(ctx, upkeep_shared.clone()))?;
+
+    let scheduled_shared = shared.clone();
+    ctx.run("snapshots", move |ctx| {
+        scheduled::run(ctx, scheduled_shared.clone())
+    })?;
 
     let listener_shared = shared.clone();
     ctx.run("listener", move |ctx| {

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,6 +37,34 @@ pub struct CuratorConfig {
     pub etcd_quota_bytes: u64,
     /// How often the leader looks after etcd, and its defragmentation floor.
     pub upkeep: crate::upkeep::Settings,
+    /// Scheduled snapshots: where they go, the interval bounds accepted.
+    pub snapshots: SnapshotSettings,
+}
+
+/// What `cluster status` shows of this member's scheduled snapshots.
+#[derive(Debug, Clone, Default)]
+pub struct ScheduledOutcome {
+    /// When the newest snapshot was taken (ms since the Unix epoch; 0: none).
+    pub last_success_unix_ms: u64,
+    /// Why the last attempt failed; empty when it did not.
+    pub last_error: String,
+}
+
+/// Where scheduled snapshots go, and the interval bounds this node accepts.
+#[derive(Debug, Clone)]
+pub struct SnapshotSettings {
+    /// `ROOT/data/snapshots`; `None`: no scheduled snapshots (curators in unit tests).
+    pub dir: Option<PathBuf>,
+    pub bounds: proto::snapshots::Bounds,
+}
+
+impl Default for SnapshotSettings {
+    fn default() -> Self {
+        SnapshotSettings {
+            dir: None,
+            bounds: proto::snapshots::Bounds::NORMAL,
+        }
+    }
 }
 
 /// Every node record, as of one etcd revision.
@@ -84,6 +113,8 @@ pub struct Shared {
     /// Held while RegisterNode checks that a new node's address is free and creates
     /// its record, so that two registrations cannot take one address.
     pub(super) registrations: tokio::sync::Mutex<()>,
+    /// How this member's last scheduled snapshot went (the `snapshots` runnable).
+    pub(super) scheduled: Mutex<ScheduledOutcome>,
 }
 
 impl Shared {

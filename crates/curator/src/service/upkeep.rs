@@ -222,7 +222,7 @@ fn state_of(s: &maintenance::MemberStatus) -> MemberState {
     }
 }
 
-async fn channel_to(
+pub(super) async fn channel_to(
     shared: &Shared,
     m: &consensus::membership::Member,
 ) -> Option<tonic::transport::Channel> {

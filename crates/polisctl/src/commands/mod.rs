@@ -11,4 +11,5 @@ pub(crate) mod launch;
 pub(crate) mod node;
 pub(crate) mod owner;
 pub(crate) mod params;
+pub(crate) mod snapshots;
 pub(crate) mod status;

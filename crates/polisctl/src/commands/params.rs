@@ -13,6 +13,14 @@ use proto::config::{ClusterBootstrap, ClusterConfiguration, NodeParameters, node
 use crate::config_dir::{ensure_owner_key, write_private};
 use crate::session::owner_session;
 
+/// The etcd settings of `params bootstrap` (None: the default): quota, scheduled
+/// snapshots.
+pub(crate) struct EtcdSettings {
+    pub(crate) quota: Option<u64>,
+    pub(crate) snapshot_interval: Option<u64>,
+    pub(crate) snapshot_keep: Option<u32>,
+}
+
 /// `params bootstrap`: parameters for the first node of a new cluster owned by the key in
 /// `config` (created if absent).
 pub(crate) fn bootstrap(
@@ -22,13 +30,15 @@ pub(crate) fn bootstrap(
     labels: &[(String, String)],
     node_certificate_lifetime: Option<u64>,
     owner_certificate_lifetime: Option<u64>,
-    etcd_quota: Option<u64>,
+    etcd: EtcdSettings,
 ) -> Result<()> {
     let configuration = ClusterConfiguration {
         cluster_domain: cluster_domain.to_string(),
         node_certificate_lifetime_seconds: node_certificate_lifetime.unwrap_or(0),
         owner_certificate_lifetime_seconds: owner_certificate_lifetime.unwrap_or(0),
-        etcd_quota_bytes: etcd_quota.unwrap_or(0),
+        etcd_quota_bytes: etcd.quota.unwrap_or(0),
+        snapshot_interval_seconds: etcd.snapshot_interval.unwrap_or(0),
+        snapshot_keep: etcd.snapshot_keep.unwrap_or(0),
     };
     write_bootstrap_params(config, out, configuration, labels)?;
     eprintln!("wrote bootstrap parameters to {}", out.display());

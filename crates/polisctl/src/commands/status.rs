@@ -10,7 +10,8 @@ use proto::api;
 
 use crate::commands::node::list_nodes;
 use crate::consensus_summary::{MemberStatus, alarms, summarize};
-use crate::output::Format;
+use crate::output::{self, Format};
+use crate::render::snapshots::age;
 use crate::render::status::print_status;
 use crate::session::owner_session;
 
@@ -21,9 +22,10 @@ pub(crate) async fn cluster_status(
     raw_endpoints: &[String],
     format: Format,
 ) -> Result<()> {
-    let (members, quorum, unreachable, alarms) = consensus_status(config, raw_endpoints).await?;
+    let (members, quorum, unreachable, alarms, snapshots) =
+        consensus_status(config, raw_endpoints).await?;
     // Node warnings need the leader, so only with a quorum; their absence is no error.
-    let warnings: Vec<String> = if quorum {
+    let mut warnings: Vec<String> = if quorum {
         match list_nodes(config, raw_endpoints).await {
             Ok(nodes) => nodes
                 .iter()
@@ -38,6 +40,8 @@ pub(crate) async fn cluster_status(
     } else {
         Vec::new()
     };
+    // Scheduled snapshots: each member's own curator says how its last one went.
+    warnings.extend(snapshots);
     print_status(&members, quorum, &unreachable, &warnings, &alarms, format);
     if !quorum {
         bail!("the cluster has no etcd quorum");
@@ -47,7 +51,7 @@ pub(crate) async fn cluster_status(
 
 /// The node IDs of the etcd voters, as the curators' own members report them.
 pub(crate) async fn voters(config: &Path, raw_endpoints: &[String]) -> Result<Vec<String>> {
-    let (members, _, _, _) = consensus_status(config, raw_endpoints).await?;
+    let (members, ..) = consensus_status(config, raw_endpoints).await?;
     Ok(members
         .into_iter()
         .filter(|m| !m.learner && m.raft.is_some())
@@ -59,7 +63,13 @@ pub(crate) async fn voters(config: &Path, raw_endpoints: &[String]) -> Result<Ve
 async fn consensus_status(
     config: &Path,
     raw_endpoints: &[String],
-) -> Result<(Vec<MemberStatus>, bool, Vec<String>, Vec<(u64, String)>)> {
+) -> Result<(
+    Vec<MemberStatus>,
+    bool,
+    Vec<String>,
+    Vec<(u64, String)>,
+    Vec<String>,
+)> {
     let session = owner_session(config, raw_endpoints).await?;
     let mut to_ask: Vec<SocketAddr> = session.endpoints();
     let mut asked = Vec::new();
@@ -97,5 +107,19 @@ async fn consensus_status(
         }
     }
     let (members, quorum) = summarize(&answers);
-    Ok((members, quorum, unreachable, alarms(&answers)))
+    let snapshots = answers
+        .iter()
+        .filter(|a| !a.snapshot_last_error.is_empty())
+        .map(|a| {
+            let last = match a.snapshot_last_success_unix_ms {
+                0 => "never".to_string(),
+                t => format!("{} ({} ago)", output::utc_time(t), age(t)),
+            };
+            format!(
+                "node {}: scheduled snapshot failed: {} (last success: {last})",
+                a.node_id, a.snapshot_last_error
+            )
+        })
+        .collect();
+    Ok((members, quorum, unreachable, alarms(&answers), snapshots))
 }

@@ -6,4 +6,5 @@ pub(crate) mod backup;
 pub(crate) mod certificates;
 pub(crate) mod cluster;
 pub(crate) mod node;
+pub(crate) mod snapshots;
 pub(crate) mod status;

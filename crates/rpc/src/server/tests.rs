@@ -170,6 +170,20 @@ impl api::curator_local_server::CuratorLocal for Slow {
     ) -> Result<tonic::Response<api::DefragmentMemberResponse>, tonic::Status> {
         Err(tonic::Status::unimplemented("not in this test"))
     }
+    type SnapshotsFetchLocalStream =
+        tokio_stream::Empty<Result<api::SnapshotFileChunk, tonic::Status>>;
+    async fn snapshots_list_local(
+        &self,
+        _: tonic::Request<api::SnapshotsListLocalRequest>,
+    ) -> Result<tonic::Response<api::SnapshotsListLocalResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
+    async fn snapshots_fetch_local(
+        &self,
+        _: tonic::Request<api::SnapshotsFetchLocalRequest>,
+    ) -> Result<tonic::Response<Self::SnapshotsFetchLocalStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("not in this test"))
+    }
 }
 
 /// A curator-like server (our builder, the auth layer, our listener) on 127.0.0.1.
