@@ -230,8 +230,8 @@ pub(super) async fn join(
 
 /// Takes the ConsensusMember role from node `id`: refused when the remaining voters
 /// could not keep a quorum; otherwise the etcd member is removed first — while the node
-/// still runs it and can vote the change through — then its peer certificates are
-/// revoked and, last, the record loses the role (which makes the node stop etcd and
+/// still runs it and can vote the change through — then its peer and curator
+/// certificates are revoked and, last, the record loses the role (which makes the node stop etcd and
 /// wipe its data). Every step is idempotent: after a failure, running it again finishes
 /// the job. A node without the role is left alone (no etcd member is removed on its
 /// behalf). Returns the record.
@@ -296,6 +296,22 @@ pub(super) async fn remove_role(
             node = id,
             revoked,
             "revoked the node's etcd peer certificates"
+        );
+    }
+    let cluster_pki = layout::cluster_pki(&shared.curator);
+    if let Some(ca) = cluster_pki
+        .load_ca()
+        .await
+        .map_err(|e| etcd_status("loading the cluster CA", e))?
+    {
+        let revoked = cluster_pki
+            .revoke_issued(&ca, &layout::curator_certificate_prefix(id))
+            .await
+            .map_err(|e| etcd_status("revoking the curator certificates", e))?;
+        tracing::info!(
+            node = id,
+            revoked,
+            "revoked the node's curator certificates"
         );
     }
     let node = writes::modify_node(&shared.curator, leadership, id, |current| {

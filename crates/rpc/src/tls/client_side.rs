@@ -62,20 +62,19 @@ struct CuratorOnly {
 }
 
 /// Why a server certificate that verified is still not a curator's (`None`: it is one).
-fn not_a_curator(end_entity: &[u8]) -> Option<String> {
+fn why_not_a_curator(end_entity: &[u8]) -> Option<String> {
     let kind = x509_parser::parse_x509_certificate(end_entity)
         .ok()
         .and_then(|(_, cert)| pki::CertificateKind::of(&cert));
     match kind {
         Some(pki::CertificateKind::Curator) => None,
         Some(other) => Some(format!(
-            "the server's certificate is not a curator certificate (it is marked {}): \
-             the server is no curator of this cluster",
+            "the server's certificate is not a curator certificate (it is marked {})",
             other.mark()
         )),
         None => Some(
             "the server's certificate is not a curator certificate (it carries no known \
-             role mark): the server is no curator of this cluster"
+             role mark)"
                 .into(),
         ),
     }
@@ -97,12 +96,10 @@ impl ServerCertVerifier for CuratorOnly {
             ocsp_response,
             now,
         )?;
-        match not_a_curator(end_entity) {
+        match why_not_a_curator(end_entity) {
             None => Ok(verified),
             Some(reason) => Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::Other(rustls::OtherError(Arc::new(NotACurator(
-                    reason,
-                )))),
+                rustls::CertificateError::Other(rustls::OtherError(Arc::new(NotACurator(reason)))),
             )),
         }
     }
@@ -112,6 +109,16 @@ impl ServerCertVerifier for CuratorOnly {
 /// The error a client's handshake fails with when the server is no curator.
 #[derive(Debug)]
 struct NotACurator(String);
+
+/// The reason, when a refused server certificate was refused for being no curator's.
+pub(crate) fn not_a_curator(refusal: &rustls::CertificateError) -> Option<String> {
+    match refusal {
+        rustls::CertificateError::Other(other) => {
+            other.0.downcast_ref::<NotACurator>().map(|n| n.0.clone())
+        }
+        _ => None,
+    }
+}
 
 impl std::fmt::Display for NotACurator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -152,8 +159,10 @@ pub fn client_config_from(
         Ok(Arc::new(roots))
     };
     let curator_only = |ca: &Vec<u8>, crl: Option<Vec<u8>>| -> Result<_, RpcError> {
-        let mut verifier =
-            rustls::client::WebPkiServerVerifier::builder_with_provider(pinned(ca)?, provider.clone());
+        let mut verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            pinned(ca)?,
+            provider.clone(),
+        );
         if let Some(crl) = crl {
             verifier = verifier.with_crls([CertificateRevocationListDer::from(crl)]);
         }

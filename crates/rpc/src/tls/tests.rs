@@ -95,13 +95,14 @@ async fn a_node_certificate_is_not_a_curator() {
             let (impostor, _) = serving(&ca, &key, kind);
             let refused = handshake(&impostor, trust).await.unwrap_err();
             assert!(
-                refused.contains("not a curator certificate")
-                    && refused.contains(kind.mark()),
+                refused.contains("not a curator certificate") && refused.contains(kind.mark()),
                 "{trust:?}, {kind:?}: {refused}"
             );
         }
         let (curator, _) = serving(&ca, &key, CertificateKind::Curator);
-        handshake(&curator, trust).await.expect("a curator certificate");
+        handshake(&curator, trust)
+            .await
+            .expect("a curator certificate");
     }
 }
 
@@ -253,7 +254,12 @@ fn classification_table() {
     let c = issue(&ca, &pk, &id, CertificateKind::EtcdPeer);
     check("etcd peer mark", Some(c), &crl, Want::Invalid);
     let c = issue(&ca, &pk, &id, CertificateKind::Curator);
-    check("curator mark (a server's only)", Some(c), &crl, Want::Invalid);
+    check(
+        "curator mark (a server's only)",
+        Some(c),
+        &crl,
+        Want::Invalid,
+    );
     let c = unmarked(&ca, &key, "owner");
     check("no mark, owner-like name", Some(c), &crl, Want::Invalid);
     let c = unmarked(&ca, &key, &id);
