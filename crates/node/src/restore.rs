@@ -341,7 +341,7 @@ async fn write_cluster_state(
         public_key: key.public_key().to_vec(),
         state: NodeState::Up as i32,
         roles: Some(NodeRoles {
-            consensus_member: Some(ConsensusMemberRole {}),
+            consensus_member: Some(ConsensusMemberRole::default()),
         }),
         address: flags.address.to_string(),
         ..Default::default()

@@ -304,7 +304,7 @@ mod tests {
         let up = |member: bool| Node {
             state: proto::state::NodeState::Up as i32,
             roles: member.then_some(proto::state::NodeRoles {
-                consensus_member: Some(proto::state::ConsensusMemberRole {}),
+                consensus_member: Some(proto::state::ConsensusMemberRole::default()),
             }),
             ..Default::default()
         };

@@ -178,6 +178,7 @@ pub(super) async fn join(
             node.id, member.id
         )));
     }
+    record_member_id(shared, leadership, &node.id, member.id).await?;
     let (certificate, peer_ca_certificate) =
         issuance::join_peer_certificate(shared, &client, node, member.id).await?;
     let crl = layout::etcd_pki(client.clone())
@@ -418,6 +419,34 @@ impl Shared {
         }
         healthy
     }
+}
+
+/// Records etcd member `member_id` in node `id`'s ConsensusMember role (once: the
+/// record keeps it until the role is taken), so that removals match the member by ID
+/// (`etcd_members::member_of`), never by the address another record may share.
+async fn record_member_id(
+    shared: &Shared,
+    leadership: &Leadership,
+    id: &str,
+    member_id: u64,
+) -> Result<(), Status> {
+    writes::modify_node(&shared.curator, leadership, id, |current| {
+        let mut node = current
+            .cloned()
+            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
+        match node
+            .roles
+            .as_mut()
+            .and_then(|r| r.consensus_member.as_mut())
+        {
+            Some(role) if role.member_id != member_id => role.member_id = member_id,
+            _ => return Ok(None),
+        }
+        Ok(Some(node))
+    })
+    .await
+    .map_err(node_update_status)?;
+    Ok(())
 }
 
 /// Whether a node record holds the ConsensusMember role and may run etcd.
