@@ -87,20 +87,15 @@ fn kind_of(der: &[u8]) -> Option<pki::CertificateKind> {
 async fn a_node_certificate_is_not_a_curator_and_a_curator_certificate_goes_with_the_role()
 -> Result<()> {
     // Before: clients took any cluster-CA certificate naming the dialled address for a
-    // curator's, so a worker's own node certificate passed (polisctl listed "nodes"
-    // from the impostor's answer, or failed later than the handshake).
+    // curator's: against main's binaries polisctl completed the TLS handshake with the
+    // worker and failed only after it ("listing nodes: failed: transport error", the
+    // impostor speaking no HTTP/2), and no curator certificate existed to revoke.
     let dir = tempfile::tempdir()?;
     let cluster = tokio::task::block_in_place(|| Cluster::bootstrap(dir.path()))?;
     let params = cluster.register_params("workers")?;
     let (worker, _) = tokio::task::block_in_place(|| cluster.add_worker("w1", &params))?;
     let (mut member, member_id) =
         tokio::task::block_in_place(|| cluster.add_worker("w2", &params))?;
-
-    // The real curator serves a curator certificate, and polisctl accepts it.
-    let first = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
-    let served = served_certificate(first).await?;
-    assert_eq!(kind_of(&served), Some(pki::CertificateKind::Curator));
-    list_at(&cluster, cluster.first.address).expect("the real curator");
 
     // Case 1: the worker poses as a curator at its own address with its own, valid
     // node certificate.
@@ -140,6 +135,12 @@ async fn a_node_certificate_is_not_a_curator_and_a_curator_certificate_goes_with
     println!("a node's client facing the worker: {refused}");
     assert!(refused.contains("not a curator certificate"), "{refused}");
     drop(_impostor);
+
+    // The real curator serves a curator certificate, and polisctl accepts it.
+    let first = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
+    let served = served_certificate(first).await?;
+    assert_eq!(kind_of(&served), Some(pki::CertificateKind::Curator));
+    list_at(&cluster, cluster.first.address).expect("the real curator");
 
     // Case 2: a member's curator certificate is revoked when it loses the role.
     tokio::task::block_in_place(|| {
