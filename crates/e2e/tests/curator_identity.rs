@@ -78,6 +78,19 @@ async fn served_certificate(at: SocketAddr) -> Result<Vec<u8>> {
     Ok(chain.first().context("empty chain")?.to_vec())
 }
 
+/// The etcd member ID node `id`'s record holds (0: none), read through `node`'s etcd.
+fn recorded_member_id(node: &e2e::Node, id: &str) -> Result<u64> {
+    use prost::Message as _;
+    let bytes = node
+        .etcd_get(&format!("namespaced:curator/nodes/{id}"))?
+        .context("no record")?;
+    let record = proto::state::Node::decode(bytes.as_slice())?;
+    Ok(record
+        .roles
+        .and_then(|r| r.consensus_member)
+        .map_or(0, |c| c.member_id))
+}
+
 fn kind_of(der: &[u8]) -> Option<pki::CertificateKind> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     pki::CertificateKind::of(&cert)
@@ -147,6 +160,17 @@ async fn a_node_certificate_is_not_a_curator_and_a_curator_certificate_goes_with
         cluster.ctl_retry(&["node", "add-role", &member_id, "ConsensusMember"])
     })?;
     tokio::task::block_in_place(|| member.wait_for_curator())?;
+    // Both members' records hold their etcd member IDs (bootstrap, join): removals
+    // match members by them, not by address.
+    for (node, id) in [
+        (&cluster.first, cluster.first.key_node_id()?),
+        (&member, member_id.clone()),
+    ] {
+        let (recorded, actual) = tokio::task::block_in_place(|| {
+            anyhow::Ok((recorded_member_id(node, &id)?, node.etcd_ids()?.1))
+        })?;
+        assert_eq!(recorded, actual, "node {id}");
+    }
     let member_at = SocketAddr::new(member.address, rpc::CURATOR_PORT);
     let member_curator = served_certificate(member_at).await?;
     assert_eq!(
