@@ -236,3 +236,59 @@ async fn a_node_certificate_is_not_a_curator_and_a_curator_certificate_goes_with
     println!("a node's client facing the removed member's certificate: {refused}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_certificate_is_renewed_when_due_and_served_at_once() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cluster = tokio::task::block_in_place(|| {
+        Cluster::bootstrap_with(dir.path(), &["--node-certificate-lifetime", "6s"], &[])
+    })?;
+    let at = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
+    let first = served_certificate(at).await?;
+    assert_eq!(kind_of(&first), Some(pki::CertificateKind::Curator));
+    // Renewed at 2/3 of its 6 s: a new one is served without a restart.
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let renewed = loop {
+        let served = served_certificate(at).await?;
+        if served != first {
+            break served;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the curator certificate was never renewed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(kind_of(&renewed), Some(pki::CertificateKind::Curator));
+    let (first_validity, renewed_validity) =
+        (pki::Validity::of(&first)?, pki::Validity::of(&renewed)?);
+    assert!(renewed_validity.not_after > first_validity.not_after);
+    // Issued only when due (at 2/3 of 6 s), not once per poll: recorded as
+    // curator-<id>-<serial>.
+    let id = cluster.first.key_node_id()?;
+    let owner = tokio::task::block_in_place(|| cluster.owner_client())?;
+    let listed = owner
+        .call(|c| async move {
+            api::management_client::ManagementClient::new(c)
+                .list_certificates(api::ListCertificatesRequest {})
+                .await
+        })
+        .await?;
+    let elapsed = pki::unix_now().saturating_sub(first_validity.issued());
+    let curator: Vec<_> = listed
+        .certificates
+        .iter()
+        .filter(|c| c.name.starts_with(&format!("curator-{id}-")))
+        .collect();
+    assert!(
+        curator.len() >= 2 && curator.len() as u64 <= elapsed / 4 + 2,
+        "{} curator certificates in {elapsed} s",
+        curator.len()
+    );
+    assert!(
+        curator
+            .iter()
+            .all(|c| c.kind == "curator" && c.node_id == id)
+    );
+    Ok(())
+}
