@@ -72,6 +72,22 @@ pub fn peer_certificate_name(node_id: &str, member_id: u64) -> String {
     format!("{}-{member_id:x}", peer_certificate_prefix(node_id))
 }
 
+/// Prefix of the names under which the cluster CA records a node's curator
+/// certificates (`curator-<id>-<serial>`): revoked by this prefix when the node loses
+/// the ConsensusMember role, is decommissioned or deleted.
+pub fn curator_certificate_prefix(node_id: &str) -> String {
+    format!("curator-{node_id}-")
+}
+
+/// Name of one curator certificate of a node.
+pub fn curator_certificate_name(node_id: &str, serial: &[u8]) -> String {
+    format!(
+        "{}{}",
+        curator_certificate_prefix(node_id),
+        hex::encode(serial)
+    )
+}
+
 /// Name of a node certificate issued by renewal: keeps the `node-<id>` prefix that
 /// CommitNode's first certificate is recorded under, so that revoking a node's
 /// certificates by prefix catches every one.

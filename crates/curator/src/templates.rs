@@ -46,6 +46,23 @@ pub fn peer_certificate_template(
     }
 }
 
+/// The curator certificate a consensus member serves its curator with: for its node
+/// key, naming its ID (DNS) and address (IP); a server certificate only.
+pub fn curator_certificate_template(
+    node_id: &str,
+    address: std::net::IpAddr,
+    lifetime: std::time::Duration,
+) -> pki::Template {
+    pki::Template {
+        common_name: node_id.to_string(),
+        dns_names: vec![node_id.to_string()],
+        ip_addresses: vec![address],
+        usage: pki::Usage::Server,
+        lifetime,
+        kind: pki::CertificateKind::Curator,
+    }
+}
+
 /// The owner certificate (Escrow): a client certificate that names no node.
 pub fn owner_certificate_template(lifetime: std::time::Duration) -> pki::Template {
     pki::Template {

@@ -22,7 +22,7 @@ fn node_record(key: &identity::NodeKey, address: std::net::IpAddr) -> proto::sta
         public_key: key.public_key().to_vec(),
         state: proto::state::NodeState::Up as i32,
         roles: Some(proto::state::NodeRoles {
-            consensus_member: Some(proto::state::ConsensusMemberRole {}),
+            consensus_member: Some(proto::state::ConsensusMemberRole::default()),
         }),
         address: address.to_string(),
         labels: Default::default(),

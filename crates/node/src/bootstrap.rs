@@ -269,7 +269,9 @@ pub async fn finish(
             public_key: b.key.public_key().to_vec(),
             state: NodeState::Up as i32,
             roles: Some(NodeRoles {
-                consensus_member: Some(ConsensusMemberRole {}),
+                consensus_member: Some(ConsensusMemberRole {
+                    member_id: running.member_id,
+                }),
             }),
             address: address.to_string(),
             labels: b.parameters.labels.clone(),

@@ -341,7 +341,9 @@ async fn write_cluster_state(
         public_key: key.public_key().to_vec(),
         state: NodeState::Up as i32,
         roles: Some(NodeRoles {
-            consensus_member: Some(ConsensusMemberRole {}),
+            consensus_member: Some(ConsensusMemberRole {
+                member_id: running.member_id,
+            }),
         }),
         address: flags.address.to_string(),
         ..Default::default()

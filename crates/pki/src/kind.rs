@@ -15,13 +15,18 @@ pub enum CertificateKind {
     Owner,
     /// An etcd member talking to its peers (etcd peer CA only).
     EtcdPeer,
+    /// A curator serving its gRPC listener: only consensus members get one (for their
+    /// node key), and lose it (revoked) with the role. Clients accept no other kind from
+    /// a curator; servers accept it from no client.
+    Curator,
 }
 
 impl CertificateKind {
-    pub(crate) const ALL: [CertificateKind; 3] = [
+    pub(crate) const ALL: [CertificateKind; 4] = [
         CertificateKind::Node,
         CertificateKind::Owner,
         CertificateKind::EtcdPeer,
+        CertificateKind::Curator,
     ];
 
     /// The organizational unit that marks this kind.
@@ -30,6 +35,7 @@ impl CertificateKind {
             CertificateKind::Node => "polis:node",
             CertificateKind::Owner => "polis:owner",
             CertificateKind::EtcdPeer => "polis:etcd-peer",
+            CertificateKind::Curator => "polis:curator",
         }
     }
 

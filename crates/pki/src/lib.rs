@@ -43,7 +43,7 @@
 //! - Renewal never revokes: a certificate stays recorded under its name (renewals get new
 //!   names with the same prefix, e.g. `node-<id>-<serial>`) and valid until it expires.
 //! - Every certificate the CAs issue carries its kind (`CertificateKind`: node, owner,
-//!   etcd peer) as the subject's organizational unit `polis:<kind>`; what a certificate
+//!   etcd peer, curator) as the subject's organizational unit `polis:<kind>`; what a certificate
 //!   may do is decided from that mark, never from its common name alone.
 //! - A CA always has a CRL (possibly empty), created together with it.
 

@@ -70,7 +70,7 @@ pub async fn connect_with(
     let server_name = ServerName::IpAddress(endpoint.ip().into());
     let uri = format!("http://{endpoint}");
     // tonic flattens connector errors into text; keep the one that matters here.
-    let untrusted: Arc<Mutex<Option<String>>> = Arc::default();
+    let untrusted: Arc<Mutex<Option<Untrusted>>> = Arc::default();
     let seen = untrusted.clone();
     Endpoint::from_shared(uri.clone())
         .map_err(|_| RpcError::BadEndpoint { endpoint: uri })?
@@ -86,7 +86,10 @@ pub async fn connect_with(
                     if let Some(rustls::Error::InvalidCertificate(why)) =
                         e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>())
                     {
-                        *seen.lock().expect("lock") = Some(format!("{why:?}"));
+                        *seen.lock().expect("lock") = Some(match crate::tls::not_a_curator(why) {
+                            Some(reason) => Untrusted::NotACurator(reason),
+                            None => Untrusted::Ca(format!("{why:?}")),
+                        });
                     }
                 })?;
                 Ok::<_, std::io::Error>(TokioIo::new(tls))
@@ -94,12 +97,21 @@ pub async fn connect_with(
         }))
         .await
         .map_err(|e| match untrusted.lock().expect("lock").take() {
-            Some(reason) => RpcError::UntrustedServer { endpoint, reason },
+            Some(Untrusted::Ca(reason)) => RpcError::UntrustedServer { endpoint, reason },
+            Some(Untrusted::NotACurator(reason)) => RpcError::NotACurator { endpoint, reason },
             None => RpcError::Connect {
                 endpoint,
                 reason: supervisor::error_chain(&e),
             },
         })
+}
+
+/// Why a server's certificate was refused.
+enum Untrusted {
+    /// Not one of the trusted CA (or revoked, expired, naming another address).
+    Ca(String),
+    /// A certificate of the trusted CA, but no curator's.
+    NotACurator(String),
 }
 
 /// How long a curator that just answered Unavailable gets to name the leader (it may

@@ -86,6 +86,11 @@ pub enum RpcError {
         endpoint: std::net::SocketAddr,
         reason: String,
     },
+    #[error("{endpoint} is no curator of this cluster: {reason}")]
+    NotACurator {
+        endpoint: std::net::SocketAddr,
+        reason: String,
+    },
     #[error("cannot reach {endpoint}: {reason}")]
     Connect {
         endpoint: std::net::SocketAddr,

@@ -4,7 +4,8 @@
 //!
 //! ```text
 //!   server_side   server_config(): TLS 1.3, h2, any client cert (deferred)
-//!   client_side   client_config(), ServerTrust: pinned CA | cluster CA + CRL | first use
+//!   client_side   client_config(), ServerTrust: pinned CA | cluster CA + CRL | first use;
+//!                 under a CA the server must present a curator certificate
 //!      │   │
 //!      │   └──▶ crl_slot     CrlSlot: newest CA-signed CRL a client has seen
 //!      ▼
@@ -25,6 +26,7 @@ mod crypto;
 mod server_side;
 
 pub use authenticator::Authenticator;
+pub(crate) use client_side::not_a_curator;
 pub use client_side::{ServerTrust, client_config, client_config_from};
 pub use credentials::{CredentialSlot, Credentials, self_signed};
 pub use crl_slot::CrlSlot;

@@ -87,7 +87,11 @@ fn describe(name: &str, der: &[u8], revoked: &[Vec<u8>]) -> Option<CertificateIn
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let kind = pki::CertificateKind::of(&cert);
     let node_id = match kind {
-        Some(pki::CertificateKind::Node | pki::CertificateKind::EtcdPeer) => cert
+        Some(
+            pki::CertificateKind::Node
+            | pki::CertificateKind::EtcdPeer
+            | pki::CertificateKind::Curator,
+        ) => cert
             .subject()
             .iter_common_name()
             .next()
@@ -300,7 +304,7 @@ mod tests {
         let up = |member: bool| Node {
             state: proto::state::NodeState::Up as i32,
             roles: member.then_some(proto::state::NodeRoles {
-                consensus_member: Some(proto::state::ConsensusMemberRole {}),
+                consensus_member: Some(proto::state::ConsensusMemberRole::default()),
             }),
             ..Default::default()
         };

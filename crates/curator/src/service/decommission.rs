@@ -155,6 +155,10 @@ async fn revoke_certificates(shared: &Shared, id: &str) -> Result<usize, Status>
             layout::node_certificate_prefix(id),
         ),
         (
+            layout::cluster_pki(&shared.curator),
+            layout::curator_certificate_prefix(id),
+        ),
+        (
             layout::etcd_pki(shared.curator.client()),
             layout::peer_certificate_prefix(id),
         ),

@@ -88,10 +88,12 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
 pub(super) async fn serve(
     ctx: supervisor::Context,
     shared: Arc<Shared>,
+    served: rpc::CredentialSlot,
 ) -> supervisor::RunnableResult {
     let config = &shared.config;
-    // Serves whatever the slot holds at each handshake: renewals apply live.
-    let tls = rpc::tls::server_config_from(&config.credentials)?;
+    // Serves the curator certificate (`curator_certificate`), whatever the slot holds
+    // at each handshake: renewals apply live.
+    let tls = rpc::tls::server_config_from(&served)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("listening on {}: {e}", config.listen))?;

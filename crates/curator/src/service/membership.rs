@@ -178,6 +178,7 @@ pub(super) async fn join(
             node.id, member.id
         )));
     }
+    record_member_id(shared, leadership, &node.id, member.id).await?;
     let (certificate, peer_ca_certificate) =
         issuance::join_peer_certificate(shared, &client, node, member.id).await?;
     let crl = layout::etcd_pki(client.clone())
@@ -230,8 +231,8 @@ pub(super) async fn join(
 
 /// Takes the ConsensusMember role from node `id`: refused when the remaining voters
 /// could not keep a quorum; otherwise the etcd member is removed first — while the node
-/// still runs it and can vote the change through — then its peer certificates are
-/// revoked and, last, the record loses the role (which makes the node stop etcd and
+/// still runs it and can vote the change through — then its peer and curator
+/// certificates are revoked and, last, the record loses the role (which makes the node stop etcd and
 /// wipe its data). Every step is idempotent: after a failure, running it again finishes
 /// the job. A node without the role is left alone (no etcd member is removed on its
 /// behalf). Returns the record.
@@ -296,6 +297,22 @@ pub(super) async fn remove_role(
             node = id,
             revoked,
             "revoked the node's etcd peer certificates"
+        );
+    }
+    let cluster_pki = layout::cluster_pki(&shared.curator);
+    if let Some(ca) = cluster_pki
+        .load_ca()
+        .await
+        .map_err(|e| etcd_status("loading the cluster CA", e))?
+    {
+        let revoked = cluster_pki
+            .revoke_issued(&ca, &layout::curator_certificate_prefix(id))
+            .await
+            .map_err(|e| etcd_status("revoking the curator certificates", e))?;
+        tracing::info!(
+            node = id,
+            revoked,
+            "revoked the node's curator certificates"
         );
     }
     let node = writes::modify_node(&shared.curator, leadership, id, |current| {
@@ -402,6 +419,34 @@ impl Shared {
         }
         healthy
     }
+}
+
+/// Records etcd member `member_id` in node `id`'s ConsensusMember role (once: the
+/// record keeps it until the role is taken), so that removals match the member by ID
+/// (`etcd_members::member_of`), never by the address another record may share.
+async fn record_member_id(
+    shared: &Shared,
+    leadership: &Leadership,
+    id: &str,
+    member_id: u64,
+) -> Result<(), Status> {
+    writes::modify_node(&shared.curator, leadership, id, |current| {
+        let mut node = current
+            .cloned()
+            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
+        match node
+            .roles
+            .as_mut()
+            .and_then(|r| r.consensus_member.as_mut())
+        {
+            Some(role) if role.member_id != member_id => role.member_id = member_id,
+            _ => return Ok(None),
+        }
+        Ok(Some(node))
+    })
+    .await
+    .map_err(node_update_status)?;
+    Ok(())
 }
 
 /// Whether a node record holds the ConsensusMember role and may run etcd.

@@ -15,6 +15,8 @@
 //!   │                member at a time (through each member's curator), disarm
 //!   ├── snapshots    every curator: scheduled snapshots of its own etcd member into
 //!   │                ROOT/data/snapshots, pruned past the count kept (`scheduled`)
+//!   ├── curator-certificate  the curator certificate served (issued at start when
+//!   │                missing; renewed when due; see `curator_certificate`)
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
 //!                    | backup
 //! ```
@@ -34,7 +36,9 @@
 //!   decommission     DecommissionNode, DeleteNode and the `decommission` runnable
 //!   membership       every etcd membership change: join (learner, promotion), the
 //!                    role given and taken, the quorum probe
-//!   issuance         every certificate the curator issues
+//!   issuance         every certificate the curator issues to callers
+//!   curator_certificate  the curator certificate this curator serves with (issued
+//!                    for its own node key; only on a ConsensusMember record)
 //!   shared           CuratorConfig, Snapshot, Shared, Services
 //!   etcd_members     etcd member lookup (no changes)
 //!   status           errors → Status, request and record checks (pure)
@@ -46,7 +50,8 @@
 //! DescribeNode) reads verdicts from it, never from etcd.
 //! Handlers that change state take a `Leadership` from `Shared::leadership` and write
 //! through `writes` (node records) and `ticket` functions that require it, so no write
-//! bypasses the election. Every certificate is issued by `issuance`, every etcd
+//! bypasses the election. Every certificate is issued by `issuance` (the curator's own
+//! by `curator_certificate`), every etcd
 //! membership change made by `membership`.
 //! Streams (RegisterNode, WatchNode) are fed by the shared node snapshot, not by an etcd
 //! watch per client.
@@ -55,6 +60,7 @@ mod aaa;
 mod backup;
 pub mod certificates;
 mod crl;
+mod curator_certificate;
 mod decommission;
 mod etcd_members;
 mod health;
@@ -166,10 +172,21 @@ pub async fn run(
         scheduled::run(ctx, scheduled_shared.clone())
     })?;
 
+    // Served by the listener, kept current by the `curator-certificate` runnable.
+    let served = rpc::CredentialSlot::new(
+        curator_certificate::credentials(&shared)
+            .await
+            .map_err(|e| format!("the curator certificate: {}", e.message()))?,
+    )?;
+    let renewal = (shared.clone(), served.clone());
+    ctx.run("curator-certificate", move |ctx| {
+        curator_certificate::run(ctx, renewal.0.clone(), renewal.1.clone())
+    })?;
+
     let listener_shared = shared.clone();
     ctx.run("listener", move |ctx| {
-        let shared = listener_shared.clone();
-        async move { listener::serve(ctx, shared).await }
+        let (shared, served) = (listener_shared.clone(), served.clone());
+        async move { listener::serve(ctx, shared, served).await }
     })?;
     ctx.signal_healthy();
     ctx.cancelled().await;

@@ -26,8 +26,8 @@ use crate::health as rules;
 pub struct CuratorConfig {
     pub node_id: String,
     pub listen: SocketAddr,
-    /// This node's certificate and key: served to clients (from the next handshake on
-    /// after a renewal replaced them) and presented when forwarding or asking peers.
+    /// This node's certificate and key: presented when forwarding or asking peers (the
+    /// listener serves a curator certificate for the same key, `curator_certificate`).
     pub credentials: rpc::CredentialSlot,
     pub ca_certificate: Vec<u8>,
     pub lease_ttl: Duration,

@@ -157,6 +157,8 @@ async fn read(curator: &Namespaced, key: &str, id: &str) -> Result<Base, NodeUpd
 }
 
 /// What one attempt ended with.
+// Short-lived, one per attempt: boxing the record would cost an allocation per write.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Attempt {
     Done(Option<Node>),
     Retry,

@@ -53,6 +53,15 @@ fn classify_cluster_certificate(
         Some(kind @ pki::CertificateKind::EtcdPeer) => Identity::Invalid {
             reason: format!("a {} certificate is not accepted here", kind.mark()),
         },
+        // A curator's server certificate says "this serves the curator", not who calls:
+        // curators call each other with their node certificates (forwarding), so
+        // accepting it as a client would only widen what a stolen one could do.
+        Some(kind @ pki::CertificateKind::Curator) => Identity::Invalid {
+            reason: format!(
+                "a {} certificate only serves the curator; it is no client identity",
+                kind.mark()
+            ),
+        },
         None => Identity::Invalid {
             reason: "the certificate carries no known role mark".into(),
         },

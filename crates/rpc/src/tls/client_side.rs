@@ -1,6 +1,8 @@
 //! Client TLS configurations: how a client checks the server it dials
 //! ([`ServerTrust`]: pinned CA, cluster CA with its CRL, or trust on first use), and
-//! which credentials it presents.
+//! which credentials it presents. Under a CA (pinned or cluster) the server must also
+//! present a curator certificate (`pki::CertificateKind::Curator`, [`CuratorOnly`]): a
+//! node's own certificate, valid as it is, does not make its holder a curator.
 //!
 //! May not classify callers (that is the server's `authenticator`).
 
@@ -15,10 +17,13 @@ use super::crl_slot::CrlSlot;
 use super::crypto::{ProofOfPossession, handshake_signature_checks, provider};
 use crate::RpcError;
 
-/// How a client checks the server it talks to.
+/// How a client checks the server it talks to. Every server a client dials is a
+/// curator: under `PinnedCa` and `ClusterCa` its certificate must be marked
+/// `polis:curator`.
 #[derive(Debug, Clone)]
 pub enum ServerTrust {
-    /// The server certificate must chain to this CA (DER) and name the address dialed.
+    /// The server certificate must chain to this CA (DER), name the address dialed and
+    /// be a curator certificate.
     PinnedCa(Vec<u8>),
     /// As `PinnedCa`, and the certificate must not be on the CRL in `crl` (as it is
     /// when the connection is made): what nodes and owners use once they belong to the
@@ -47,6 +52,81 @@ impl ServerCertVerifier for AcceptAnyServer {
     }
     handshake_signature_checks!();
 }
+
+/// A CA-checked server certificate (`inner`: chain, name, validity, CRL) that must
+/// also be a curator certificate.
+#[derive(Debug)]
+struct CuratorOnly {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    keys: ProofOfPossession,
+}
+
+/// Why a server certificate that verified is still not a curator's (`None`: it is one).
+fn why_not_a_curator(end_entity: &[u8]) -> Option<String> {
+    let kind = x509_parser::parse_x509_certificate(end_entity)
+        .ok()
+        .and_then(|(_, cert)| pki::CertificateKind::of(&cert));
+    match kind {
+        Some(pki::CertificateKind::Curator) => None,
+        Some(other) => Some(format!(
+            "the server's certificate is not a curator certificate (it is marked {})",
+            other.mark()
+        )),
+        None => Some(
+            "the server's certificate is not a curator certificate (it carries no known \
+             role mark)"
+                .into(),
+        ),
+    }
+}
+
+impl ServerCertVerifier for CuratorOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let verified = self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )?;
+        match why_not_a_curator(end_entity) {
+            None => Ok(verified),
+            Some(reason) => Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::Other(rustls::OtherError(Arc::new(NotACurator(reason)))),
+            )),
+        }
+    }
+    handshake_signature_checks!();
+}
+
+/// The error a client's handshake fails with when the server is no curator.
+#[derive(Debug)]
+struct NotACurator(String);
+
+/// The reason, when a refused server certificate was refused for being no curator's.
+pub(crate) fn not_a_curator(refusal: &rustls::CertificateError) -> Option<String> {
+    match refusal {
+        rustls::CertificateError::Other(other) => {
+            other.0.downcast_ref::<NotACurator>().map(|n| n.0.clone())
+        }
+        _ => None,
+    }
+}
+
+impl std::fmt::Display for NotACurator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotACurator {}
 
 /// A client TLS configuration (HTTP/2), optionally presenting `client` credentials.
 pub fn client_config(
@@ -78,23 +158,31 @@ pub fn client_config_from(
             .map_err(|e| RpcError::Certificate(format!("pinned CA: {e}")))?;
         Ok(Arc::new(roots))
     };
+    let curator_only = |ca: &Vec<u8>, crl: Option<Vec<u8>>| -> Result<_, RpcError> {
+        let mut verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            pinned(ca)?,
+            provider.clone(),
+        );
+        if let Some(crl) = crl {
+            verifier = verifier.with_crls([CertificateRevocationListDer::from(crl)]);
+        }
+        let inner = verifier
+            .build()
+            .map_err(|e| RpcError::Certificate(format!("cluster CRL: {e}")))?;
+        Ok(Arc::new(CuratorOnly {
+            inner,
+            keys: ProofOfPossession {
+                provider: provider.clone(),
+            },
+        }))
+    };
     let builder = match trust {
-        ServerTrust::PinnedCa(ca) => builder.with_root_certificates(pinned(ca)?),
-        ServerTrust::ClusterCa { ca, crl } => match crl.current() {
-            None => builder.with_root_certificates(pinned(ca)?),
-            Some(crl) => {
-                let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
-                    pinned(ca)?,
-                    provider,
-                )
-                .with_crls([CertificateRevocationListDer::from(crl)])
-                .build()
-                .map_err(|e| RpcError::Certificate(format!("cluster CRL: {e}")))?;
-                builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(verifier)
-            }
-        },
+        ServerTrust::PinnedCa(ca) => builder
+            .dangerous()
+            .with_custom_certificate_verifier(curator_only(ca, None)?),
+        ServerTrust::ClusterCa { ca, crl } => builder
+            .dangerous()
+            .with_custom_certificate_verifier(curator_only(ca, crl.current())?),
         ServerTrust::FirstUse => builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AcceptAnyServer {

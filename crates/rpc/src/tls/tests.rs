@@ -49,10 +49,8 @@ async fn handshake(server: &Credentials, trust: &ServerTrust) -> Result<(), Stri
     outcome
 }
 
-#[tokio::test]
-async fn a_revoked_server_is_refused_by_clients_holding_the_crl() {
-    let (ca, empty_crl, _) = cluster();
-    let key = identity::NodeKey::generate().unwrap();
+/// A server certificate of `kind` for `key`, naming 127.0.0.1, and its serial.
+fn serving(ca: &pki::Ca, key: &identity::NodeKey, kind: CertificateKind) -> (Credentials, Vec<u8>) {
     let issued = ca
         .issue(
             &Template {
@@ -61,14 +59,61 @@ async fn a_revoked_server_is_refused_by_clients_holding_the_crl() {
                 ip_addresses: vec![[127, 0, 0, 1].into()],
                 usage: Usage::ServerAndClient,
                 lifetime: Duration::from_secs(3600),
-                kind: CertificateKind::Node,
+                kind,
             },
             &key.public_key(),
         )
         .unwrap();
-    let server = Credentials {
-        certificate: issued.der.clone(),
+    let credentials = Credentials {
+        certificate: issued.der,
         key_pkcs8: key.pkcs8_der().to_vec(),
+    };
+    (credentials, issued.serial)
+}
+
+/// A node's own certificate, valid and unrevoked, does not make a curator: every
+/// CA-checked trust refuses it and names why; a curator certificate passes.
+#[tokio::test]
+async fn a_node_certificate_is_not_a_curator() {
+    let (ca, crl, _) = cluster();
+    let key = identity::NodeKey::generate().unwrap();
+    let slot = CrlSlot::new();
+    assert!(slot.offer(&ca.cert_der, &crl).unwrap());
+    let trusts = [
+        ServerTrust::PinnedCa(ca.cert_der.clone()),
+        ServerTrust::ClusterCa {
+            ca: ca.cert_der.clone(),
+            crl: slot,
+        },
+        ServerTrust::ClusterCa {
+            ca: ca.cert_der.clone(),
+            crl: CrlSlot::new(),
+        },
+    ];
+    for trust in &trusts {
+        for kind in [CertificateKind::Node, CertificateKind::Owner] {
+            let (impostor, _) = serving(&ca, &key, kind);
+            let refused = handshake(&impostor, trust).await.unwrap_err();
+            assert!(
+                refused.contains("not a curator certificate") && refused.contains(kind.mark()),
+                "{trust:?}, {kind:?}: {refused}"
+            );
+        }
+        let (curator, _) = serving(&ca, &key, CertificateKind::Curator);
+        handshake(&curator, trust)
+            .await
+            .expect("a curator certificate");
+    }
+}
+
+#[tokio::test]
+async fn a_revoked_server_is_refused_by_clients_holding_the_crl() {
+    let (ca, empty_crl, _) = cluster();
+    let key = identity::NodeKey::generate().unwrap();
+    let (server, serial) = serving(&ca, &key, CertificateKind::Curator);
+    let issued = pki::Issued {
+        der: server.certificate.clone(),
+        serial,
     };
     let revoking = ca.crl(std::slice::from_ref(&issued.serial), 2).unwrap();
     let slot = CrlSlot::new();
@@ -208,6 +253,13 @@ fn classification_table() {
     check("owner mark, empty name", Some(c), &crl, Want::Invalid);
     let c = issue(&ca, &pk, &id, CertificateKind::EtcdPeer);
     check("etcd peer mark", Some(c), &crl, Want::Invalid);
+    let c = issue(&ca, &pk, &id, CertificateKind::Curator);
+    check(
+        "curator mark (a server's only)",
+        Some(c),
+        &crl,
+        Want::Invalid,
+    );
     let c = unmarked(&ca, &key, "owner");
     check("no mark, owner-like name", Some(c), &crl, Want::Invalid);
     let c = unmarked(&ca, &key, &id);
