@@ -175,6 +175,20 @@ impl Node {
         ))
     }
 
+    /// The etcd member ID node `id`'s record holds (0: none), read through this node's
+    /// etcd.
+    pub fn recorded_member_id(&self, id: &str) -> Result<u64> {
+        use prost::Message as _;
+        let bytes = self
+            .etcd_get(&format!("namespaced:curator/nodes/{id}"))?
+            .with_context(|| format!("no record of node {id}"))?;
+        let record = proto::state::Node::decode(bytes.as_slice())?;
+        Ok(record
+            .roles
+            .and_then(|r| r.consensus_member)
+            .map_or(0, |c| c.member_id))
+    }
+
     /// The pid of the newest etcd child, from polis-node's log.
     pub fn etcd_pid(&mut self) -> Result<i32> {
         self.proc()

@@ -78,19 +78,6 @@ async fn served_certificate(at: SocketAddr) -> Result<Vec<u8>> {
     Ok(chain.first().context("empty chain")?.to_vec())
 }
 
-/// The etcd member ID node `id`'s record holds (0: none), read through `node`'s etcd.
-fn recorded_member_id(node: &e2e::Node, id: &str) -> Result<u64> {
-    use prost::Message as _;
-    let bytes = node
-        .etcd_get(&format!("namespaced:curator/nodes/{id}"))?
-        .context("no record")?;
-    let record = proto::state::Node::decode(bytes.as_slice())?;
-    Ok(record
-        .roles
-        .and_then(|r| r.consensus_member)
-        .map_or(0, |c| c.member_id))
-}
-
 fn kind_of(der: &[u8]) -> Option<pki::CertificateKind> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     pki::CertificateKind::of(&cert)
@@ -167,7 +154,7 @@ async fn a_node_certificate_is_not_a_curator_and_a_curator_certificate_goes_with
         (&member, member_id.clone()),
     ] {
         let (recorded, actual) = tokio::task::block_in_place(|| {
-            anyhow::Ok((recorded_member_id(node, &id)?, node.etcd_ids()?.1))
+            anyhow::Ok((node.recorded_member_id(&id)?, node.etcd_ids()?.1))
         })?;
         assert_eq!(recorded, actual, "node {id}");
     }

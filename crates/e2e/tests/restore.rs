@@ -241,6 +241,12 @@ fn restore_from_a_backup_file_brings_the_cluster_back_on_a_new_root() -> Result<
         "{restored}"
     );
     cluster.wait_members(&address, 1, 0)?;
+    // Former members are marked as no longer etcd members; the restored node records its own.
+    assert_eq!(cluster.first.recorded_member_id(&former_id)?, 0);
+    assert_eq!(
+        cluster.first.recorded_member_id(&restored_id)?,
+        cluster.first.etcd_ids()?.1
+    );
 
     // The worker comes back by itself.
     worker.start(&[])?;
@@ -254,6 +260,11 @@ fn restore_from_a_backup_file_brings_the_cluster_back_on_a_new_root() -> Result<
     former.start(&[])?;
     cluster.wait_members(&format!("{address},{}", former.address), 2, 0)?;
     cluster.wait_node(&former_id, "UP", Some("HEALTHY"))?;
+    assert_eq!(
+        cluster.first.recorded_member_id(&former_id)?,
+        former.etcd_ids()?.1,
+        "the rejoined member records its new member ID"
+    );
 
     // Later starts are ordinary ones.
     cluster.first.proc().signal(libc::SIGTERM);

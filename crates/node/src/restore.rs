@@ -14,9 +14,10 @@
 //!   ─▶ peer files, node files, roles.pb, directory.pb, quota.pb ─▶ sealed configuration
 //!      (last) ─▶ Plan::Join
 //! ```
-//! Other nodes' records are kept as they are: workers come back by themselves when the
-//! address is a former member's; a former member's etcd belongs to another etcd cluster
-//! and rejoins as a learner (see `rejoin`).
+//! Other nodes' records are kept, except that former members lose their recorded etcd
+//! member ID (none of them belongs to the restored etcd cluster): workers come back by
+//! themselves when the address is a former member's; a former member's etcd belongs to
+//! another etcd cluster and rejoins as a learner (see `rejoin`), recording its new ID.
 //!
 //! The cluster CA found in the snapshot must be the one the backup's header names.
 //! Any failure after the root was touched removes what this run created (the root itself
@@ -365,7 +366,39 @@ async fn write_cluster_state(
     if !response.succeeded() {
         bail!("the restored cluster already holds a record of node {node_id}");
     }
+    mark_former_members(&curator_ns, &node_id).await?;
     Ok((cluster_ca.cert_der, quota))
+}
+
+/// Every other node's record loses the etcd member ID it recorded: none of those members
+/// belongs to the restored etcd cluster (its only member is this node). A former member
+/// that still holds the role rejoins as a learner and records its new ID then. Only this
+/// restore talks to the etcd it runs, so plain writes race nobody.
+async fn mark_former_members(curator_ns: &consensus::Namespaced, node_id: &str) -> Result<()> {
+    let nodes = curator::records::list_nodes(curator_ns)
+        .await
+        .context("listing the restored node records")?;
+    for mut node in nodes.into_iter().filter(|n| n.id != node_id) {
+        let Some(member) = node
+            .roles
+            .as_mut()
+            .and_then(|roles| roles.consensus_member.as_mut())
+            .filter(|member| member.member_id != 0)
+        else {
+            continue;
+        };
+        member.member_id = 0;
+        curator_ns
+            .client()
+            .put(
+                curator_ns.key(&curator::layout::node_key(&node.id)),
+                node.encode_to_vec(),
+                None,
+            )
+            .await
+            .with_context(|| format!("marking node {} as no longer an etcd member", node.id))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
