@@ -2,8 +2,9 @@
 //! when a NOSPACE alarm may be disarmed (pure: statuses come in as arguments).
 //!
 //! ```text
-//!   every member answered, none a learner, none more than MAX_RAFT_LAG behind the
-//!   leader? ─no─▶ Wait (never defragment while a member catches up)
+//!   every member answered (under NOSPACE: a majority; the silent rest is passed
+//!   over), none a learner, none more than MAX_RAFT_LAG behind the leader?
+//!     ─no─▶ Wait (never defragment while a member catches up)
 //!     │ yes
 //!   members not `done` whose file is mostly free (in use < half of the size) and over
 //!   the floor — or, while NOSPACE is raised, whose file is not under DISARM_FRACTION
@@ -93,8 +94,16 @@ pub fn next_step(
     done: &std::collections::BTreeSet<u64>,
 ) -> Step {
     let mut states = Vec::with_capacity(members.len());
+    let answered = members.iter().filter(|m| m.status.is_some()).count();
     for m in members {
         let Some(s) = &m.status else {
+            // Under NOSPACE a silent minority does not hold the upkeep back: a member
+            // gone for good could otherwise never be removed (that needs a curator
+            // leader, and none is elected while writes are refused). A member that
+            // comes back over the quota raises the alarm again and is defragmented then.
+            if no_space && answered * 2 > members.len() {
+                continue;
+            }
             return Step::Wait(format!("etcd member {:x} does not answer", m.member_id));
         };
         if s.is_learner {
@@ -259,8 +268,32 @@ mod tests {
             silent,
         ];
         assert!(
-            matches!(next_step(&members, true, 2048 * MIB, 0, &none()), Step::Wait(w) if w.contains("does not answer"))
+            matches!(next_step(&members, false, 2048 * MIB, 0, &none()), Step::Wait(w) if w.contains("does not answer"))
         );
+        // Under NOSPACE a silent minority is passed over: the answering members are
+        // defragmented, then the alarm is disarmed.
+        let full = [
+            member(1, 2, 3 * MIB, MIB),
+            member(2, 2, 3 * MIB, MIB),
+            members[2].clone(),
+        ];
+        assert_eq!(
+            next_step(&full, true, 2 * MIB, 0, &none()),
+            Step::Defragment(1)
+        );
+        let done: std::collections::BTreeSet<u64> = [1, 2].into();
+        let freed = [
+            member(1, 2, MIB, MIB),
+            member(2, 2, MIB, MIB),
+            members[2].clone(),
+        ];
+        assert_eq!(next_step(&freed, true, 2 * MIB, 0, &done), Step::Disarm);
+        // A silent majority holds it back.
+        let majority_silent = [freed[0].clone(), freed[2].clone(), freed[2].clone()];
+        assert!(matches!(
+            next_step(&majority_silent, true, 2 * MIB, 0, &done),
+            Step::Wait(w) if w.contains("does not answer")
+        ));
         let leaderless = [member(1, 0, 100 * MIB, 10 * MIB)];
         assert!(matches!(
             next_step(&leaderless, false, 2048 * MIB, 0, &none()),
