@@ -279,3 +279,60 @@ fn restore_from_a_backup_file_brings_the_cluster_back_on_a_new_root() -> Result<
     assert_eq!(labels["restored"], "yes", "{labels}");
     Ok(())
 }
+
+/// `polis-node set-curators` on the worker's root.
+fn set_curators(root: &Path, endpoints: &[&str]) -> Result<(bool, String)> {
+    let out = Command::new(bin("polis-node"))
+        .arg("set-curators")
+        .arg("--root")
+        .arg(root)
+        .args(endpoints)
+        .output()?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.success(), text))
+}
+
+/// After a restore onto a new address the workers' directories name the old curators:
+/// `polis-node set-curators` points a stopped worker at the new one. Here the worker is
+/// first pointed at an address where no curator runs (it keeps trying that one, and
+/// only that one), then at the member, and comes back UP and HEALTHY; refused while the
+/// worker runs.
+#[test]
+fn set_curators_points_a_stopped_worker_at_a_curator_it_cannot_find() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::bootstrap_with(dir.path(), &[], &NODE_ARGS)?;
+    let params = cluster.register_params("nodes")?;
+    let (mut worker, worker_id) = cluster.add_worker("worker", &params)?;
+    cluster.wait_node(&worker_id, "UP", Some("HEALTHY"))?;
+
+    let (ok, text) = set_curators(&worker.root, &["127.0.0.1"])?;
+    assert!(!ok, "accepted while the worker runs: {text}");
+    assert!(text.contains("polis-node:"), "{text}");
+
+    worker.proc().signal(libc::SIGTERM);
+    worker.proc().wait_exit(TIMEOUT)?;
+    let nowhere = e2e::unique_loopback().to_string();
+    let (ok, text) = set_curators(&worker.root, &[&nowhere])?;
+    assert!(ok, "{text}");
+    worker.start(&[])?;
+    worker
+        .proc()
+        .wait_for_line(TIMEOUT, |l| l.contains(&nowhere))
+        .context("the worker tries the address it was given")?;
+    cluster.wait_node(&worker_id, "UP", Some("HEARTBEAT_TIMEOUT"))?;
+
+    worker.proc().signal(libc::SIGTERM);
+    worker.proc().wait_exit(TIMEOUT)?;
+    let member = cluster.first.address.to_string();
+    let (ok, text) = set_curators(&worker.root, &[&member])?;
+    assert!(ok, "{text}");
+    assert!(text.contains(&member), "{text}");
+    worker.start(&[])?;
+    worker.wait_home()?;
+    cluster.wait_node(&worker_id, "UP", Some("HEALTHY"))?;
+    Ok(())
+}

@@ -4,7 +4,8 @@
 //! starts a surviving consensus member after its cluster lost its quorum, as the only
 //! member (see `recover`); `polis-node restore --root NEWROOT --address ADDR --backup FILE`
 //! makes a new node the only member of the cluster a backup was taken from (see
-//! `restore`).
+//! `restore`); `polis-node set-curators --root ROOT ENDPOINT...` points a stopped node
+//! at curators it cannot find by itself (see `set_curators`).
 //!
 //! On every start the node decides once what it is (see `decision`): a node that
 //! already belongs to a cluster *joins* it again; a fresh node *bootstraps* a new cluster
@@ -55,6 +56,9 @@
 //!     │             backup's cluster (etcdctl snapshot restore, one etcd start), then
 //!     │             a join
 //!     └──▶ preflight
+//!   set_curators    `polis-node set-curators`: the cluster directory replaced (root
+//!     │             locked, membership required); the node is not started
+//!     └──▶ preflight (lock_root)
 //!   preflight       every refusal before anything is written; the Plan
 //!     │ ──▶ decision    the start decision (pure)
 //!     │ ──▶ join        a member's identity, roles, directory, loaded and checked
@@ -116,6 +120,7 @@ mod preflight;
 mod recover;
 mod register;
 mod restore;
+mod set_curators;
 
 // Runnables.
 mod cluster;
@@ -183,6 +188,20 @@ enum Command {
     /// of the cluster a backup (`polisctl cluster backup`) was taken from, then run it
     /// as usual. Later starts are the usual `polis-node --root ROOT --address ADDR`.
     Restore(RestoreArgs),
+    /// Point a stopped node at curators it cannot find by itself (after a restore onto a
+    /// new address): its cluster directory is replaced by the given endpoints
+    /// (host or host:port). The node is not started; start it as usual afterwards.
+    SetCurators(SetCuratorsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct SetCuratorsArgs {
+    /// The node's root.
+    #[arg(long)]
+    root: PathBuf,
+    /// Curator endpoints, e.g. the restored member's address.
+    #[arg(required = true)]
+    endpoints: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -292,6 +311,24 @@ struct Start {
 fn main() -> ExitCode {
     let parsed = Args::parse();
     let start = match parsed.command {
+        Some(Command::SetCurators(a)) => {
+            let root = Root::new(a.root);
+            return match set_curators::set_curators(&root, &a.endpoints) {
+                Ok(saved) => {
+                    let saved: Vec<String> = saved.iter().map(|e| e.to_string()).collect();
+                    println!(
+                        "{}: curators set to {}; start the node as usual",
+                        root.directory().display(),
+                        saved.join(", ")
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("polis-node: {e:#}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Some(Command::Recover(r)) => Start {
             root: r.root,
             address: r.address,
