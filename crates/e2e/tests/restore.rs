@@ -304,7 +304,7 @@ fn set_curators(root: &Path, endpoints: &[&str]) -> Result<(bool, String)> {
 #[test]
 fn set_curators_points_a_stopped_worker_at_a_curator_it_cannot_find() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut cluster = Cluster::bootstrap_with(dir.path(), &[], &NODE_ARGS)?;
+    let cluster = Cluster::bootstrap_with(dir.path(), &[], &NODE_ARGS)?;
     let params = cluster.register_params("nodes")?;
     let (mut worker, worker_id) = cluster.add_worker("worker", &params)?;
     cluster.wait_node(&worker_id, "UP", Some("HEALTHY"))?;
