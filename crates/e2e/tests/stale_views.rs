@@ -122,9 +122,7 @@ fn stale_views() -> Result<()> {
             break;
         }
         if cut.elapsed() > NO_LEADER_BOUND {
-            bail!(
-                "n0's node watch did not end within {NO_LEADER_BOUND:?} of losing its leader"
-            );
+            bail!("n0's node watch did not end within {NO_LEADER_BOUND:?} of losing its leader");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -154,6 +152,9 @@ fn stale_views() -> Result<()> {
         "{worker}"
     );
     let after = applied_revision(&w)?;
-    assert!(after >= before, "the applied revision went back: {before} → {after}");
+    assert!(
+        after >= before,
+        "the applied revision went back: {before} → {after}"
+    );
     Ok(())
 }
