@@ -8,6 +8,8 @@
 //!   everything is HEALTHY again once the others continue.
 //! - Every WatchNode update names its record's etcd revision: the worker records the
 //!   newest one it applied next to its cluster directory, and it only grows.
+//! - A voter fed an older update saying "no role" (the test hook of `crash-points`
+//!   builds) refuses it: it keeps its role and its etcd data.
 //!
 //! One cluster for the whole file: the cases run in turn on it.
 
@@ -155,6 +157,34 @@ fn stale_views() -> Result<()> {
     assert!(
         after >= before,
         "the applied revision went back: {before} → {after}"
+    );
+
+    // A voter told "no role" by a stale curator keeps its role and its etcd data: m1
+    // restarted with the test hook that feeds it such an update first on every watch.
+    // Without the revision check (checked by making `staleview::is_stale` answer false)
+    // m1 applied it: "left consensus: etcd data and peer credentials removed".
+    m1.proc().signal(libc::SIGTERM);
+    m1.proc().wait_exit(TIMEOUT)?;
+    let m1_root = m1.root.clone();
+    m1.start_with_env(&[], &[("POLIS_TEST_STALE_NO_ROLE", "1")])?;
+    m1.proc()
+        .wait_for_line(TIMEOUT, |l| l.contains("stale-update hook armed"))?;
+    m1.proc()
+        .wait_for_line(TIMEOUT, |l| l.contains("refused a stale update"))?;
+    cluster.wait_members(&all, 3, 0)?;
+    m1.wait_for_curator()?;
+    cluster.wait_node(&id_m1, "UP", Some("HEALTHY"))?;
+    let output = m1.proc().output();
+    for line in output.lines() {
+        assert!(
+            !line.contains("left consensus") && !line.contains("roles changed"),
+            "m1 acted on a stale update: {line}"
+        );
+    }
+    let etcd_data = m1_root.join("data").join("etcd").join("data");
+    assert!(
+        std::fs::read_dir(&etcd_data)?.next().is_some(),
+        "m1's etcd data is gone"
     );
     Ok(())
 }

@@ -102,8 +102,13 @@ pub async fn run(
         };
         problems.resolved("watching this node's record again");
         backoff.reset();
+        // Test builds may feed a stale update first (see `crash::stale_update`).
+        let mut injected = crate::crash::stale_update();
         loop {
-            let update = tokio::select! {
+            let update = if let Some(stale) = injected.take() {
+                Ok(Some(stale))
+            } else {
+                tokio::select! {
                 u = stream.message() => u,
                 _ = own_etcd_gone(&values, &mut resynced) => {
                     // Removed from consensus, its etcd stopped: the news of the role going
@@ -119,6 +124,7 @@ pub async fn run(
                     break;
                 }
                 _ = ctx.cancelled() => return Ok(()),
+                }
             };
             let Ok(Some(update)) = update else {
                 problems.problem("the curator closed the node watch".into());
