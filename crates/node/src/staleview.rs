@@ -42,12 +42,11 @@ pub fn is_stale(applied: Option<AppliedView>, update: AppliedView) -> bool {
 /// The newest applied view recorded in the root's cluster directory, if any.
 pub fn load(root: &Root) -> Option<AppliedView> {
     let directory: ClusterDirectory = read_proto(&root.directory(), "cluster directory").ok()?;
-    (directory.applied_record_revision != 0 || directory.applied_record_etcd_cluster != 0).then(
-        || AppliedView {
-            etcd_cluster: directory.applied_record_etcd_cluster,
-            revision: directory.applied_record_revision,
-        },
-    )
+    let view = AppliedView {
+        etcd_cluster: directory.applied_record_etcd_cluster,
+        revision: directory.applied_record_revision,
+    };
+    (view != AppliedView::default()).then_some(view)
 }
 
 /// Records `view` as the newest applied one in the cluster directory (when it changed).
