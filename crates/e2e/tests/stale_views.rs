@@ -13,11 +13,13 @@
 //!
 //! One cluster for the whole file: the cases run in turn on it.
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use e2e::{Cluster, Node, TIMEOUT, endpoints};
 use prost::Message as _;
+use proto::api;
 
 /// How long a member without a leader may keep its etcd watch (etcd cancels
 /// require-leader streams after three election timeouts without a leader; generous for
@@ -102,6 +104,35 @@ fn stale_views() -> Result<()> {
     };
     println!("worker applied its record at revision {before}");
 
+    // A WatchNode stream on n0 with the worker's certificate, as the worker would hold.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let node_dir = w.root.join("data").join("node");
+    let credentials = rpc::Credentials {
+        certificate: std::fs::read(node_dir.join("cert.der"))?,
+        key_pkcs8: std::fs::read(node_dir.join("key.der"))?,
+    };
+    let trust = rpc::ServerTrust::PinnedCa(std::fs::read(node_dir.join("ca.der"))?);
+    let n0_endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
+    let watch_n0 = |runtime: &tokio::runtime::Runtime| {
+        runtime.block_on(async {
+            let channel = rpc::connect(n0_endpoint, &trust, Some(&credentials)).await?;
+            anyhow::Ok(
+                api::curator_client::CuratorClient::new(channel)
+                    .watch_node(api::WatchNodeRequest {})
+                    .await,
+            )
+        })
+    };
+    let mut stream = watch_n0(&runtime)?
+        .context("WatchNode on n0 before the cut")?
+        .into_inner();
+    let first = runtime
+        .block_on(stream.message())?
+        .context("a first WatchNode update")?;
+    assert!(first.record_revision > 0, "no record revision: {first:?}");
+
     // Cut n0 off: freeze the other two members (polis-node and etcd).
     let pids = vec![
         m1.proc().pid(),
@@ -132,6 +163,30 @@ fn stale_views() -> Result<()> {
         "n0's watch ended {:?} after the other members froze",
         cut.elapsed()
     );
+    // The worker's stream on n0 ends with Unavailable, and a new one is refused.
+    let ended = runtime.block_on(async {
+        tokio::time::timeout(NO_LEADER_BOUND, async {
+            loop {
+                match stream.message().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => return None,
+                    Err(status) => return Some(status),
+                }
+            }
+        })
+        .await
+    });
+    let status = ended
+        .context("the WatchNode stream on n0 stayed open")?
+        .context("the WatchNode stream on n0 ended without saying why")?;
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    println!(
+        "n0's WatchNode stream ended {:?} after the cut: {}",
+        cut.elapsed(),
+        status.message()
+    );
+    let refused = watch_n0(&runtime)?.expect_err("n0 opened a WatchNode stream without a leader");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
 
     // The worker kept its state and roles: nothing it heard meanwhile took them.
     for line in lines_after(&mut w, worker_lines) {
