@@ -2,7 +2,8 @@
 //! (Curator.WatchNode, a stream authenticated with the node certificate).
 //!
 //! ```text
-//!   WatchNode ──▶ curator list ──▶ cluster directory (esp/directory.pb), NodeValues::curators
+//!   WatchNode ── older record revision than applied (staleview) ──▶ refused, logged once
+//!             ──▶ curator list ──▶ cluster directory (esp/directory.pb), NodeValues::curators
 //!             ──▶ cluster CRL  ──▶ NodeValues::crl, data/node/crl.der
 //!             ──▶ roles        ──▶ data/node/roles.pb, then NodeValues::roles
 //!             ──▶ DECOMMISSIONING / DECOMMISSIONED ──▶ Disowning / LeftCluster
