@@ -31,6 +31,16 @@ pub const LONG_CALLS: &[&str] = &[
     "/etcdserverpb.Maintenance/Defragment",
 ];
 
+/// etcd RPCs sent with etcd's require-leader metadata (`hasleader: true`): a member that
+/// has lost its leader refuses to open them and cancels open ones ("etcdserver: no
+/// leader") within a few election timeouts, so a watcher cut off from the quorum learns
+/// that its view stopped being current instead of waiting on a silent stream. Unary
+/// requests go without it: serializable reads must still answer without a leader.
+pub const REQUIRE_LEADER_CALLS: &[&str] = &["/etcdserverpb.Watch/Watch"];
+
+/// etcd's require-leader metadata key (etcd's `rpctypes.MetadataRequireLeaderKey`).
+const REQUIRE_LEADER_KEY: &str = "hasleader";
+
 /// Connects to etcd over its unix socket. `etcd_client::Client::connect` cannot do this
 /// (it prefixes `http://` and resolves through DNS), so we hand it a channel of our own.
 pub async fn connect_unix(socket: &Path) -> Result<Client, ConsensusError> {
@@ -56,7 +66,13 @@ pub async fn connect_unix_with(
         })?;
     let channel = tower::service_fn(move |request: http::Request<tonic::body::Body>| {
         let channel = channel.clone();
+        let mut request = request;
         async move {
+            if REQUIRE_LEADER_CALLS.contains(&request.uri().path()) {
+                request
+                    .headers_mut()
+                    .insert(REQUIRE_LEADER_KEY, http::HeaderValue::from_static("true"));
+            }
             let long = LONG_CALLS.contains(&request.uri().path());
             let call = channel.oneshot(request);
             if long {

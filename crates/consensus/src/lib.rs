@@ -29,6 +29,8 @@
 //!   ([`client::REQUEST_TIMEOUT`]), except the calls that wait by design (campaign, lock,
 //!   watch, lease keepalive, observe): their callers bound them (see
 //!   [`client::LONG_CALLS`]).
+//! - Every etcd watch requires a leader ([`client::REQUIRE_LEADER_CALLS`]): a member cut
+//!   off from its quorum ends its watchers' streams instead of serving old news.
 
 pub mod client;
 pub mod config;

@@ -109,14 +109,26 @@ pub fn role_names(node: &Node) -> Vec<String> {
     roles
 }
 
+/// Each node record's last-modified etcd revision, by node ID, and the ID of the etcd
+/// cluster they were read from (a restored cluster starts a new count).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordRevisions {
+    pub etcd_cluster_id: u64,
+    pub by_node: std::collections::BTreeMap<String, i64>,
+}
+
 /// The node records, watched: every node record under `nodes/` as a map from ID (and the
-/// etcd revision up to which every change is in it), first as it is, then after every
-/// change. `view` turns the map into what the caller wants; a
+/// etcd revision up to which every change is in it, and each record's own last-modified
+/// revision), first as it is, then after every change. `view` turns the maps into what
+/// the caller wants; a
 /// value equal to the last one sent is not sent again. The watch ends (with an error)
 /// when etcd's watch stream breaks; dropping the receiver ends it too.
 pub fn watch_nodes<T>(
     curator: &Namespaced,
-    view: impl Fn(&std::collections::BTreeMap<String, Node>, i64) -> T + Send + Sync + 'static,
+    view: impl Fn(&std::collections::BTreeMap<String, Node>, &RecordRevisions, i64) -> T
+    + Send
+    + Sync
+    + 'static,
 ) -> tokio::sync::mpsc::Receiver<Result<T, CuratorError>>
 where
     T: PartialEq + Clone + Send + 'static,
@@ -138,13 +150,18 @@ where
                 .ok_or(CuratorError::Protocol("range response without header"))?
                 .revision();
             let mut nodes = std::collections::BTreeMap::new();
+            let mut revisions = RecordRevisions {
+                etcd_cluster_id: snapshot.header().map_or(0, |h| h.cluster_id()),
+                by_node: std::collections::BTreeMap::new(),
+            };
             for kv in snapshot.kvs() {
                 let id = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
                 nodes.insert(id.clone(), decode_node(&id, kv.value())?);
+                revisions.by_node.insert(id, kv.mod_revision());
             }
             // Every node change up to this revision is in `nodes`.
             let mut seen = revision;
-            let mut last = view(&nodes, seen);
+            let mut last = view(&nodes, &revisions, seen);
             if tx.send(Ok(last.clone())).await.is_err() {
                 return Ok(());
             }
@@ -176,13 +193,15 @@ where
                     match event.event_type() {
                         etcd_client::EventType::Put => {
                             nodes.insert(id.clone(), decode_node(&id, kv.value())?);
+                            revisions.by_node.insert(id, kv.mod_revision());
                         }
                         etcd_client::EventType::Delete => {
                             nodes.remove(&id);
+                            revisions.by_node.remove(&id);
                         }
                     }
                 }
-                let next = view(&nodes, seen);
+                let next = view(&nodes, &revisions, seen);
                 if next != last {
                     last = next;
                     if tx.send(Ok(last.clone())).await.is_err() {

@@ -1,5 +1,6 @@
 //! Crash points: the `POLIS_CRASH_AFTER` test hook that kills the process right after a
-//! named step of bootstrap or registration, to prove both resume safely.
+//! named step of bootstrap or registration, to prove both resume safely; and the
+//! `POLIS_TEST_STALE_NO_ROLE` hook that feeds rolefetch a stale update.
 //!
 //! The hook itself is compiled in only with the `crash-points` cargo feature (test
 //! builds); without it [`crash_point`] is an empty inline function and
@@ -32,10 +33,41 @@ pub fn crash_point(step: &str) {
 #[inline(always)]
 pub fn crash_point(_step: &str) {}
 
+/// Names the stale-update variable (see [`stale_update`]).
+pub const STALE_UPDATE_VARIABLE: &str = "POLIS_TEST_STALE_NO_ROLE";
+
+/// Test hook for stale views, compiled in only with the `crash-points` feature: when
+/// `POLIS_TEST_STALE_NO_ROLE` is set, rolefetch takes this update first on every node
+/// watch, as a curator with an old view would send it: state UP, no role, record
+/// revision 1 (older than anything a node applied once it was UP), no etcd cluster named.
+#[cfg(feature = "crash-points")]
+pub fn stale_update() -> Option<proto::api::WatchNodeUpdate> {
+    std::env::var_os(STALE_UPDATE_VARIABLE).map(|_| proto::api::WatchNodeUpdate {
+        state: proto::api::NodeState::Up as i32,
+        record_revision: 1,
+        ..Default::default()
+    })
+}
+
+#[cfg(not(feature = "crash-points"))]
+#[inline(always)]
+pub fn stale_update() -> Option<proto::api::WatchNodeUpdate> {
+    None
+}
+
 /// Checked in preflight: a crash point that was asked for is armed (and says so, the
 /// line tests wait for), or the start is refused, so that a test never passes because
-/// the binary silently ignored its crash point.
+/// the binary silently ignored its crash point. The same for the stale-update hook.
 pub fn check_crash_points() -> Result<()> {
+    if std::env::var_os(STALE_UPDATE_VARIABLE).is_some() {
+        if !cfg!(feature = "crash-points") {
+            bail!(
+                "{STALE_UPDATE_VARIABLE} is set, but this polis-node was built without crash \
+                 points; build it with `--features node/crash-points` or unset the variable"
+            );
+        }
+        tracing::warn!("{STALE_UPDATE_VARIABLE}: stale-update hook armed");
+    }
     let Some(step) = std::env::var_os(CRASH_AFTER_VARIABLE) else {
         return Ok(());
     };

@@ -96,11 +96,13 @@ pub fn read_directory(root: &Root) -> Result<Vec<SocketAddr>> {
 
 /// Rewrites the cluster directory when it changed.
 pub fn save_directory(root: &Root, endpoints: &[String]) -> Result<()> {
-    let directory = ClusterDirectory {
-        curator_endpoints: endpoints.to_vec(),
-    };
     let path = root.directory();
     let current: Option<ClusterDirectory> = read_proto(&path, "cluster directory").ok();
+    // The applied revision stays (see `crate::staleview`).
+    let directory = ClusterDirectory {
+        curator_endpoints: endpoints.to_vec(),
+        ..current.clone().unwrap_or_default()
+    };
     if current.as_ref() != Some(&directory) {
         write_proto(&path, &directory).context("saving the cluster directory")?;
     }

@@ -71,6 +71,8 @@
 //!                   the pure rule `verdict`); the control plane acts on it
 //!   curator_client  client with the node certificate; cluster CRL intake and saving
 //!   values          NodeValues: membership, cluster state, curators, roles, CRL, ...
+//!   staleview       which WatchNode update may be applied: never an older revision
+//!                   (pure rule; the newest applied one kept in the directory)
 //!   settings        Settings (from the flags)
 //!   files           peer files, PEM, node key, directory, member.pb, quota.pb
 //!                   (on storage)
@@ -109,6 +111,7 @@ mod membership;
 mod rejoin;
 mod retry;
 mod settings;
+mod staleview;
 mod storage;
 mod values;
 
@@ -446,6 +449,7 @@ async fn run(start: Start) -> Result<()> {
         crl: rpc::CrlSlot::new(),
         credentials: Default::default(),
         services: event::Value::new(),
+        applied_view: event::Value::new(),
     };
     values.services.set(Default::default());
     values.cluster_state.set(ClusterState::Unknown);

@@ -199,6 +199,7 @@ pub async fn register(
         } else {
             committed.curator_endpoints.clone()
         },
+        ..Default::default()
     };
     write_atomic(&root.node_certificate(), &committed.node_certificate)
         .context("saving the node certificate")?;

@@ -2,7 +2,8 @@
 //! (Curator.WatchNode, a stream authenticated with the node certificate).
 //!
 //! ```text
-//!   WatchNode ──▶ curator list ──▶ cluster directory (esp/directory.pb), NodeValues::curators
+//!   WatchNode ── older record revision than applied (staleview) ──▶ refused, logged once
+//!             ──▶ curator list ──▶ cluster directory (esp/directory.pb), NodeValues::curators
 //!             ──▶ cluster CRL  ──▶ NodeValues::crl, data/node/crl.der
 //!             ──▶ roles        ──▶ data/node/roles.pb, then NodeValues::roles
 //!             ──▶ DECOMMISSIONING / DECOMMISSIONED ──▶ Disowning / LeftCluster
@@ -23,6 +24,7 @@ use crate::files::save_directory;
 use crate::membership::roles_from_names;
 use crate::retry::{Backoff, ProblemLog, pause};
 use crate::settings::Settings;
+use crate::staleview::{self, AppliedView};
 use crate::storage::{read_file, write_atomic, write_proto};
 use crate::values::{NodeValues, apply_contact};
 
@@ -48,6 +50,11 @@ pub async fn run(
     let mut problems = ProblemLog::default();
     let mut backoff = Backoff::default();
     let own = SocketAddr::new(settings.address, rpc::CURATOR_PORT);
+    if values.applied_view.current().is_none()
+        && let Some(view) = staleview::load(&settings.root)
+    {
+        values.applied_view.set(view);
+    }
     loop {
         // Other curators first: this node's own curator answers from its own etcd
         // member, which is the one that stops serving when the node leaves consensus.
@@ -96,8 +103,13 @@ pub async fn run(
         };
         problems.resolved("watching this node's record again");
         backoff.reset();
+        // Test builds may feed a stale update first (see `crash::stale_update`).
+        let mut injected = crate::crash::stale_update();
         loop {
-            let update = tokio::select! {
+            let update = if let Some(stale) = injected.take() {
+                Ok(Some(stale))
+            } else {
+                tokio::select! {
                 u = stream.message() => u,
                 _ = own_etcd_gone(&values, &mut resynced) => {
                     // Removed from consensus, its etcd stopped: the news of the role going
@@ -113,11 +125,24 @@ pub async fn run(
                     break;
                 }
                 _ = ctx.cancelled() => return Ok(()),
+                }
             };
             let Ok(Some(update)) = update else {
                 problems.problem("the curator closed the node watch".into());
                 break;
             };
+            // A curator whose view is older than one already applied is not believed.
+            let view = AppliedView::of(&update);
+            let applied = values.applied_view.current();
+            if staleview::is_stale(applied, view) {
+                // Logged once per applied revision, not per refused update.
+                problems.problem(format!(
+                    "refused a stale update of this node's record: the curator's view is \
+                     older than revision {} already applied",
+                    applied.map_or(0, |a| a.revision)
+                ));
+                continue;
+            }
             let mut endpoints: Vec<SocketAddr> = update
                 .curator_endpoints
                 .iter()
@@ -155,6 +180,11 @@ pub async fn run(
                 tracing::info!(consensus_member = roles.consensus_member, "roles changed");
                 values.roles.set(roles);
             }
+            if applied != Some(view) {
+                staleview::save(&settings.root, view)?;
+                values.applied_view.set(view);
+            }
+            problems.resolved("applying this node's record again");
             // A worker enters its cluster here (a consensus member in its control
             // plane); only heartbeats move a node between Home and Split.
             if !roles_need_control_plane(&values) {

@@ -11,6 +11,7 @@ use proto::config::LocalRoles;
 
 use crate::cluster_state::{ClusterState, Contact};
 use crate::membership::Membership;
+use crate::staleview::AppliedView;
 use crate::storage::{Root, read_file};
 
 /// Shared values of one node.
@@ -31,6 +32,9 @@ pub struct NodeValues {
     pub credentials: NodeCredentials,
     /// Which of the node's services run (set by the control plane), for its status.
     pub services: event::Value<RunningServices>,
+    /// The newest WatchNode update applied (see `crate::staleview`); loaded from the
+    /// directory by rolefetch at its start.
+    pub applied_view: event::Value<AppliedView>,
 }
 
 /// The node's credentials, shared by every user in the process: loaded from the root on

@@ -402,6 +402,13 @@ impl api::curator_server::Curator for Services {
         let stream = snapshot_stream(&self.0, serial, move |nodes| {
             let node = nodes.nodes.get(&id)?;
             Some(api::WatchNodeUpdate {
+                record_revision: nodes
+                    .record_revisions
+                    .by_node
+                    .get(&id)
+                    .copied()
+                    .unwrap_or_default(),
+                record_etcd_cluster: nodes.record_revisions.etcd_cluster_id,
                 state: node.state,
                 roles: records::role_names(node),
                 curator_endpoints: nodes.curator_endpoints.clone(),

@@ -73,6 +73,9 @@ pub struct Snapshot {
     pub nodes: BTreeMap<String, Node>,
     /// Every change of a node record up to this revision is in `nodes`.
     pub revision: i64,
+    /// Each record's last-modified etcd revision (`mod_revision`), by node ID: what a
+    /// WatchNode update about that node reflects (nodes never go back to an older one).
+    pub record_revisions: crate::records::RecordRevisions,
     /// The election key under which the watch's first read was made: a snapshot based
     /// on a read after this curator won holds every earlier leader's writes.
     pub based_as_leader: Option<Vec<u8>>,

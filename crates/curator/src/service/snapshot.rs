@@ -3,7 +3,7 @@
 //! whether it is live (`Shared::nodes_live`).
 //!
 //! ```text
-//!   etcd nodes/ ──records::watch_nodes──▶ Snapshot (+ curator endpoints, revision,
+//!   etcd nodes/ ──records::watch_nodes──▶ Snapshot (+ curator endpoints, revisions,
 //!                                         based_as_leader) ──▶ Shared::nodes
 //!   becoming leader ──▶ the watch starts over from a fresh read
 //! ```
@@ -29,14 +29,16 @@ pub(super) async fn run(
             _ => None,
         };
         let base = based_as_leader.clone();
-        let mut snapshots = records::watch_nodes(&shared.curator, move |nodes, revision| {
-            Arc::new(Snapshot {
-                curator_endpoints: records::curator_endpoints(nodes.values()),
-                nodes: nodes.clone(),
-                revision,
-                based_as_leader: base.clone(),
-            })
-        });
+        let mut snapshots =
+            records::watch_nodes(&shared.curator, move |nodes, revisions, revision| {
+                Arc::new(Snapshot {
+                    curator_endpoints: records::curator_endpoints(nodes.values()),
+                    nodes: nodes.clone(),
+                    record_revisions: revisions.clone(),
+                    revision,
+                    based_as_leader: base.clone(),
+                })
+            });
         loop {
             tokio::select! {
                 s = snapshots.recv() => match s {
