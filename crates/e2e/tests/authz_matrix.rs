@@ -151,6 +151,10 @@ async fn allowed(
             })
             .await
             .err(),
+        "AuditLog" => api::audit_client::AuditClient::new(channel_for_curator.clone())
+            .audit_log(api::AuditLogRequest::default())
+            .await
+            .err(),
         "TakeBackup" => api::backup_client::BackupClient::new(channel_for_curator.clone())
             .take_backup(api::TakeBackupRequest {})
             .await
@@ -332,6 +336,7 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         ("ListCertificates", &["owner"]),
         ("RotateOwner", &["owner"]),
         ("TakeBackup", &["owner"]),
+        ("AuditLog", &["owner"]),
         ("GetConsensusStatus", &["node", "owner"]),
         ("DefragmentMember", &["node"]),
         ("Heartbeat", &["node"]),

@@ -53,7 +53,9 @@ use anyhow::Result;
 use clap::{CommandFactory, Parser};
 
 use cli::{BackupCommand, Cli, ClusterCommand, Command, NodeCommand, OwnerCommand, ParamsCommand};
-use commands::{backup, certificates, cluster, decommission, launch, node, owner, params, status};
+use commands::{
+    audit, backup, certificates, cluster, decommission, launch, node, owner, params, status,
+};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -126,6 +128,22 @@ async fn run(cli: Cli) -> Result<()> {
             }
             (None, None) => anyhow::bail!("cluster backup needs --out FILE (or `inspect FILE`)"),
         },
+        Command::Cluster(ClusterCommand::Audit {
+            follow,
+            node,
+            since,
+        }) => {
+            let config = cli.config_dir()?;
+            audit::audit(
+                &config,
+                &cli.endpoints,
+                *follow,
+                node.as_deref(),
+                *since,
+                cli.output,
+            )
+            .await
+        }
         Command::Cluster(ClusterCommand::RotateTicket) => {
             let config = cli.config_dir()?;
             cluster::rotate_ticket(&config, &cli.endpoints).await
@@ -212,6 +230,7 @@ async fn run(cli: Cli) -> Result<()> {
             node_certificate_lifetime,
             owner_certificate_lifetime,
             etcd_quota,
+            audit_max_entries,
         }) => params::bootstrap(
             &cli.config_dir()?,
             out,
@@ -220,6 +239,7 @@ async fn run(cli: Cli) -> Result<()> {
             *node_certificate_lifetime,
             *owner_certificate_lifetime,
             *etcd_quota,
+            *audit_max_entries,
         ),
         Command::Params(ParamsCommand::Register { out, labels }) => {
             params::register(&cli.config_dir()?, &cli.endpoints, out, labels).await

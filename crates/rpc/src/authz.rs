@@ -115,7 +115,32 @@ pub const METHODS: &[(&str, Permission)] = &[
     ),
     // Answered by the curator called, from its own etcd member (never forwarded).
     ("/polis.api.Backup/TakeBackup", Permission::Manage),
+    // The audit log: who changed what (see NOT_AUDITED for what is not recorded).
+    ("/polis.api.Audit/AuditLog", Permission::Manage),
 ];
+
+/// The declared RPCs that do not change cluster state (or, for Heartbeat, only a
+/// node's own status every few seconds): not recorded in the audit log. Every other
+/// declared RPC is, so a new RPC is audited unless it is listed here.
+pub const NOT_AUDITED: &[&str] = &[
+    "/polis.api.CuratorLocal/GetCurrentLeader",
+    "/polis.api.CuratorLocal/GetCACertificate",
+    "/polis.api.CuratorLocal/GetConsensusStatus",
+    "/polis.api.Management/GetClusterInfo",
+    "/polis.api.Management/ListNodes",
+    "/polis.api.Management/DescribeNode",
+    "/polis.api.Management/GetRegisterTicket",
+    "/polis.api.Management/ListCertificates",
+    "/polis.api.Curator/Heartbeat",
+    "/polis.api.Curator/WatchNode",
+    "/polis.api.Audit/AuditLog",
+];
+
+/// Whether calls of `method` are recorded in the audit log: every declared RPC but
+/// those in [`NOT_AUDITED`].
+pub fn audited(method: &str) -> bool {
+    permission(method).is_some() && !NOT_AUDITED.contains(&method)
+}
 
 /// Why a call was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -239,6 +264,40 @@ mod tests {
         check("/polis.api.Curator/RegisterNode", &["self-signed"]);
         check("/polis.api.Curator/CommitNode", &["self-signed"]);
         check("/polis.api.Backup/TakeBackup", &["owner"]);
+        check("/polis.api.Audit/AuditLog", &["owner"]);
+    }
+
+    #[test]
+    fn every_state_changing_rpc_is_audited_and_reads_are_not() {
+        for method in NOT_AUDITED {
+            assert!(permission(method).is_some(), "{method} is not declared");
+        }
+        let mut audited: Vec<&str> = METHODS
+            .iter()
+            .map(|(m, _)| *m)
+            .filter(|m| super::audited(m))
+            .collect();
+        audited.sort();
+        assert_eq!(
+            audited,
+            [
+                "/polis.api.AAA/Escrow",
+                "/polis.api.Backup/TakeBackup",
+                "/polis.api.Curator/CommitNode",
+                "/polis.api.Curator/JoinConsensus",
+                "/polis.api.Curator/RegisterNode",
+                "/polis.api.Curator/RenewCertificates",
+                "/polis.api.CuratorLocal/DefragmentMember",
+                "/polis.api.Management/ApproveNode",
+                "/polis.api.Management/DecommissionNode",
+                "/polis.api.Management/DeleteNode",
+                "/polis.api.Management/RotateOwner",
+                "/polis.api.Management/RotateRegisterTicket",
+                "/polis.api.Management/UpdateNodeLabels",
+                "/polis.api.Management/UpdateNodeRoles",
+            ]
+        );
+        assert!(!super::audited("/polis.api.Management/DeleteEverything"));
     }
 
     #[test]

@@ -105,6 +105,8 @@ pub(super) async fn serve(
         forwarders_shared.is_curator_node(id)
     }));
     let forward = rpc::ForwardLayer::new(forwarding(shared.clone()));
+    // Innermost: sees exactly the calls handled here, with their verified caller.
+    let audit = rpc::server::AuditLayer::new(super::audit_log::sink(shared.clone()));
     let services = Services(shared.clone());
     tracing::info!(listen = %config.listen, "curator serving");
     ctx.signal_healthy();
@@ -116,6 +118,7 @@ pub(super) async fn serve(
         .trace_fn(move |_| span.clone())
         .layer(auth)
         .layer(forward)
+        .layer(audit)
         .add_service(api::curator_local_server::CuratorLocalServer::new(
             services.clone(),
         ))
@@ -124,7 +127,8 @@ pub(super) async fn serve(
             services.clone(),
         ))
         .add_service(api::curator_server::CuratorServer::new(services.clone()))
-        .add_service(api::backup_server::BackupServer::new(services))
+        .add_service(api::backup_server::BackupServer::new(services.clone()))
+        .add_service(api::audit_server::AuditServer::new(services))
         .serve_with_incoming_shutdown(
             rpc::incoming(listener, tls),
             cancel.clone().cancelled_owned(),

@@ -14,7 +14,7 @@
 //!   ├── upkeep       leader: etcd compaction under NOSPACE, defragmentation one
 //!   │                member at a time (through each member's curator), disarm
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
-//!                    | backup
+//!                    | backup | audit_log; AuditLayer → audit_log's writer
 //! ```
 //!
 //! Modules top to bottom (each imports only modules below it, and the crate's own:
@@ -24,7 +24,8 @@
 //!   listener         TLS, AuthLayer, ForwardLayer, every service
 //!   handlers         local (CuratorLocal), aaa (AAA), management (Management),
 //!                    nodes (Curator), backup (Backup: a snapshot of this curator's
-//!                    own etcd member); node_info builds their NodeInfo answers
+//!                    own etcd member); node_info builds their NodeInfo answers;
+//!                    audit_log (Audit, and the writer behind rpc::AuditLayer)
 //!   runnables        snapshot (`nodes`), crl, health, upkeep (etcd upkeep; also
 //!                    CuratorLocal.DefragmentMember's work)
 //!   decommission     DecommissionNode, DeleteNode and the `decommission` runnable
@@ -48,6 +49,7 @@
 //! watch per client.
 
 mod aaa;
+mod audit_log;
 mod backup;
 pub mod certificates;
 mod crl;

@@ -3,6 +3,7 @@
 //! `launch` sits on top: it runs the other commands as steps.
 //! May not parse the command line (main dispatches) nor format tables itself.
 
+pub(crate) mod audit;
 pub(crate) mod backup;
 pub(crate) mod certificates;
 pub(crate) mod cluster;

@@ -23,12 +23,14 @@ pub(crate) fn bootstrap(
     node_certificate_lifetime: Option<u64>,
     owner_certificate_lifetime: Option<u64>,
     etcd_quota: Option<u64>,
+    audit_max_entries: Option<u64>,
 ) -> Result<()> {
     let configuration = ClusterConfiguration {
         cluster_domain: cluster_domain.to_string(),
         node_certificate_lifetime_seconds: node_certificate_lifetime.unwrap_or(0),
         owner_certificate_lifetime_seconds: owner_certificate_lifetime.unwrap_or(0),
         etcd_quota_bytes: etcd_quota.unwrap_or(0),
+        audit_max_entries: audit_max_entries.unwrap_or(0),
     };
     write_bootstrap_params(config, out, configuration, labels)?;
     eprintln!("wrote bootstrap parameters to {}", out.display());
