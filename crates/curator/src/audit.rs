@@ -141,14 +141,12 @@ pub fn string_field(message: &[u8], number: u32) -> Option<String> {
     None
 }
 
-/// What a call targets: the node its request names (`id`), else the calling node
-/// itself (a node's own calls, or a registering key's future node ID).
+/// What a call targets: the node its request names (`id`; empty when the request was
+/// not read, e.g. the call was refused before it), or for an RPC whose request names
+/// no node, the calling node itself (a node's own calls, a registering key's node ID).
 pub fn target(method: &str, request: &[u8], caller_kind: &str, caller: &str) -> String {
-    if let Some(id) = id_fields()
-        .get(method)
-        .and_then(|n| string_field(request, *n))
-    {
-        return id;
+    if let Some(field) = id_fields().get(method) {
+        return string_field(request, *field).unwrap_or_default();
     }
     match caller_kind {
         "node" | "self-signed" => caller.to_string(),
@@ -258,6 +256,11 @@ mod tests {
                 "polis-n"
             ),
             "polis-n"
+        );
+        // A refused call's request is not read: no target, not the caller.
+        assert_eq!(
+            target("/polis.api.Management/ApproveNode", &[], "node", "polis-n"),
+            ""
         );
         // Garbage is no target, never a panic.
         assert_eq!(

@@ -52,7 +52,7 @@ fn audit_log_records_changes_refusals_and_stays_bounded() -> Result<()> {
 
     // A worker registers (self-signed), the owner approves it, it commits.
     let params = cluster.register_params("w1")?;
-    let (_worker, worker) = cluster.add_worker("w1", &params)?;
+    let (worker_node, worker) = cluster.add_worker("w1", &params)?;
     let entries = audit(&cluster, &[])?;
     let approve = last(&entries, "ApproveNode", &worker).context("no ApproveNode entry")?;
     assert_eq!(approve["identity_kind"], "owner", "{approve}");
@@ -117,6 +117,43 @@ fn audit_log_records_changes_refusals_and_stays_bounded() -> Result<()> {
         !refused["message"].as_str().unwrap_or("").is_empty(),
         "{refused} {err}"
     );
+
+    // A node certificate refused a Manage call is recorded as refused, with its caller.
+    let worker_creds = rpc::Credentials {
+        certificate: std::fs::read(worker_node.root.join("data/node/cert.der"))?,
+        key_pkcs8: std::fs::read(worker_node.root.join("data/node/key.der"))?,
+    };
+    let ca = std::fs::read(worker_node.root.join("data/node/ca.der"))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let denied = runtime.block_on(async {
+        let channel = rpc::connect(
+            std::net::SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT),
+            &rpc::ServerTrust::PinnedCa(ca),
+            Some(&worker_creds),
+        )
+        .await?;
+        anyhow::Ok(
+            proto::api::management_client::ManagementClient::new(channel)
+                .approve_node(proto::api::ApproveNodeRequest {
+                    id: first_id.clone(),
+                })
+                .await,
+        )
+    })?;
+    assert_eq!(
+        denied.expect_err("a node approved a node").code(),
+        tonic::Code::PermissionDenied
+    );
+    let entries = audit(&cluster, &[])?;
+    let refused = entries
+        .iter()
+        .rev()
+        .find(|e| method(e) == "ApproveNode" && e["identity"] == worker.as_str())
+        .context("no refused ApproveNode entry")?;
+    assert_eq!(refused["identity_kind"], "node", "{refused}");
+    assert_eq!(refused["code_name"], "PermissionDenied", "{refused}");
 
     // --node: only entries naming the worker; --since 1d: all of them.
     let only = audit(&cluster, &["--node", &worker])?;

@@ -48,7 +48,8 @@ mod settings;
 pub use accept::{LogBudget, incoming, incoming_with};
 pub use audit::{AuditCall, AuditLayer, AuditSink, first_message};
 pub use auth::{
-    AuthLayer, AuthService, ClientCertificate, CountedBody, CrlSource, Forwarders, denied_status,
+    AuthLayer, AuthService, ClientCertificate, CountedBody, CrlSource, DenialHook, Forwarders,
+    denied_status,
 };
 pub use conn::{PeerInfo, TlsConn};
 pub use limits::Limits;

@@ -90,6 +90,27 @@ pub(super) fn sink(shared: Arc<Shared>) -> rpc::server::AuditSink {
     })
 }
 
+/// The hook for `rpc::AuthLayer::with_denials`: a refused call of a node or owner is
+/// recorded through `sink` like any other.
+pub(super) fn denials(sink: rpc::server::AuditSink) -> rpc::server::DenialHook {
+    Arc::new(move |method, identity, peer, status| {
+        let recorded = sink(rpc::server::AuditCall {
+            method: method.to_string(),
+            identity: Some(identity.clone()),
+            certificate: None,
+            peer,
+            request: Default::default(),
+            code: status.code() as i32,
+            message: status.message().to_string(),
+        });
+        Box::pin(async move {
+            if let Err(e) = recorded.await {
+                tracing::warn!("audit entry of a refused call not written: {e}");
+            }
+        })
+    })
+}
+
 async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Queued>) {
     let mut sequence = 0u64;
     let mut max = None;

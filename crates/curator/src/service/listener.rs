@@ -96,6 +96,7 @@ pub(super) async fn serve(
         .await
         .map_err(|e| format!("listening on {}: {e}", config.listen))?;
     let crl = super::crl::source(&shared);
+    let audit_sink = super::audit_log::sink(shared.clone());
     let forwarders_shared = shared.clone();
     let auth = rpc::AuthLayer::new(
         Arc::new(rpc::Authenticator::new(config.ca_certificate.clone())),
@@ -103,10 +104,11 @@ pub(super) async fn serve(
     )
     .with_forwarders(Arc::new(move |id: &str| {
         forwarders_shared.is_curator_node(id)
-    }));
+    }))
+    .with_denials(super::audit_log::denials(audit_sink.clone()));
     let forward = rpc::ForwardLayer::new(forwarding(shared.clone()));
     // Innermost: sees exactly the calls handled here, with their verified caller.
-    let audit = rpc::server::AuditLayer::new(super::audit_log::sink(shared.clone()));
+    let audit = rpc::server::AuditLayer::new(audit_sink);
     let services = Services(shared.clone());
     tracing::info!(listen = %config.listen, "curator serving");
     ctx.signal_healthy();

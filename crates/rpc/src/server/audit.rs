@@ -175,6 +175,7 @@ where
                     call: Some(call),
                     sink,
                     recording: None,
+                    sent: 0,
                 })
             }))
         })
@@ -184,13 +185,16 @@ where
 type Recording = Pin<Box<dyn Future<Output = (Frame<Bytes>, Option<tonic::Status>)> + Send>>;
 
 /// A response body whose trailers (the call's status) are held until the call is
-/// recorded; a body dropped before its trailers (the client went away) is recorded as
-/// Cancelled, in the background.
+/// recorded. A body dropped before its trailers (the client closed a stream, e.g. a
+/// registering node once approved) is recorded in the background: OK with the number
+/// of messages sent when the server sent any (the server did not fail), else Cancelled.
 struct AuditBody<B> {
     inner: Pin<Box<B>>,
     call: Option<AuditCall>,
     sink: AuditSink,
     recording: Option<Recording>,
+    /// Data frames sent so far.
+    sent: u64,
 }
 
 impl<B> http_body::Body for AuditBody<B>
@@ -221,6 +225,7 @@ where
                 Some(Ok(frame)) => frame,
             };
             let Some(trailers) = frame.trailers_ref() else {
+                this.sent += 1;
                 return Poll::Ready(Some(Ok(frame)));
             };
             let Some(call) = this.call.take() else {
@@ -251,9 +256,19 @@ impl<B> Drop for AuditBody<B> {
         if let Some(call) = self.call.take()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
+            let (code, message) = match self.sent {
+                0 => (
+                    tonic::Code::Cancelled,
+                    "the client went away before any answer".to_string(),
+                ),
+                n => (
+                    tonic::Code::Ok,
+                    format!("the client closed the stream after {n} data frames"),
+                ),
+            };
             let recorded = (self.sink)(AuditCall {
-                code: tonic::Code::Cancelled as i32,
-                message: "the client went away before the call ended".into(),
+                code: code as i32,
+                message,
                 ..call
             });
             runtime.spawn(async move {
