@@ -249,6 +249,24 @@ pub(crate) enum NodeCommand {
         #[arg(required = true, value_name = "KEY=VALUE|KEY-")]
         changes: Vec<String>,
     },
+    /// A node's own log lines (worker or member), read from the node itself with the
+    /// owner's certificate (its port 7836): the latest, or followed with -f.
+    Logs {
+        id: String,
+        /// Keep printing new lines until interrupted (a reader that falls behind the
+        /// node's buffer is told how many lines it missed).
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Only the last N lines (0: all the node keeps).
+        #[arg(short = 'n', long = "lines", default_value_t = 100, value_name = "N")]
+        lines: u32,
+        /// Only lines of runnables whose DN starts with this, e.g. root.role.heartbeat.
+        #[arg(long, value_name = "DN-PREFIX")]
+        runnable: Option<String>,
+        /// Only lines of the last DURATION, e.g. 30s, 15m, 2h, 1d.
+        #[arg(long, value_parser = parse_since, value_name = "DURATION")]
+        since: Option<u64>,
+    },
 }
 
 /// A look-back duration in seconds: a number with a unit (s, m, h, d).

@@ -54,7 +54,7 @@ use clap::{CommandFactory, Parser};
 
 use cli::{BackupCommand, Cli, ClusterCommand, Command, NodeCommand, OwnerCommand, ParamsCommand};
 use commands::{
-    audit, backup, certificates, cluster, decommission, launch, node, owner, params, status,
+    audit, backup, certificates, cluster, decommission, launch, logs, node, owner, params, status,
 };
 
 fn main() -> ExitCode {
@@ -169,6 +169,22 @@ async fn run(cli: Cli) -> Result<()> {
                         labels,
                     )
                     .await
+                }
+                NodeCommand::Logs {
+                    id,
+                    follow,
+                    lines,
+                    runnable,
+                    since,
+                } => {
+                    let args = logs::LogsArgs {
+                        id,
+                        follow: *follow,
+                        lines: *lines,
+                        runnable: runnable.as_deref(),
+                        since_seconds: *since,
+                    };
+                    logs::logs(&config, &cli.endpoints, args, cli.output).await
                 }
                 NodeCommand::Describe { id } => {
                     node::node_describe(&config, &cli.endpoints, cli.output, id).await

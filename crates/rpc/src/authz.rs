@@ -117,6 +117,8 @@ pub const METHODS: &[(&str, Permission)] = &[
     ("/polis.api.Backup/TakeBackup", Permission::Manage),
     // The audit log: who changed what (see NOT_AUDITED for what is not recorded).
     ("/polis.api.Audit/AuditLog", Permission::Manage),
+    // Served by every node on its own port (NODE_LOGS_PORT): its own log lines.
+    ("/polis.api.NodeLogs/NodeLogsTail", Permission::Manage),
 ];
 
 /// The declared RPCs that do not change cluster state (or, for Heartbeat, only a
@@ -134,6 +136,7 @@ pub const NOT_AUDITED: &[&str] = &[
     "/polis.api.Curator/Heartbeat",
     "/polis.api.Curator/WatchNode",
     "/polis.api.Audit/AuditLog",
+    "/polis.api.NodeLogs/NodeLogsTail",
 ];
 
 /// Whether calls of `method` are recorded in the audit log: every declared RPC but
@@ -265,6 +268,7 @@ mod tests {
         check("/polis.api.Curator/CommitNode", &["self-signed"]);
         check("/polis.api.Backup/TakeBackup", &["owner"]);
         check("/polis.api.Audit/AuditLog", &["owner"]);
+        check("/polis.api.NodeLogs/NodeLogsTail", &["owner"]);
     }
 
     #[test]

@@ -16,6 +16,8 @@ use crate::tls::{CredentialSlot, Credentials, ServerTrust, client_config_from};
 
 /// Default port of the curator.
 pub const CURATOR_PORT: u16 = 7835;
+/// The port every node serves its own log lines on (NodeLogs, owner only).
+pub const NODE_LOGS_PORT: u16 = 7836;
 
 /// Parses `HOST` or `HOST:PORT` (IP addresses; curators are addressed by IP).
 pub fn parse_endpoint(endpoint: &str) -> Result<SocketAddr, RpcError> {

@@ -9,6 +9,7 @@ pub(crate) mod certificates;
 pub(crate) mod cluster;
 pub(crate) mod decommission;
 pub(crate) mod launch;
+pub(crate) mod logs;
 pub(crate) mod node;
 pub(crate) mod owner;
 pub(crate) mod params;
