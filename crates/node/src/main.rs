@@ -27,8 +27,11 @@
 //!       ├── rolefetch            watches this node's record and the curator list
 //!       ├── heartbeat            tells the curator this node is alive, with its status;
 //!       │                        Split when no curator answers for the timeout
-//!       └── renew                renews the node (and etcd peer) certificate, live
+//!       ├── renew                renews the node (and etcd peer) certificate, live
+//!       └── logs                 this node's log lines for the owner (NodeLogs, :7836)
 //! ```
+//! Every log line also goes to a bounded buffer and `ROOT/data/log/node.log`
+//! (`logcapture`).
 //!
 //! Modules, in layers: a module imports only from layers below it (and from its own
 //! layer where an arrow says so), never upwards, so no two modules import each other.
