@@ -214,10 +214,15 @@ where
             if let Some(recording) = this.recording.as_mut() {
                 let (trailers, failure) = ready!(recording.as_mut().poll(cx));
                 this.recording = None;
-                return Poll::Ready(Some(match failure {
-                    None => Ok(trailers),
-                    Some(status) => Err(Box::new(status)),
-                }));
+                // An entry not written: the client hears why instead of the result.
+                let replaced = failure.and_then(|status| {
+                    let mut map = http::HeaderMap::new();
+                    status.add_header(&mut map).ok().map(|()| map)
+                });
+                return Poll::Ready(Some(Ok(match replaced {
+                    None => trailers,
+                    Some(map) => Frame::trailers(map),
+                })));
             }
             let frame = match ready!(this.inner.as_mut().poll_frame(cx)) {
                 None => return Poll::Ready(None),
