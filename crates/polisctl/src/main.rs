@@ -250,12 +250,14 @@ async fn run(cli: Cli) -> Result<()> {
         }) => params::bootstrap(
             &cli.config_dir()?,
             out,
-            cluster_domain,
             labels,
-            *node_certificate_lifetime,
-            *owner_certificate_lifetime,
-            *etcd_quota,
-            *audit_max_entries,
+            params::BootstrapSettings {
+                cluster_domain,
+                node_certificate_lifetime: *node_certificate_lifetime,
+                owner_certificate_lifetime: *owner_certificate_lifetime,
+                etcd_quota: *etcd_quota,
+                audit_max_entries: *audit_max_entries,
+            },
         ),
         Command::Params(ParamsCommand::Register { out, labels }) => {
             params::register(&cli.config_dir()?, &cli.endpoints, out, labels).await
