@@ -3,6 +3,10 @@
 //! an [`AuditSink`], and its result reaches the client only once the sink has recorded
 //! it: an answer the client saw is in the audit log, whatever crashes afterwards.
 //!
+//! A call abandoned by its client is recorded too, in the background: Cancelled when
+//! the handler was cut short (its outcome unknown) or no answer was sent yet; OK when a
+//! stream had sent answers before the client closed it.
+//!
 //! Sits inside [`super::AuthLayer`] (it reads the verified [`Identity`]) and inside the
 //! forwarding layer (a call forwarded to the leader is recorded there, once). May not
 //! decide anything about the call: it never refuses one, it only delays its end.
@@ -155,7 +159,13 @@ where
                 parts,
                 tonic::body::Body::new(http_body_util::Full::new(bytes)),
             );
+            // Dropped with the handler when the client goes away mid-call: recorded then.
+            let mut running = Running {
+                call: Some(call),
+                sink: sink.clone(),
+            };
             let response = inner.call(request).await?;
+            let call = running.call.take().expect("taken only here");
             if let Some((code, message)) = status_of(response.headers()) {
                 // A trailers-only answer (the call was refused or failed at once).
                 let recorded = sink(AuditCall {
@@ -179,6 +189,42 @@ where
                 })
             }))
         })
+    }
+}
+
+/// Records, in the background, a call whose result is unknown or was never sent.
+fn record_later(sink: &AuditSink, call: AuditCall, code: tonic::Code, message: String) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let recorded = sink(AuditCall {
+            code: code as i32,
+            message,
+            ..call
+        });
+        runtime.spawn(async move {
+            if let Err(e) = recorded.await {
+                tracing::warn!("audit entry of an abandoned call not written: {e}");
+            }
+        });
+    }
+}
+
+/// A call whose handler runs: if it is dropped (the client went away and the server
+/// cancelled the handler), it is recorded as Cancelled with an unknown outcome.
+struct Running {
+    call: Option<AuditCall>,
+    sink: AuditSink,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take() {
+            record_later(
+                &self.sink,
+                call,
+                tonic::Code::Cancelled,
+                "the client went away while the call ran; its outcome is unknown".into(),
+            );
+        }
     }
 }
 
@@ -258,9 +304,7 @@ where
 
 impl<B> Drop for AuditBody<B> {
     fn drop(&mut self) {
-        if let Some(call) = self.call.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
+        if let Some(call) = self.call.take() {
             let (code, message) = match self.sent {
                 0 => (
                     tonic::Code::Cancelled,
@@ -271,16 +315,7 @@ impl<B> Drop for AuditBody<B> {
                     format!("the client closed the stream after {n} data frames"),
                 ),
             };
-            let recorded = (self.sink)(AuditCall {
-                code: code as i32,
-                message,
-                ..call
-            });
-            runtime.spawn(async move {
-                if let Err(e) = recorded.await {
-                    tracing::warn!("audit entry of a cancelled call not written: {e}");
-                }
-            });
+            record_later(&self.sink, call, code, message);
         }
     }
 }
