@@ -14,6 +14,7 @@
 //!   cluster-pki/…              the cluster CA and issued certificates     cluster_pki
 //!                              (pki crate): node-<id>[-<serial>], owner-<serial>
 //!   leader/<lease>             LeaderElectionValue of the elected curator election
+//!   audit/<µs>-<seq>-<curator> api::AuditEntry: one audited call          audit
 //! ```
 //! and inside `namespaced:etcd-pki/` the etcd peer CA ([`etcd_pki`]), whose certificates
 //! are recorded as `peer-<id>[-<member>[-<serial>]]`.

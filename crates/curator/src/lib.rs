@@ -40,6 +40,7 @@
 //!   health       heartbeat timing and verdict hysteresis                (pure)
 //!   upkeep       etcd defragmentation order, NOSPACE disarm rule         (pure)
 //!   snapshots    scheduled snapshots: file names, pruning, due time     (pure)
+//!   audit        audit entry keys, caller and target, filter, bound       (pure)
 //! ```
 //!
 //! Invariants:
@@ -73,7 +74,11 @@
 //!   time through that member's own curator (each curator reaches only its own etcd),
 //!   the etcd leader last, never while a member catches up (`upkeep`, pure); under
 //!   NOSPACE it compacts, defragments, then disarms the alarm by itself.
+//! - Every call of an audited RPC (`rpc::authz::audited`) this curator handles is
+//!   written under `audit/` before its result reaches the client
+//!   (`service::audit_log`); the oldest entries past the configured bound are dropped.
 
+pub mod audit;
 mod bootstrap;
 pub mod election;
 pub mod error;

@@ -151,6 +151,23 @@ async fn allowed(
             })
             .await
             .err(),
+        // Served on the node's own port, not the curator's.
+        "NodeLogsTail" => {
+            let channel = rpc::connect(
+                SocketAddr::new(endpoint.ip(), rpc::NODE_LOGS_PORT),
+                &rpc::ServerTrust::PinnedCa(ca.to_vec()),
+                credentials,
+            )
+            .await?;
+            api::node_logs_client::NodeLogsClient::new(channel)
+                .node_logs_tail(api::NodeLogsRequest::default())
+                .await
+                .err()
+        }
+        "AuditLog" => api::audit_client::AuditClient::new(channel_for_curator.clone())
+            .audit_log(api::AuditLogRequest::default())
+            .await
+            .err(),
         "TakeBackup" => api::backup_client::BackupClient::new(channel_for_curator.clone())
             .take_backup(api::TakeBackupRequest {})
             .await
@@ -339,6 +356,27 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
+    // The node serves its logs on its own port once Home and once it holds the cluster
+    // CRL (from its first WatchNode answer), moments after the curator.
+    while !allowed(
+        endpoint,
+        &ca,
+        ids.owner.as_ref(),
+        "NodeLogsTail",
+        &owner_key,
+        &node_id,
+        &[],
+    )
+    .await
+    .unwrap_or(false)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never served its logs to the owner"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
     let who: [(&str, Option<&rpc::Credentials>); 7] = [
         ("none", ids.anonymous.as_ref()),
         ("self-signed", ids.self_signed.as_ref()),
@@ -370,6 +408,8 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         ("ListCertificates", &["owner"]),
         ("RotateOwner", &["owner"]),
         ("TakeBackup", &["owner"]),
+        ("AuditLog", &["owner"]),
+        ("NodeLogsTail", &["owner"]),
         ("GetConsensusStatus", &["node", "owner"]),
         ("DefragmentMember", &["node"]),
         ("ListSnapshots", &["owner"]),

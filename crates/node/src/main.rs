@@ -28,8 +28,11 @@
 //!       ├── rolefetch            watches this node's record and the curator list
 //!       ├── heartbeat            tells the curator this node is alive, with its status;
 //!       │                        Split when no curator answers for the timeout
-//!       └── renew                renews the node (and etcd peer) certificate, live
+//!       ├── renew                renews the node (and etcd peer) certificate, live
+//!       └── logs                 this node's log lines for the owner (NodeLogs, :7836)
 //! ```
+//! Every log line also goes to a bounded buffer and `ROOT/data/log/node.log`
+//! (`logcapture`).
 //!
 //! Modules, in layers: a module imports only from layers below it (and from its own
 //! layer where an arrow says so), never upwards, so no two modules import each other.
@@ -48,6 +51,7 @@
 //!   rolefetch       this node's record: roles, curators, CRL, decommission
 //!   heartbeat       alive + status; Home ⇄ Split
 //!   renew           node and etcd peer certificates, applied live
+//!   logserver       root.role.logs: NodeLogs on :7836 (owner only) from logcapture
 //!   ─────────────── start paths (once per start; never import a runnable) ──────────
 //!   recover         `polis-node recover`: its refusals (on top of preflight's), then a
 //!     │             join with --force-new-cluster for one etcd start
@@ -82,6 +86,8 @@
 //!   fatal           FatalSender, LeftCluster
 //!   crash           POLIS_CRASH_AFTER crash points (feature `crash-points`)
 //!   storage         root layout, lock, atomic writes, protobuf files
+//!   logcapture      the tracing layer: every line → ring + rotated file (LogHub)
+//!     └──▶ logfile (ROOT/data/log/node.log, rotated), logring (bounded, pure)
 //! ```
 //!
 //! Invariants:
@@ -107,6 +113,8 @@ mod crash;
 mod curator_client;
 mod fatal;
 mod files;
+mod logfile;
+mod logring;
 mod membership;
 mod rejoin;
 mod retry;
@@ -129,8 +137,12 @@ mod set_curators;
 mod cluster;
 mod controlplane;
 mod heartbeat;
+mod logserver;
 mod renew;
 mod rolefetch;
+
+// Logging: the capture layer over the leaves logfile and logring.
+mod logcapture;
 
 // Orchestration.
 mod roleserver;
@@ -278,23 +290,46 @@ struct Common {
     /// minute), for tests.
     #[arg(long, hide = true)]
     snapshot_short_intervals: bool,
+    /// Logs this many lines a second from `root.logtest` (for tests and `bench logs`:
+    /// a node that logs fast).
+    #[arg(long, hide = true, default_value_t = 0)]
+    log_test_lines_per_second: u32,
 }
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("POLIS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let stderr = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
+    // Every line also goes to the node's own buffer and log file (NodeLogs).
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(logcapture::CaptureLayer);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(false)
+        LogFormat::Text => registry.with(stderr).init(),
+        LogFormat::Json => registry
+            .with(stderr.json().with_current_span(true).with_span_list(false))
             .init(),
+    }
+}
+
+/// `--log-test-lines-per-second`: logs `rate` numbered lines a second, evenly.
+async fn log_test(rate: u32) {
+    let start = tokio::time::Instant::now();
+    let mut sent: u64 = 0;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let due = (start.elapsed().as_secs_f64() * f64::from(rate)) as u64;
+        while sent < due {
+            sent += 1;
+            tracing::info!("log test line {sent}");
+        }
     }
 }
 
@@ -440,6 +475,16 @@ async fn run(start: Start) -> Result<()> {
         }
     };
     root.prepare()?;
+    if let Err(e) = logcapture::hub().attach_file(&root.root) {
+        tracing::warn!("cannot write the node's log file: {e}; lines are kept in memory only");
+    }
+    if args.log_test_lines_per_second > 0 {
+        let span = tracing::info_span!(parent: None, "runnable", dn = %"root.logtest");
+        tokio::spawn(tracing::Instrument::instrument(
+            log_test(args.log_test_lines_per_second),
+            span,
+        ));
+    }
 
     let values = NodeValues {
         membership: event::Value::new(),

@@ -15,8 +15,10 @@
 //!                                     │                 etcd member / curator running, start
 //!                                     │                 time; no answer for longer than the
 //!                                     │                 timeout (15 s) → Split, answered → Home
-//!                                     └─▶ renew ── node (and etcd peer) certificate renewed at
-//!                                                  2/3 of its lifetime, applied live (see renew)
+//!                                     ├─▶ renew ── node (and etcd peer) certificate renewed at
+//!                                     │            2/3 of its lifetime, applied live (see renew)
+//!                                     └─▶ logs ── this node's log lines (NodeLogs, :7836,
+//!                                                  owner only; see logserver)
 //! ```
 //! Every call to the cluster goes through one leader-aware `rpc::CuratorClient` over the
 //! curators this node knows (`NodeValues::curators`: its own first, then the directory).
@@ -68,6 +70,10 @@ pub async fn run(
     let (renew_settings, renew_values) = (settings.clone(), values.clone());
     ctx.run("renew", move |ctx| {
         renew::run(ctx, renew_settings.clone(), renew_values.clone())
+    })?;
+    let (logs_settings, logs_values) = (settings.clone(), values.clone());
+    ctx.run("logs", move |ctx| {
+        crate::logserver::run(ctx, logs_settings.clone(), logs_values.clone())
     })?;
     ctx.signal_healthy();
 

@@ -89,6 +89,10 @@ pub(crate) enum ParamsCommand {
         /// deleted. [default: 5]
         #[arg(long, value_parser = parse_snapshot_keep, value_name = "N")]
         snapshot_keep: Option<u32>,
+        /// How many audit log entries the cluster keeps; past it the oldest are dropped.
+        /// [default: 10000]
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..), value_name = "N")]
+        audit_max_entries: Option<u64>,
     },
     /// Parameters for a new node to register into this cluster: the register ticket,
     /// the pinned cluster CA and the current curator endpoints. They stop working for
@@ -151,6 +155,19 @@ pub(crate) enum ClusterCommand {
     Backups,
     /// The cluster configuration (`config set` changes the snapshot schedule).
     Config(ConfigArgs),
+    /// The audit log: every call that changed (or tried to change) cluster state, who
+    /// made it, from where, on what, and its result; oldest first.
+    Audit {
+        /// Keep printing new entries as they are written, until interrupted.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Only entries naming this node (as target or caller).
+        #[arg(long, value_name = "ID")]
+        node: Option<String>,
+        /// Only entries of the last DURATION, e.g. 30s, 15m, 2h, 1d.
+        #[arg(long, value_parser = parse_since, value_name = "DURATION")]
+        since: Option<u64>,
+    },
 }
 
 /// `cluster config` | `cluster config set …`.
@@ -275,6 +292,42 @@ pub(crate) enum NodeCommand {
         #[arg(required = true, value_name = "KEY=VALUE|KEY-")]
         changes: Vec<String>,
     },
+    /// A node's own log lines (worker or member), read from the node itself with the
+    /// owner's certificate (its port 7836): the latest, or followed with -f.
+    Logs {
+        id: String,
+        /// Keep printing new lines until interrupted (a reader that falls behind the
+        /// node's buffer is told how many lines it missed).
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Only the last N lines (0: all the node keeps).
+        #[arg(short = 'n', long = "lines", default_value_t = 100, value_name = "N")]
+        lines: u32,
+        /// Only lines of runnables whose DN starts with this, e.g. root.role.heartbeat.
+        #[arg(long, value_name = "DN-PREFIX")]
+        runnable: Option<String>,
+        /// Only lines of the last DURATION, e.g. 30s, 15m, 2h, 1d.
+        #[arg(long, value_parser = parse_since, value_name = "DURATION")]
+        since: Option<u64>,
+    },
+}
+
+/// A look-back duration in seconds: a number with a unit (s, m, h, d).
+fn parse_since(s: &str) -> Result<u64, String> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number with a unit, e.g. 15m"))?;
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{s:?}: the unit must be s, m, h or d")),
+    };
+    n.checked_mul(scale)
+        .ok_or_else(|| format!("{s:?}: too long"))
 }
 
 /// A certificate lifetime: seconds, or a number with a unit (s, m, h, d, y); within
@@ -418,6 +471,17 @@ mod tests {
         assert_eq!(parse_label("a=b"), Ok(("a".into(), "b".into())));
         assert!(parse_label("ab").is_err());
         assert!(parse_label("=b").is_err());
+    }
+
+    #[test]
+    fn look_back_durations_parse_with_units() {
+        assert_eq!(parse_since("30s"), Ok(30));
+        assert_eq!(parse_since("15m"), Ok(900));
+        assert_eq!(parse_since("2h"), Ok(7200));
+        assert_eq!(parse_since("1d"), Ok(86_400));
+        for bad in ["", "5", "m", "5w", "-1s", "99999999999999999999d"] {
+            assert!(parse_since(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

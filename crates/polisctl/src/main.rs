@@ -57,7 +57,8 @@ use cli::{
     ParamsCommand,
 };
 use commands::{
-    backup, certificates, cluster, decommission, launch, node, owner, params, snapshots, status,
+    audit, backup, certificates, cluster, decommission, launch, logs, node, owner, params,
+    snapshots, status,
 };
 
 fn main() -> ExitCode {
@@ -159,6 +160,22 @@ async fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
+        Command::Cluster(ClusterCommand::Audit {
+            follow,
+            node,
+            since,
+        }) => {
+            let config = cli.config_dir()?;
+            audit::audit(
+                &config,
+                &cli.endpoints,
+                *follow,
+                node.as_deref(),
+                *since,
+                cli.output,
+            )
+            .await
+        }
         Command::Cluster(ClusterCommand::RotateTicket) => {
             let config = cli.config_dir()?;
             cluster::rotate_ticket(&config, &cli.endpoints).await
@@ -184,6 +201,22 @@ async fn run(cli: Cli) -> Result<()> {
                         labels,
                     )
                     .await
+                }
+                NodeCommand::Logs {
+                    id,
+                    follow,
+                    lines,
+                    runnable,
+                    since,
+                } => {
+                    let args = logs::LogsArgs {
+                        id,
+                        follow: *follow,
+                        lines: *lines,
+                        runnable: runnable.as_deref(),
+                        since_seconds: *since,
+                    };
+                    logs::logs(&config, &cli.endpoints, args, cli.output).await
                 }
                 NodeCommand::Describe { id } => {
                     node::node_describe(&config, &cli.endpoints, cli.output, id).await
@@ -247,17 +280,19 @@ async fn run(cli: Cli) -> Result<()> {
             etcd_quota,
             snapshot_interval,
             snapshot_keep,
+            audit_max_entries,
         }) => params::bootstrap(
             &cli.config_dir()?,
             out,
-            cluster_domain,
             labels,
-            *node_certificate_lifetime,
-            *owner_certificate_lifetime,
-            params::EtcdSettings {
-                quota: *etcd_quota,
+            params::BootstrapSettings {
+                cluster_domain,
+                node_certificate_lifetime: *node_certificate_lifetime,
+                owner_certificate_lifetime: *owner_certificate_lifetime,
+                etcd_quota: *etcd_quota,
                 snapshot_interval: *snapshot_interval,
                 snapshot_keep: *snapshot_keep,
+                audit_max_entries: *audit_max_entries,
             },
         ),
         Command::Params(ParamsCommand::Register { out, labels }) => {

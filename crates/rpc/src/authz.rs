@@ -132,7 +132,39 @@ pub const METHODS: &[(&str, Permission)] = &[
         "/polis.api.Management/SetSnapshotSchedule",
         Permission::Manage,
     ),
+    // The audit log: who changed what (see NOT_AUDITED for what is not recorded).
+    ("/polis.api.Audit/AuditLog", Permission::Manage),
+    // Served by every node on its own port (NODE_LOGS_PORT): its own log lines.
+    ("/polis.api.NodeLogs/NodeLogsTail", Permission::Manage),
 ];
+
+/// The declared RPCs that do not change cluster state (or, for Heartbeat, only a
+/// node's own status every few seconds): not recorded in the audit log. Every other
+/// declared RPC is, so a new RPC is audited unless it is listed here.
+pub const NOT_AUDITED: &[&str] = &[
+    "/polis.api.CuratorLocal/GetCurrentLeader",
+    "/polis.api.CuratorLocal/GetCACertificate",
+    "/polis.api.CuratorLocal/GetConsensusStatus",
+    "/polis.api.Management/GetClusterInfo",
+    "/polis.api.Management/ListNodes",
+    "/polis.api.Management/DescribeNode",
+    "/polis.api.Management/GetRegisterTicket",
+    "/polis.api.Management/ListCertificates",
+    "/polis.api.Curator/Heartbeat",
+    "/polis.api.Curator/WatchNode",
+    "/polis.api.Audit/AuditLog",
+    "/polis.api.NodeLogs/NodeLogsTail",
+    "/polis.api.Backup/ListSnapshots",
+    "/polis.api.CuratorLocal/SnapshotsListLocal",
+    // The relay behind Backup/FetchSnapshot, which is recorded.
+    "/polis.api.CuratorLocal/SnapshotsFetchLocal",
+];
+
+/// Whether calls of `method` are recorded in the audit log: every declared RPC but
+/// those in [`NOT_AUDITED`].
+pub fn audited(method: &str) -> bool {
+    permission(method).is_some() && !NOT_AUDITED.contains(&method)
+}
 
 /// Why a call was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -261,6 +293,43 @@ mod tests {
         check("/polis.api.CuratorLocal/SnapshotsListLocal", &["node"]);
         check("/polis.api.CuratorLocal/SnapshotsFetchLocal", &["node"]);
         check("/polis.api.Management/SetSnapshotSchedule", &["owner"]);
+        check("/polis.api.Audit/AuditLog", &["owner"]);
+        check("/polis.api.NodeLogs/NodeLogsTail", &["owner"]);
+    }
+
+    #[test]
+    fn every_state_changing_rpc_is_audited_and_reads_are_not() {
+        for method in NOT_AUDITED {
+            assert!(permission(method).is_some(), "{method} is not declared");
+        }
+        let mut audited: Vec<&str> = METHODS
+            .iter()
+            .map(|(m, _)| *m)
+            .filter(|m| super::audited(m))
+            .collect();
+        audited.sort();
+        assert_eq!(
+            audited,
+            [
+                "/polis.api.AAA/Escrow",
+                "/polis.api.Backup/FetchSnapshot",
+                "/polis.api.Backup/TakeBackup",
+                "/polis.api.Curator/CommitNode",
+                "/polis.api.Curator/JoinConsensus",
+                "/polis.api.Curator/RegisterNode",
+                "/polis.api.Curator/RenewCertificates",
+                "/polis.api.CuratorLocal/DefragmentMember",
+                "/polis.api.Management/ApproveNode",
+                "/polis.api.Management/DecommissionNode",
+                "/polis.api.Management/DeleteNode",
+                "/polis.api.Management/RotateOwner",
+                "/polis.api.Management/RotateRegisterTicket",
+                "/polis.api.Management/SetSnapshotSchedule",
+                "/polis.api.Management/UpdateNodeLabels",
+                "/polis.api.Management/UpdateNodeRoles",
+            ]
+        );
+        assert!(!super::audited("/polis.api.Management/DeleteEverything"));
     }
 
     #[test]

@@ -16,6 +16,8 @@ use crate::tls::{CredentialSlot, Credentials, ServerTrust, client_config_from};
 
 /// Default port of the curator.
 pub const CURATOR_PORT: u16 = 7835;
+/// The port every node serves its own log lines on (NodeLogs, owner only).
+pub const NODE_LOGS_PORT: u16 = 7836;
 
 /// Parses `HOST` or `HOST:PORT` (IP addresses; curators are addressed by IP).
 pub fn parse_endpoint(endpoint: &str) -> Result<SocketAddr, RpcError> {
@@ -86,10 +88,14 @@ pub async fn connect_with(
                     if let Some(rustls::Error::InvalidCertificate(why)) =
                         e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>())
                     {
-                        *seen.lock().expect("lock") = Some(match crate::tls::not_a_curator(why) {
-                            Some(reason) => Untrusted::NotACurator(reason),
-                            None => Untrusted::Ca(format!("{why:?}")),
-                        });
+                        let untrusted = if let Some(reason) = crate::tls::not_a_curator(why) {
+                            Untrusted::NotACurator(reason)
+                        } else if let Some(reason) = crate::tls::not_the_node(why) {
+                            Untrusted::NotTheNode(reason)
+                        } else {
+                            Untrusted::Ca(format!("{why:?}"))
+                        };
+                        *seen.lock().expect("lock") = Some(untrusted);
                     }
                 })?;
                 Ok::<_, std::io::Error>(TokioIo::new(tls))
@@ -99,6 +105,7 @@ pub async fn connect_with(
         .map_err(|e| match untrusted.lock().expect("lock").take() {
             Some(Untrusted::Ca(reason)) => RpcError::UntrustedServer { endpoint, reason },
             Some(Untrusted::NotACurator(reason)) => RpcError::NotACurator { endpoint, reason },
+            Some(Untrusted::NotTheNode(reason)) => RpcError::NotTheNode { endpoint, reason },
             None => RpcError::Connect {
                 endpoint,
                 reason: supervisor::error_chain(&e),
@@ -112,6 +119,8 @@ enum Untrusted {
     Ca(String),
     /// A certificate of the trusted CA, but no curator's.
     NotACurator(String),
+    /// A certificate of the trusted CA, but not the node's that was asked for.
+    NotTheNode(String),
 }
 
 /// How long a curator that just answered Unavailable gets to name the leader (it may

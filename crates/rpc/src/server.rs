@@ -34,9 +34,11 @@
 //!   limits    Limits (caps, timeouts)
 //!
 //!   settings  builder(), MAX_REQUEST_BYTES, RequestSizeLimit (leaf)
+//!   audit     AuditLayer: audited calls handed to an AuditSink before they end
 //! ```
 
 mod accept;
+mod audit;
 mod auth;
 mod calls;
 mod conn;
@@ -44,8 +46,10 @@ mod limits;
 mod settings;
 
 pub use accept::{LogBudget, incoming, incoming_with};
+pub use audit::{AuditCall, AuditLayer, AuditSink, first_message};
 pub use auth::{
-    AuthLayer, AuthService, ClientCertificate, CountedBody, CrlSource, Forwarders, denied_status,
+    AuthLayer, AuthService, ClientCertificate, CountedBody, CrlSource, DenialHook, Forwarders,
+    denied_status,
 };
 pub use conn::{PeerInfo, TlsConn};
 pub use limits::Limits;

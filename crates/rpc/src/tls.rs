@@ -26,8 +26,8 @@ mod crypto;
 mod server_side;
 
 pub use authenticator::Authenticator;
-pub(crate) use client_side::not_a_curator;
 pub use client_side::{ServerTrust, client_config, client_config_from};
+pub(crate) use client_side::{not_a_curator, not_the_node};
 pub use credentials::{CredentialSlot, Credentials, self_signed};
 pub use crl_slot::CrlSlot;
 pub use crypto::provider;

@@ -98,6 +98,7 @@ pub(super) async fn serve(
         .await
         .map_err(|e| format!("listening on {}: {e}", config.listen))?;
     let crl = super::crl::source(&shared);
+    let audit_sink = super::audit_log::sink(shared.clone());
     let forwarders_shared = shared.clone();
     let auth = rpc::AuthLayer::new(
         Arc::new(rpc::Authenticator::new(config.ca_certificate.clone())),
@@ -105,8 +106,11 @@ pub(super) async fn serve(
     )
     .with_forwarders(Arc::new(move |id: &str| {
         forwarders_shared.is_curator_node(id)
-    }));
+    }))
+    .with_denials(super::audit_log::denials(audit_sink.clone()));
     let forward = rpc::ForwardLayer::new(forwarding(shared.clone()));
+    // Innermost: sees exactly the calls handled here, with their verified caller.
+    let audit = rpc::server::AuditLayer::new(audit_sink);
     let services = Services(shared.clone());
     tracing::info!(listen = %config.listen, "curator serving");
     ctx.signal_healthy();
@@ -118,6 +122,7 @@ pub(super) async fn serve(
         .trace_fn(move |_| span.clone())
         .layer(auth)
         .layer(forward)
+        .layer(audit)
         .add_service(api::curator_local_server::CuratorLocalServer::new(
             services.clone(),
         ))
@@ -126,7 +131,8 @@ pub(super) async fn serve(
             services.clone(),
         ))
         .add_service(api::curator_server::CuratorServer::new(services.clone()))
-        .add_service(api::backup_server::BackupServer::new(services))
+        .add_service(api::backup_server::BackupServer::new(services.clone()))
+        .add_service(api::audit_server::AuditServer::new(services))
         .serve_with_incoming_shutdown(
             rpc::incoming(listener, tls),
             cancel.clone().cancelled_owned(),

@@ -18,7 +18,7 @@
 //!   ├── curator-certificate  the curator certificate served (issued at start when
 //!   │                missing; renewed when due; see `curator_certificate`)
 //!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
-//!                    | backup
+//!                    | backup | audit_log; AuditLayer → audit_log's writer
 //! ```
 //!
 //! Modules top to bottom (each imports only modules below it, and the crate's own:
@@ -30,6 +30,7 @@
 //!                    nodes (Curator), backup (Backup: a snapshot of this curator's
 //!                    own etcd member); node_info builds their NodeInfo answers;
 //!                    scheduled_api (snapshot listing, fetch, relay; the schedule)
+//!                    audit_log (Audit, and the writer behind rpc::AuditLayer)
 //!   runnables        snapshot (`nodes`), crl, health, upkeep (etcd upkeep; also
 //!                    CuratorLocal.DefragmentMember's work), scheduled (scheduled
 //!                    snapshots; their files listed and located)
@@ -57,6 +58,7 @@
 //! watch per client.
 
 mod aaa;
+mod audit_log;
 mod backup;
 pub mod certificates;
 mod crl;

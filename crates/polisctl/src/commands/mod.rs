@@ -3,11 +3,13 @@
 //! `launch` sits on top: it runs the other commands as steps.
 //! May not parse the command line (main dispatches) nor format tables itself.
 
+pub(crate) mod audit;
 pub(crate) mod backup;
 pub(crate) mod certificates;
 pub(crate) mod cluster;
 pub(crate) mod decommission;
 pub(crate) mod launch;
+pub(crate) mod logs;
 pub(crate) mod node;
 pub(crate) mod owner;
 pub(crate) mod params;

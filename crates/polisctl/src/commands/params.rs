@@ -13,12 +13,15 @@ use proto::config::{ClusterBootstrap, ClusterConfiguration, NodeParameters, node
 use crate::config_dir::{ensure_owner_key, write_private};
 use crate::session::owner_session;
 
-/// The etcd settings of `params bootstrap` (None: the default): quota, scheduled
-/// snapshots.
-pub(crate) struct EtcdSettings {
-    pub(crate) quota: Option<u64>,
+/// The cluster configuration `params bootstrap` was given (None: the default).
+pub(crate) struct BootstrapSettings<'a> {
+    pub(crate) cluster_domain: &'a str,
+    pub(crate) node_certificate_lifetime: Option<u64>,
+    pub(crate) owner_certificate_lifetime: Option<u64>,
+    pub(crate) etcd_quota: Option<u64>,
     pub(crate) snapshot_interval: Option<u64>,
     pub(crate) snapshot_keep: Option<u32>,
+    pub(crate) audit_max_entries: Option<u64>,
 }
 
 /// `params bootstrap`: parameters for the first node of a new cluster owned by the key in
@@ -26,19 +29,17 @@ pub(crate) struct EtcdSettings {
 pub(crate) fn bootstrap(
     config: &Path,
     out: &Path,
-    cluster_domain: &str,
     labels: &[(String, String)],
-    node_certificate_lifetime: Option<u64>,
-    owner_certificate_lifetime: Option<u64>,
-    etcd: EtcdSettings,
+    settings: BootstrapSettings<'_>,
 ) -> Result<()> {
     let configuration = ClusterConfiguration {
-        cluster_domain: cluster_domain.to_string(),
-        node_certificate_lifetime_seconds: node_certificate_lifetime.unwrap_or(0),
-        owner_certificate_lifetime_seconds: owner_certificate_lifetime.unwrap_or(0),
-        etcd_quota_bytes: etcd.quota.unwrap_or(0),
-        snapshot_interval_seconds: etcd.snapshot_interval.unwrap_or(0),
-        snapshot_keep: etcd.snapshot_keep.unwrap_or(0),
+        cluster_domain: settings.cluster_domain.to_string(),
+        node_certificate_lifetime_seconds: settings.node_certificate_lifetime.unwrap_or(0),
+        owner_certificate_lifetime_seconds: settings.owner_certificate_lifetime.unwrap_or(0),
+        etcd_quota_bytes: settings.etcd_quota.unwrap_or(0),
+        snapshot_interval_seconds: settings.snapshot_interval.unwrap_or(0),
+        snapshot_keep: settings.snapshot_keep.unwrap_or(0),
+        audit_max_entries: settings.audit_max_entries.unwrap_or(0),
     };
     write_bootstrap_params(config, out, configuration, labels)?;
     eprintln!("wrote bootstrap parameters to {}", out.display());

@@ -2,9 +2,11 @@
 //! information) as a table, JSON or YAML, on top of the primitives in `output`.
 //! May not talk to the cluster or touch files: results in, text on stdout out.
 
+pub(crate) mod audit;
 pub(crate) mod backup;
 pub(crate) mod certificates;
 pub(crate) mod cluster;
+pub(crate) mod logs;
 pub(crate) mod node;
 pub(crate) mod snapshots;
 pub(crate) mod status;

@@ -162,6 +162,26 @@ impl OwnerSession {
         Ok(answer)
     }
 
+    /// The audit log as a stream of entries (following the leader to open it).
+    pub(crate) async fn audit_log(
+        &self,
+        request: api::AuditLogRequest,
+    ) -> Result<tonic::Streaming<api::AuditEntry>> {
+        let stream = self
+            .client
+            .call(|channel| {
+                let request = request.clone();
+                async move {
+                    api::audit_client::AuditClient::new(channel)
+                        .audit_log(request)
+                        .await
+                }
+            })
+            .await
+            .map_err(|f| call_failure("reading the audit log", f))?;
+        Ok(stream)
+    }
+
     /// Cluster information; refreshes the remembered curator endpoints on the way.
     pub(crate) async fn cluster_info(&self) -> Result<api::GetClusterInfoResponse> {
         let info = self

@@ -42,7 +42,24 @@ pub struct AuthLayer {
     authenticator: Arc<Authenticator>,
     crl: CrlSource,
     forwarders: Option<Forwarders>,
+    denials: Option<DenialHook>,
 }
+
+/// Told of every refused call of an audited RPC ([`crate::authz::audited`]) by a caller
+/// with a valid cluster certificate (a node or an owner): method, caller, TCP peer,
+/// refusal. The refusal is answered once the returned future is done. Callers without
+/// a cluster certificate are only logged: anyone could make those, and recording them
+/// would let a stranger push real entries out of a bounded log.
+pub type DenialHook = Arc<
+    dyn Fn(
+            &str,
+            &Identity,
+            Option<std::net::SocketAddr>,
+            &tonic::Status,
+        ) -> Pin<Box<dyn Future<Output = ()> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// Whether the node with this ID may present forwarded identities (it is a curator: a
 /// consensus member).
@@ -54,7 +71,14 @@ impl AuthLayer {
             authenticator,
             crl,
             forwarders: None,
+            denials: None,
         }
+    }
+
+    /// Reports refused calls to `hook` (see [`DenialHook`]).
+    pub fn with_denials(mut self, hook: DenialHook) -> AuthLayer {
+        self.denials = Some(hook);
+        self
     }
 
     /// Accepts identities forwarded by the nodes `forwarders` names (see
@@ -155,6 +179,7 @@ where
             // the end of its response body.
             let call = peer.map(|p| p.calls.start());
             let leaf = peer.and_then(|p| p.certificates.clone());
+            let remote = peer.map(|p| p.remote);
             let caller = match leaf.as_ref().and_then(|c| c.first()) {
                 None => Identity::Anonymous,
                 Some(cert) => match (layer.crl)().await {
@@ -207,7 +232,14 @@ where
             };
             if let Err(denied) = authorize(&method, &identity) {
                 tracing::info!(method, caller = %identity, "denied: {denied}");
-                return Ok(denied_status(&denied).into_http());
+                let status = denied_status(&denied);
+                if let Some(hook) = &layer.denials
+                    && matches!(identity, Identity::Node { .. } | Identity::User { .. })
+                    && crate::authz::audited(&method)
+                {
+                    hook(&method, &identity, remote, &status).await;
+                }
+                return Ok(status.into_http());
             }
             if !was_forwarded && let Some(chain) = leaf {
                 request.extensions_mut().insert(ClientCertificate(chain));

@@ -29,6 +29,14 @@ pub enum ServerTrust {
     /// when the connection is made): what nodes and owners use once they belong to the
     /// cluster.
     ClusterCa { ca: Vec<u8>, crl: CrlSlot },
+    /// As `ClusterCa`, but the server must be node `node_id` itself (its node
+    /// certificate, not a curator's): for what a node serves about itself on its own
+    /// port (its logs). Any other node, curator or not, is refused.
+    ClusterNode {
+        ca: Vec<u8>,
+        crl: CrlSlot,
+        node_id: String,
+    },
     /// Accept any server certificate: only for fetching the CA to pin (trust on first
     /// use, confirmed by the operator through its fingerprint).
     FirstUse,
@@ -53,11 +61,19 @@ impl ServerCertVerifier for AcceptAnyServer {
     handshake_signature_checks!();
 }
 
+/// Who the server must be, on top of a CA-checked certificate.
+#[derive(Debug)]
+enum ExpectedServer {
+    Curator,
+    Node(String),
+}
+
 /// A CA-checked server certificate (`inner`: chain, name, validity, CRL) that must
-/// also be a curator certificate.
+/// also be the expected server's: a curator certificate, or one node's own.
 #[derive(Debug)]
 struct CuratorOnly {
     inner: Arc<rustls::client::WebPkiServerVerifier>,
+    expected: ExpectedServer,
     keys: ProofOfPossession,
 }
 
@@ -80,6 +96,26 @@ fn why_not_a_curator(end_entity: &[u8]) -> Option<String> {
     }
 }
 
+/// Why a server certificate that verified is still not node `node_id`'s own node
+/// certificate (`None`: it is).
+fn why_not_the_node(end_entity: &[u8], node_id: &str) -> Option<String> {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(end_entity) else {
+        return Some("the server's certificate does not parse".into());
+    };
+    if pki::CertificateKind::of(&cert) != Some(pki::CertificateKind::Node) {
+        return Some("the server's certificate is not a node certificate".into());
+    }
+    let name = cert
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .unwrap_or_default();
+    (name != node_id).then(|| {
+        format!("the server is node {name:?}, not node {node_id} (its address changed hands?)")
+    })
+}
+
 impl ServerCertVerifier for CuratorOnly {
     fn verify_server_cert(
         &self,
@@ -96,10 +132,18 @@ impl ServerCertVerifier for CuratorOnly {
             ocsp_response,
             now,
         )?;
-        match why_not_a_curator(end_entity) {
+        let refusal: Option<Arc<dyn std::error::Error + Send + Sync>> = match &self.expected {
+            ExpectedServer::Curator => {
+                why_not_a_curator(end_entity).map(|r| Arc::new(NotACurator(r)) as _)
+            }
+            ExpectedServer::Node(id) => {
+                why_not_the_node(end_entity, id).map(|r| Arc::new(NotTheNode(r)) as _)
+            }
+        };
+        match refusal {
             None => Ok(verified),
             Some(reason) => Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::Other(rustls::OtherError(Arc::new(NotACurator(reason)))),
+                rustls::CertificateError::Other(rustls::OtherError(reason)),
             )),
         }
     }
@@ -127,6 +171,28 @@ impl std::fmt::Display for NotACurator {
 }
 
 impl std::error::Error for NotACurator {}
+
+/// The error a client's handshake fails with when the server is not the node asked for.
+#[derive(Debug)]
+struct NotTheNode(String);
+
+/// The reason, when a refused server certificate was refused for being another node's.
+pub(crate) fn not_the_node(refusal: &rustls::CertificateError) -> Option<String> {
+    match refusal {
+        rustls::CertificateError::Other(other) => {
+            other.0.downcast_ref::<NotTheNode>().map(|n| n.0.clone())
+        }
+        _ => None,
+    }
+}
+
+impl std::fmt::Display for NotTheNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotTheNode {}
 
 /// A client TLS configuration (HTTP/2), optionally presenting `client` credentials.
 pub fn client_config(
@@ -158,7 +224,7 @@ pub fn client_config_from(
             .map_err(|e| RpcError::Certificate(format!("pinned CA: {e}")))?;
         Ok(Arc::new(roots))
     };
-    let curator_only = |ca: &Vec<u8>, crl: Option<Vec<u8>>| -> Result<_, RpcError> {
+    let checked = |ca: &Vec<u8>, crl: Option<Vec<u8>>, expected| -> Result<_, RpcError> {
         let mut verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
             pinned(ca)?,
             provider.clone(),
@@ -171,6 +237,7 @@ pub fn client_config_from(
             .map_err(|e| RpcError::Certificate(format!("cluster CRL: {e}")))?;
         Ok(Arc::new(CuratorOnly {
             inner,
+            expected,
             keys: ProofOfPossession {
                 provider: provider.clone(),
             },
@@ -179,10 +246,17 @@ pub fn client_config_from(
     let builder = match trust {
         ServerTrust::PinnedCa(ca) => builder
             .dangerous()
-            .with_custom_certificate_verifier(curator_only(ca, None)?),
+            .with_custom_certificate_verifier(checked(ca, None, ExpectedServer::Curator)?),
         ServerTrust::ClusterCa { ca, crl } => builder
             .dangerous()
-            .with_custom_certificate_verifier(curator_only(ca, crl.current())?),
+            .with_custom_certificate_verifier(checked(ca, crl.current(), ExpectedServer::Curator)?),
+        ServerTrust::ClusterNode { ca, crl, node_id } => builder
+            .dangerous()
+            .with_custom_certificate_verifier(checked(
+                ca,
+                crl.current(),
+                ExpectedServer::Node(node_id.clone()),
+            )?),
         ServerTrust::FirstUse => builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AcceptAnyServer {

@@ -106,6 +106,30 @@ async fn a_node_certificate_is_not_a_curator() {
     }
 }
 
+/// What a node serves about itself (its logs) is accepted only from that node's own
+/// node certificate: another node's, or a curator certificate, is refused, saying why.
+#[tokio::test]
+async fn a_node_service_is_accepted_only_from_that_node() {
+    let (ca, crl, _) = cluster();
+    let key = identity::NodeKey::generate().unwrap();
+    let other = identity::NodeKey::generate().unwrap();
+    let slot = CrlSlot::new();
+    assert!(slot.offer(&ca.cert_der, &crl).unwrap());
+    let trust = ServerTrust::ClusterNode {
+        ca: ca.cert_der.clone(),
+        crl: slot,
+        node_id: key.node_id(),
+    };
+    let (own, _) = serving(&ca, &key, CertificateKind::Node);
+    handshake(&own, &trust).await.expect("the node itself");
+    let (another, _) = serving(&ca, &other, CertificateKind::Node);
+    let refused = handshake(&another, &trust).await.unwrap_err();
+    assert!(refused.contains(&other.node_id()), "{refused}");
+    let (curator, _) = serving(&ca, &key, CertificateKind::Curator);
+    let refused = handshake(&curator, &trust).await.unwrap_err();
+    assert!(refused.contains("not a node certificate"), "{refused}");
+}
+
 #[tokio::test]
 async fn a_revoked_server_is_refused_by_clients_holding_the_crl() {
     let (ca, empty_crl, _) = cluster();

@@ -1,0 +1,323 @@
+//! The audit log's rules (pure): entry keys (sorted by time), who a caller is, what a
+//! call targets, which entries a reader asked for, and the bound (how many of the
+//! oldest entries to drop).
+//!
+//! May not do I/O: `service::audit_log` writes and reads the entries.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+use proto::api::AuditEntry;
+use proto::config::ClusterConfiguration;
+
+/// Prefix of every audit entry's key, inside the curator namespace.
+pub const PREFIX: &str = "audit/";
+
+/// How many entries are kept when the cluster configuration says 0.
+pub const DEFAULT_MAX_ENTRIES: u64 = 10_000;
+
+/// An entry's key: its time, then the writing curator's sequence number and ID, so keys
+/// sort by time and never collide (each curator numbers its own entries).
+pub fn entry_key(time_unix_micros: u64, sequence: u64, curator: &str) -> String {
+    format!("{PREFIX}{time_unix_micros:020}-{sequence:010}-{curator}")
+}
+
+/// The bound the cluster configuration sets.
+pub fn max_entries(configuration: Option<&ClusterConfiguration>) -> u64 {
+    match configuration.map(|c| c.audit_max_entries) {
+        None | Some(0) => DEFAULT_MAX_ENTRIES,
+        Some(n) => n,
+    }
+}
+
+/// How many of the oldest entries to drop when `count` are stored and `max` are kept.
+pub fn excess(count: u64, max: u64) -> u64 {
+    count.saturating_sub(max)
+}
+
+/// Who called: the identity kind and its name (node ID; owner certificate serial, or
+/// the owner key when the serial is unknown; a self-signed key's node ID).
+pub fn who(caller: Option<&rpc::Identity>, owner_serial: Option<&[u8]>) -> (String, String) {
+    use rpc::Identity;
+    let (kind, name) = match caller {
+        None | Some(Identity::Anonymous) => ("anonymous", String::new()),
+        Some(Identity::Node { id, .. }) => ("node", id.clone()),
+        Some(Identity::User { public_key, .. }) => (
+            "owner",
+            match owner_serial {
+                Some(serial) => format!("serial {}", hex::encode(serial)),
+                None => format!(
+                    "key {}",
+                    hex::encode(&public_key[..public_key.len().min(8)])
+                ),
+            },
+        ),
+        Some(Identity::SelfSigned { public_key }) => (
+            "self-signed",
+            match identity::public_key_from_slice(public_key) {
+                Ok(key) => identity::node_id(&key),
+                Err(_) => hex::encode(public_key),
+            },
+        ),
+        Some(Identity::Invalid { reason }) => ("invalid", reason.clone()),
+    };
+    (kind.to_string(), name)
+}
+
+/// The field number of the `id` string field of each RPC's request message.
+fn id_fields() -> &'static HashMap<String, u32> {
+    static FIELDS: OnceLock<HashMap<String, u32>> = OnceLock::new();
+    FIELDS.get_or_init(|| {
+        use prost::Message;
+        use prost_types::field_descriptor_proto::Type;
+        let Ok(set) = prost_types::FileDescriptorSet::decode(proto::FILE_DESCRIPTOR_SET) else {
+            return HashMap::new();
+        };
+        let mut messages = HashMap::new();
+        for file in &set.file {
+            for m in &file.message_type {
+                let id = m
+                    .field
+                    .iter()
+                    .find(|f| f.name() == "id" && f.r#type() == Type::String)
+                    .map(|f| f.number() as u32);
+                if let Some(id) = id {
+                    messages.insert(format!(".{}.{}", file.package(), m.name()), id);
+                }
+            }
+        }
+        let mut fields = HashMap::new();
+        for file in &set.file {
+            for service in &file.service {
+                for method in &service.method {
+                    if let Some(id) = messages.get(method.input_type()) {
+                        let name =
+                            format!("/{}.{}/{}", file.package(), service.name(), method.name());
+                        fields.insert(name, *id);
+                    }
+                }
+            }
+        }
+        fields
+    })
+}
+
+fn varint(bytes: &[u8], at: &mut usize) -> Option<u64> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let b = *bytes.get(*at)?;
+        *at += 1;
+        value |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
+}
+
+/// The string in field `number` of an encoded protobuf message, if present.
+pub fn string_field(message: &[u8], number: u32) -> Option<String> {
+    let mut at = 0;
+    while at < message.len() {
+        let tag = varint(message, &mut at)?;
+        let (field, wire) = ((tag >> 3) as u32, tag & 7);
+        match wire {
+            0 => {
+                varint(message, &mut at)?;
+            }
+            1 => at += 8,
+            5 => at += 4,
+            2 => {
+                let len = usize::try_from(varint(message, &mut at)?).ok()?;
+                let value = message.get(at..at.checked_add(len)?)?;
+                if field == number {
+                    return String::from_utf8(value.to_vec()).ok();
+                }
+                at += len;
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// What a call targets: the node its request names (`id`; empty when the request was
+/// not read, e.g. the call was refused before it), or for an RPC whose request names
+/// no node, the calling node itself (a node's own calls, a registering key's node ID).
+pub fn target(method: &str, request: &[u8], caller_kind: &str, caller: &str) -> String {
+    if let Some(field) = id_fields().get(method) {
+        return string_field(request, *field).unwrap_or_default();
+    }
+    match caller_kind {
+        "node" | "self-signed" => caller.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// What a reader asked for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Filter {
+    pub node_id: String,
+    pub since_unix_micros: u64,
+}
+
+impl Filter {
+    pub fn matches(&self, entry: &AuditEntry) -> bool {
+        entry.time_unix_micros >= self.since_unix_micros
+            && (self.node_id.is_empty()
+                || entry.target == self.node_id
+                || entry.identity == self.node_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn keys_sort_by_time_then_sequence() {
+        let mut keys = vec![
+            entry_key(1_000_000, 2, "polis-b"),
+            entry_key(999_999, 7, "polis-a"),
+            entry_key(1_000_000, 1, "polis-c"),
+            entry_key(10_000_000, 0, "polis-a"),
+        ];
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                entry_key(999_999, 7, "polis-a"),
+                entry_key(1_000_000, 1, "polis-c"),
+                entry_key(1_000_000, 2, "polis-b"),
+                entry_key(10_000_000, 0, "polis-a"),
+            ]
+        );
+        assert!(keys.iter().all(|k| k.starts_with(PREFIX)));
+    }
+
+    #[test]
+    fn the_bound_drops_only_what_exceeds_it() {
+        assert_eq!(excess(0, 10), 0);
+        assert_eq!(excess(10, 10), 0);
+        assert_eq!(excess(11, 10), 1);
+        assert_eq!(excess(25, 10), 15);
+        assert_eq!(max_entries(None), DEFAULT_MAX_ENTRIES);
+        let mut c = ClusterConfiguration::default();
+        assert_eq!(max_entries(Some(&c)), DEFAULT_MAX_ENTRIES);
+        c.audit_max_entries = 5;
+        assert_eq!(max_entries(Some(&c)), 5);
+    }
+
+    #[test]
+    fn targets_come_from_the_request_or_the_calling_node() {
+        let request = proto::api::ApproveNodeRequest {
+            id: "polis-abc".into(),
+        }
+        .encode_to_vec();
+        assert_eq!(
+            target(
+                "/polis.api.Management/ApproveNode",
+                &request,
+                "owner",
+                "serial 01"
+            ),
+            "polis-abc"
+        );
+        let labels = proto::api::UpdateNodeLabelsRequest {
+            id: "polis-x".into(),
+            upsert: [("a".to_string(), "b".to_string())].into(),
+            delete: vec!["c".into()],
+        }
+        .encode_to_vec();
+        assert_eq!(
+            target(
+                "/polis.api.Management/UpdateNodeLabels",
+                &labels,
+                "owner",
+                ""
+            ),
+            "polis-x"
+        );
+        // RotateOwner's first field is bytes, not an id: no target.
+        let rotate = proto::api::RotateOwnerRequest {
+            new_public_key: b"polis-not-an-id".to_vec(),
+        }
+        .encode_to_vec();
+        assert_eq!(
+            target("/polis.api.Management/RotateOwner", &rotate, "owner", "s"),
+            ""
+        );
+        assert_eq!(
+            target(
+                "/polis.api.Curator/RenewCertificates",
+                &[8, 1],
+                "node",
+                "polis-n"
+            ),
+            "polis-n"
+        );
+        // A refused call's request is not read: no target, not the caller.
+        assert_eq!(
+            target("/polis.api.Management/ApproveNode", &[], "node", "polis-n"),
+            ""
+        );
+        // Garbage is no target, never a panic.
+        assert_eq!(
+            target(
+                "/polis.api.Management/DeleteNode",
+                &[0x0a, 0xff],
+                "owner",
+                ""
+            ),
+            ""
+        );
+    }
+
+    #[test]
+    fn callers_are_named_by_kind() {
+        let owner = rpc::Identity::User {
+            name: "owner".into(),
+            public_key: vec![7; 32],
+        };
+        assert_eq!(
+            who(Some(&owner), Some(&[1, 2])),
+            ("owner".to_string(), "serial 0102".to_string())
+        );
+        assert_eq!(who(Some(&owner), None).1, "key 0707070707070707");
+        let key = [9u8; 32];
+        assert_eq!(
+            who(
+                Some(&rpc::Identity::SelfSigned {
+                    public_key: key.to_vec()
+                }),
+                None
+            ),
+            ("self-signed".to_string(), identity::node_id(&key))
+        );
+        assert_eq!(who(None, None).0, "anonymous");
+    }
+
+    #[test]
+    fn filters_select_by_node_and_time() {
+        let entry = AuditEntry {
+            time_unix_micros: 100,
+            identity: "polis-a".into(),
+            target: "polis-b".into(),
+            ..Default::default()
+        };
+        assert!(Filter::default().matches(&entry));
+        for (node, since, want) in [
+            ("polis-a", 0, true),
+            ("polis-b", 100, true),
+            ("polis-c", 0, false),
+            ("", 101, false),
+        ] {
+            let f = Filter {
+                node_id: node.into(),
+                since_unix_micros: since,
+            };
+            assert_eq!(f.matches(&entry), want, "{f:?}");
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Audit entries as table rows, JSON lines or YAML documents (one entry at a time, so
+//! `cluster audit -f` prints each as it arrives).
+//! May not talk to the cluster.
+
+use proto::api::AuditEntry;
+use serde_json::json;
+
+use crate::output::{Format, utc_time, yaml};
+
+/// The table header, printed once before the first row.
+pub(crate) fn header(format: Format) -> Option<String> {
+    (format == Format::Table).then(|| {
+        format!(
+            "{:<20}  {:<40}  {:<22}  {:<36}  {:<40}  RESULT",
+            "TIME", "WHO", "SOURCE", "METHOD", "TARGET"
+        )
+    })
+}
+
+/// One entry in `format`.
+pub(crate) fn entry(e: &AuditEntry, format: Format) -> Option<String> {
+    let time = utc_time(e.time_unix_micros / 1000);
+    let result = if e.code == 0 {
+        "OK".to_string()
+    } else {
+        format!("{}: {}", e.code_name, e.message)
+    };
+    let value = json!({
+        "time": time,
+        "time_unix_micros": e.time_unix_micros,
+        "identity_kind": e.identity_kind,
+        "identity": e.identity,
+        "source_address": e.source_address,
+        "curator": e.curator,
+        "method": e.method,
+        "target": e.target,
+        "code": e.code,
+        "code_name": e.code_name,
+        "message": e.message,
+        "key": e.key,
+    });
+    match format {
+        Format::Quiet => None,
+        Format::Json => Some(value.to_string()),
+        Format::Yaml => Some(format!("---\n{}", yaml(&value).trim_end())),
+        Format::Table => {
+            let method = e.method.rsplit('/').next().unwrap_or(&e.method);
+            Some(format!(
+                "{:<20}  {:<40}  {:<22}  {:<36}  {:<40}  {}",
+                time,
+                format!("{} {}", e.identity_kind, e.identity),
+                e.source_address,
+                method,
+                e.target,
+                result
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_render_in_every_format() {
+        let e = AuditEntry {
+            time_unix_micros: 1_000_000,
+            identity_kind: "owner".into(),
+            identity: "serial 01".into(),
+            method: "/polis.api.Management/ApproveNode".into(),
+            target: "polis-a".into(),
+            code: 5,
+            code_name: "NotFound".into(),
+            message: "no such node".into(),
+            ..Default::default()
+        };
+        let row = entry(&e, Format::Table).unwrap();
+        assert!(
+            row.contains("ApproveNode") && row.contains("NotFound: no such node"),
+            "{row}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&entry(&e, Format::Json).unwrap()).unwrap();
+        assert_eq!(json["target"], "polis-a");
+        assert_eq!(json["code"], 5);
+        assert!(entry(&e, Format::Yaml).unwrap().starts_with("---\n"));
+        assert!(header(Format::Json).is_none());
+    }
+}

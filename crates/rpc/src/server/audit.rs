@@ -1,0 +1,336 @@
+//! The audit layer: every call of an audited RPC ([`crate::authz::audited`]) that
+//! reaches a handler on this server is handed, with its caller, request and result, to
+//! an [`AuditSink`], and its result reaches the client only once the sink has recorded
+//! it: an answer the client saw is in the audit log, whatever crashes afterwards.
+//!
+//! A call abandoned by its client is recorded too, in the background: Cancelled when
+//! the handler was cut short (its outcome unknown) or no answer was sent yet; OK when a
+//! stream had sent answers before the client closed it.
+//!
+//! Sits inside [`super::AuthLayer`] (it reads the verified [`Identity`]) and inside the
+//! forwarding layer (a call forwarded to the leader is recorded there, once). May not
+//! decide anything about the call: it never refuses one, it only delays its end.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use http_body::Frame;
+use http_body_util::BodyExt;
+use tonic::codegen::Bytes;
+
+use super::auth::ClientCertificate;
+use super::conn::PeerInfo;
+use crate::authz::{Identity, audited};
+
+/// One audited call, as the server saw it.
+#[derive(Debug, Clone)]
+pub struct AuditCall {
+    pub method: String,
+    pub identity: Option<Identity>,
+    /// The caller's certificate chain (calls not forwarded by another curator).
+    pub certificate: Option<ClientCertificate>,
+    pub peer: Option<SocketAddr>,
+    /// The request's first protobuf message (without gRPC framing); empty if none or
+    /// compressed.
+    pub request: Bytes,
+    /// gRPC status code and message of the result.
+    pub code: i32,
+    pub message: String,
+}
+
+/// Records one call; the call's result is held until the returned future is done. An
+/// error replaces the call's result with Unavailable naming it.
+pub type AuditSink = Arc<
+    dyn Fn(AuditCall) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync,
+>;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Tower layer: see the module documentation.
+#[derive(Clone)]
+pub struct AuditLayer {
+    sink: AuditSink,
+}
+
+impl AuditLayer {
+    pub fn new(sink: AuditSink) -> AuditLayer {
+        AuditLayer { sink }
+    }
+}
+
+impl<S> tower::Layer<S> for AuditLayer {
+    type Service = AuditService<S>;
+    fn layer(&self, inner: S) -> AuditService<S> {
+        AuditService {
+            inner,
+            sink: self.sink.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct AuditService<S> {
+    inner: S,
+    sink: AuditSink,
+}
+
+/// The first gRPC message of a request body (5-byte frame header, then the message);
+/// empty when compressed or truncated.
+pub fn first_message(body: &[u8]) -> Bytes {
+    if body.len() < 5 || body[0] != 0 {
+        return Bytes::new();
+    }
+    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    match body.get(5..5 + len) {
+        Some(message) => Bytes::copy_from_slice(message),
+        None => Bytes::new(),
+    }
+}
+
+/// The gRPC status a header map carries, if any.
+fn status_of(headers: &http::HeaderMap) -> Option<(i32, String)> {
+    tonic::Status::from_header_map(headers).map(|s| (s.code() as i32, s.message().to_string()))
+}
+
+fn not_recorded(code: i32, message: &str, error: &str) -> tonic::Status {
+    tonic::Status::unavailable(format!(
+        "the call ended ({:?}: {message}) but its audit entry could not be written: {error}",
+        tonic::Code::from_i32(code)
+    ))
+}
+
+impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for AuditService<S>
+where
+    S: tower::Service<http::Request<tonic::body::Body>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send,
+    ReqBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let sink = self.sink.clone();
+        Box::pin(async move {
+            let method = request.uri().path().to_string();
+            if !audited(&method) {
+                let request = request.map(tonic::body::Body::new);
+                return Ok(inner.call(request).await?.map(tonic::body::Body::new));
+            }
+            let (parts, body) = request.into_parts();
+            // Audited RPCs take one request message (bounded by the server's request
+            // size limit): read it whole to name the call's target.
+            let bytes = match body.collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(e) => {
+                    let e: BoxError = e.into();
+                    return Ok(tonic::Status::invalid_argument(format!(
+                        "reading the request: {e}"
+                    ))
+                    .into_http());
+                }
+            };
+            let call = AuditCall {
+                method,
+                identity: parts.extensions.get::<Identity>().cloned(),
+                certificate: parts.extensions.get::<ClientCertificate>().cloned(),
+                peer: parts.extensions.get::<PeerInfo>().map(|p| p.remote),
+                request: first_message(&bytes),
+                code: 0,
+                message: String::new(),
+            };
+            let request = http::Request::from_parts(
+                parts,
+                tonic::body::Body::new(http_body_util::Full::new(bytes)),
+            );
+            // Dropped with the handler when the client goes away mid-call: recorded then.
+            let mut running = Running {
+                call: Some(call),
+                sink: sink.clone(),
+            };
+            let response = inner.call(request).await?;
+            let call = running.call.take().expect("taken only here");
+            if let Some((code, message)) = status_of(response.headers()) {
+                // A trailers-only answer (the call was refused or failed at once).
+                let recorded = sink(AuditCall {
+                    code,
+                    message: message.clone(),
+                    ..call
+                })
+                .await;
+                return Ok(match recorded {
+                    Ok(()) => response.map(tonic::body::Body::new),
+                    Err(e) => not_recorded(code, &message, &e).into_http(),
+                });
+            }
+            Ok(response.map(|body| {
+                tonic::body::Body::new(AuditBody {
+                    inner: Box::pin(body),
+                    call: Some(call),
+                    sink,
+                    recording: None,
+                    sent: 0,
+                })
+            }))
+        })
+    }
+}
+
+/// Records, in the background, a call whose result is unknown or was never sent.
+fn record_later(sink: &AuditSink, call: AuditCall, code: tonic::Code, message: String) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let recorded = sink(AuditCall {
+            code: code as i32,
+            message,
+            ..call
+        });
+        runtime.spawn(async move {
+            if let Err(e) = recorded.await {
+                tracing::warn!("audit entry of an abandoned call not written: {e}");
+            }
+        });
+    }
+}
+
+/// A call whose handler runs: if it is dropped (the client went away and the server
+/// cancelled the handler), it is recorded as Cancelled with an unknown outcome.
+struct Running {
+    call: Option<AuditCall>,
+    sink: AuditSink,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take() {
+            record_later(
+                &self.sink,
+                call,
+                tonic::Code::Cancelled,
+                "the client went away while the call ran; its outcome is unknown".into(),
+            );
+        }
+    }
+}
+
+type Recording = Pin<Box<dyn Future<Output = (Frame<Bytes>, Option<tonic::Status>)> + Send>>;
+
+/// A response body whose trailers (the call's status) are held until the call is
+/// recorded. A body dropped before its trailers (the client closed a stream, e.g. a
+/// registering node once approved) is recorded in the background: OK with the number
+/// of messages sent when the server sent any (the server did not fail), else Cancelled.
+struct AuditBody<B> {
+    inner: Pin<Box<B>>,
+    call: Option<AuditCall>,
+    sink: AuditSink,
+    recording: Option<Recording>,
+    /// Data frames sent so far.
+    sent: u64,
+}
+
+impl<B> http_body::Body for AuditBody<B>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(recording) = this.recording.as_mut() {
+                let (trailers, failure) = ready!(recording.as_mut().poll(cx));
+                this.recording = None;
+                // An entry not written: the client hears why instead of the result.
+                let replaced = failure.and_then(|status| {
+                    let mut map = http::HeaderMap::new();
+                    status.add_header(&mut map).ok().map(|()| map)
+                });
+                return Poll::Ready(Some(Ok(match replaced {
+                    None => trailers,
+                    Some(map) => Frame::trailers(map),
+                })));
+            }
+            let frame = match ready!(this.inner.as_mut().poll_frame(cx)) {
+                None => return Poll::Ready(None),
+                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                Some(Ok(frame)) => frame,
+            };
+            let Some(trailers) = frame.trailers_ref() else {
+                this.sent += 1;
+                return Poll::Ready(Some(Ok(frame)));
+            };
+            let Some(call) = this.call.take() else {
+                return Poll::Ready(Some(Ok(frame)));
+            };
+            let (code, message) = status_of(trailers).unwrap_or((0, String::new()));
+            let recorded = (this.sink)(AuditCall {
+                code,
+                message: message.clone(),
+                ..call
+            });
+            this.recording = Some(Box::pin(async move {
+                match recorded.await {
+                    Ok(()) => (frame, None),
+                    Err(e) => (frame, Some(not_recorded(code, &message, &e))),
+                }
+            }));
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recording.is_none() && self.inner.is_end_stream()
+    }
+}
+
+impl<B> Drop for AuditBody<B> {
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take() {
+            let (code, message) = match self.sent {
+                0 => (
+                    tonic::Code::Cancelled,
+                    "the client went away before any answer".to_string(),
+                ),
+                n => (
+                    tonic::Code::Ok,
+                    format!("the client closed the stream after {n} data frames"),
+                ),
+            };
+            record_later(&self.sink, call, code, message);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_message_is_cut_out_of_its_frame() {
+        let mut body = vec![0, 0, 0, 0, 3, b'a', b'b', b'c', 0, 0, 0, 0, 1, b'z'];
+        assert_eq!(&first_message(&body)[..], b"abc");
+        body[0] = 1; // compressed
+        assert!(first_message(&body).is_empty());
+        assert!(first_message(&[0, 0, 0, 0, 9, 1]).is_empty());
+        assert!(first_message(&[]).is_empty());
+    }
+}
