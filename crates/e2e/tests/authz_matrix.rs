@@ -155,7 +155,13 @@ async fn allowed(
         "NodeLogsTail" => {
             let channel = rpc::connect(
                 SocketAddr::new(endpoint.ip(), rpc::NODE_LOGS_PORT),
-                &rpc::ServerTrust::PinnedCa(ca.to_vec()),
+                // The node serves with its own node certificate (a one-node cluster:
+                // `node_id` is the node at `endpoint`).
+                &rpc::ServerTrust::ClusterNode {
+                    ca: ca.to_vec(),
+                    crl: rpc::CrlSlot::new(),
+                    node_id: node_id.to_string(),
+                },
                 credentials,
             )
             .await?;

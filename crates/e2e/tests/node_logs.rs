@@ -128,11 +128,19 @@ fn node_logs_of_workers_and_members_for_the_owner_only() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    for endpoint in [cluster.first.address, worker.address] {
+    let servers = [
+        (cluster.first.address, cluster.first.key_node_id()?),
+        (worker.address, worker.key_node_id()?),
+    ];
+    for (endpoint, server_id) in servers {
         let refused = runtime.block_on(async {
             let channel = rpc::connect(
                 std::net::SocketAddr::new(endpoint, rpc::NODE_LOGS_PORT),
-                &rpc::ServerTrust::PinnedCa(ca.clone()),
+                &rpc::ServerTrust::ClusterNode {
+                    ca: ca.clone(),
+                    crl: rpc::CrlSlot::new(),
+                    node_id: server_id,
+                },
                 Some(&creds),
             )
             .await?;
