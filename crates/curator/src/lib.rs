@@ -78,6 +78,7 @@ pub mod health;
 pub mod layout;
 pub mod lifecycle;
 mod owner;
+pub mod pause;
 pub mod records;
 pub mod service;
 pub mod templates;

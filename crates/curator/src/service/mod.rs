@@ -53,6 +53,7 @@ pub mod certificates;
 mod crl;
 mod decommission;
 mod etcd_members;
+mod fence;
 mod health;
 mod health_book;
 mod issuance;
