@@ -37,6 +37,7 @@
 //!   lifecycle    node states and the events that move them              (pure)
 //!   health       heartbeat timing and verdict hysteresis                (pure)
 //!   upkeep       etcd defragmentation order, NOSPACE disarm rule         (pure)
+//!   pause        test-only pause points (feature `pause-points`)        (leaf)
 //! ```
 //!
 //! Invariants:

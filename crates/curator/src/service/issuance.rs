@@ -15,6 +15,8 @@
 //!     (membership::join)
 //!   lifetimes: the cluster configuration's (templates::*_lifetime)
 //! ```
+//! Node and etcd peer certificates (CommitNode, RenewCertificates) are recorded under
+//! `fence`'s guard: not at all once the node's record changed since it was checked.
 //! Names come from `layout`, templates and lifetimes from `templates`. Nothing here is
 //! guarded by leadership (the PKI store takes no guard; see each function), and nothing
 //! here revokes.

@@ -31,6 +31,8 @@
 //!   membership       every etcd membership change: join (learner, promotion), the
 //!                    role given and taken, the quorum probe
 //!   issuance         every certificate the curator issues
+//!   fence            the guard node certificates are recorded under (exclusive
+//!                    with decommission and deletion)
 //!   shared           CuratorConfig, Snapshot, Shared, Services
 //!   etcd_members     etcd member lookup (no changes)
 //!   status           errors → Status, request and record checks (pure)
