@@ -41,6 +41,7 @@
 //!   upkeep       etcd defragmentation order, NOSPACE disarm rule         (pure)
 //!   snapshots    scheduled snapshots: file names, pruning, due time     (pure)
 //!   audit        audit entry keys, caller and target, filter, bound       (pure)
+//!   pause        test-only pause points (feature `pause-points`)        (leaf)
 //! ```
 //!
 //! Invariants:
@@ -86,6 +87,7 @@ pub mod health;
 pub mod layout;
 pub mod lifecycle;
 mod owner;
+pub mod pause;
 pub mod records;
 mod schedule;
 pub mod service;

@@ -210,3 +210,41 @@ async fn ten_thousand_issued_certificates_are_listed() -> Result<()> {
     assert_eq!(store.list_issued("node-0999").await?.len(), 10);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarded_certificate_is_recorded_only_while_its_guard_holds() -> Result<()> {
+    use etcd_client::{Compare, CompareOp};
+    let dir = tempfile::tempdir()?;
+    let (etcd, store) = store(dir.path()).await?;
+    let (ca, _) = store.ensure_ca(|| Ca::generate("CA", CA_LIFETIME)).await?;
+    let key = identity::NodeKey::generate()?.public_key();
+    let mut client = etcd.ready_client(TIMEOUT).await?;
+    let put = client.put("record", "UP", None).await?;
+    let checked = put.header().map(|h| h.revision()).unwrap_or_default();
+    let guard = || Compare::mod_revision("record", CompareOp::Equal, checked);
+    // The record changes (a decommission) between the check and the recording.
+    client.put("record", "DECOMMISSIONING", None).await?;
+    let refused = store
+        .ensure_certificate_guarded("node-y", vec![guard()], || ca.issue(&template(), &key))
+        .await;
+    assert!(
+        matches!(refused, Err(pki::PkiError::Fenced(_))),
+        "recorded although the guard failed: {refused:?}"
+    );
+    assert!(store.list_issued("node-y").await?.is_empty());
+    // Unchanged since the check: recorded.
+    let current = client.get("record", None).await?;
+    let revision = current.kvs()[0].mod_revision();
+    let recorded = store
+        .ensure_certificate_guarded(
+            "node-y",
+            vec![Compare::mod_revision("record", CompareOp::Equal, revision)],
+            || ca.issue(&template(), &key),
+        )
+        .await?;
+    assert_eq!(
+        store.list_issued("node-y").await?,
+        vec![("node-y".to_string(), recorded)]
+    );
+    Ok(())
+}

@@ -84,4 +84,6 @@ pub enum PkiError {
     },
     #[error("PKI store is inconsistent: {0}")]
     Inconsistent(String),
+    #[error("{0}")]
+    Fenced(String),
 }

@@ -147,6 +147,21 @@ impl CaStore {
     pub async fn ensure_certificate(
         &self,
         name: &str,
+        issue: impl FnMut() -> Result<Issued, PkiError>,
+    ) -> Result<Vec<u8>, PkiError> {
+        self.ensure_certificate_guarded(name, Vec::new(), issue)
+            .await
+    }
+
+    /// [`CaStore::ensure_certificate`], recording only while every `guard` comparison
+    /// holds, in the same transaction (e.g. the recipient's record unchanged since it
+    /// was checked): a certificate is either recorded before the guarded keys changed
+    /// or not at all ([`PkiError::Fenced`]). One already recorded under `name` is
+    /// returned as before.
+    pub async fn ensure_certificate_guarded(
+        &self,
+        name: &str,
+        guard: Vec<Compare>,
         mut issue: impl FnMut() -> Result<Issued, PkiError>,
     ) -> Result<Vec<u8>, PkiError> {
         let cert_key = self.ns.key(&format!("issued/{name}"));
@@ -156,11 +171,13 @@ impl CaStore {
             }
             let Issued { der, serial } = issue()?;
             let serial_key = self.ns.key(&format!("serials/{}", hex::encode(&serial)));
+            let mut when = vec![
+                Compare::create_revision(cert_key.clone(), CompareOp::Equal, 0),
+                Compare::create_revision(serial_key.clone(), CompareOp::Equal, 0),
+            ];
+            when.extend(guard.iter().cloned());
             let txn = Txn::new()
-                .when([
-                    Compare::create_revision(cert_key.clone(), CompareOp::Equal, 0),
-                    Compare::create_revision(serial_key.clone(), CompareOp::Equal, 0),
-                ])
+                .when(when)
                 .and_then([
                     TxnOp::put(cert_key.clone(), der.clone(), None),
                     TxnOp::put(serial_key, name, None),
@@ -172,6 +189,13 @@ impl CaStore {
             }
             if let Some(existing) = txn_get_value(response.op_responses().first()) {
                 return Ok(existing);
+            }
+            if !guard.is_empty() {
+                // Not a serial collision (a 2^-64 event) but the guard: the recipient
+                // changed since it was checked.
+                return Err(PkiError::Fenced(format!(
+                    "certificate {name} not recorded: its recipient changed while it was issued"
+                )));
             }
             // Serial collision with another certificate: issue again with a new serial.
         }

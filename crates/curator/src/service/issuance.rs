@@ -15,6 +15,8 @@
 //!     (membership::join)
 //!   lifetimes: the cluster configuration's (templates::*_lifetime)
 //! ```
+//! Node and etcd peer certificates (CommitNode, RenewCertificates) are recorded under
+//! `fence`'s guard: not at all once the node's record changed since it was checked.
 //! Names come from `layout`, templates and lifetimes from `templates`. Nothing here is
 //! guarded by leadership (the PKI store takes no guard; see each function), and nothing
 //! here revokes.
@@ -24,10 +26,11 @@
 
 use std::net::IpAddr;
 
-use proto::state::Node;
+use proto::state::{Node, NodeState};
 use tonic::Status;
 
 use super::etcd_members;
+use super::fence::{self, Fence};
 use super::shared::Shared;
 use super::status::{etcd_status, record_address, record_key, status_from};
 use crate::{layout, records, templates};
@@ -62,6 +65,18 @@ pub(super) async fn commit_node_certificate(
     key: &[u8; 32],
     address: IpAddr,
 ) -> Result<(Vec<u8>, Vec<u8>), Status> {
+    // Checked first: the record must still be this STANDBY (or UP) node's when the
+    // certificate is recorded (see `fence`).
+    let Fence { guard, .. } = fence::check(
+        shared,
+        id,
+        |n| {
+            n.public_key == key.as_slice()
+                && matches!(records::node_state(n), NodeState::Standby | NodeState::Up)
+        },
+        "it is not STANDBY or UP with this key",
+    )
+    .await?;
     let lifetime = templates::node_certificate_lifetime(Some(&configuration(shared).await?));
     let (store, ca) = cluster_ca(shared).await?;
     let base = layout::node_certificate_prefix(id);
@@ -71,21 +86,21 @@ pub(super) async fn commit_node_certificate(
         None => {
             // Ensure semantics: racing commits get the certificate the first one recorded.
             store
-                .ensure_certificate(&base, || {
+                .ensure_certificate_guarded(&base, vec![guard], || {
                     ca.issue(
                         &templates::node_certificate_template(id, address, lifetime),
                         key,
                     )
                 })
                 .await
-                .map_err(|e| Status::unavailable(format!("issuing the node certificate: {e}")))?
+                .map_err(|e| fence::recording_status("issuing the node certificate", e))?
         }
         Some(_) => {
             tracing::info!(
                 node = id,
                 "the recorded node certificate expired before the commit: issuing a new one"
             );
-            issue_renewed_node_certificate(&store, &ca, id, key, address, lifetime)
+            issue_renewed_node_certificate(&store, &ca, id, key, address, lifetime, guard)
                 .await?
                 .0
         }
@@ -98,8 +113,8 @@ pub(super) async fn commit_node_certificate(
     Ok((certificate, ca.cert_der))
 }
 
-/// A new node certificate for `id`, recorded as `node-<id>-<serial>`; returns it
-/// (DER) and its serial.
+/// A new node certificate for `id`, recorded as `node-<id>-<serial>` under `guard`
+/// (see `fence`); returns it (DER) and its serial.
 async fn issue_renewed_node_certificate(
     store: &pki::CaStore,
     ca: &pki::Ca,
@@ -107,6 +122,7 @@ async fn issue_renewed_node_certificate(
     key: &[u8; 32],
     address: IpAddr,
     lifetime: std::time::Duration,
+    guard: etcd_client::Compare,
 ) -> Result<(Vec<u8>, Vec<u8>), Status> {
     let issued = ca
         .issue(
@@ -114,11 +130,13 @@ async fn issue_renewed_node_certificate(
             key,
         )
         .map_err(|e| Status::internal(format!("issuing the node certificate: {e}")))?;
+    // Test builds: widen the window between signing and recording (fencing test).
+    crate::pause::pause_point("node-certificate-signed", id).await;
     let name = layout::renewed_node_certificate_name(id, &issued.serial);
     let der = store
-        .ensure_certificate(&name, || Ok(issued.clone()))
+        .ensure_certificate_guarded(&name, vec![guard], || Ok(issued.clone()))
         .await
-        .map_err(|e| Status::unavailable(format!("recording the node certificate: {e}")))?;
+        .map_err(|e| fence::recording_status("recording the node certificate", e))?;
     Ok((der, issued.serial))
 }
 
@@ -182,6 +200,21 @@ pub(super) async fn renew(
     peer: bool,
 ) -> Result<Renewed, Status> {
     let id = &node.id;
+    // The record read again, for the guard: UP with this key (see `fence`).
+    let Fence { guard, .. } = fence::check(
+        shared,
+        id,
+        |n| {
+            n.public_key == key.as_slice()
+                && records::node_state(n) == NodeState::Up
+                && (!peer
+                    || n.roles
+                        .as_ref()
+                        .is_some_and(|r| r.consensus_member.is_some()))
+        },
+        "it is not UP with this key (and, for a peer certificate, a consensus member)",
+    )
+    .await?;
     let lifetime = templates::node_certificate_lifetime(Some(&configuration(shared).await?));
     let mut renewed_peer = None;
     if peer {
@@ -195,7 +228,7 @@ pub(super) async fn renew(
                 "node {id} is not a consensus member; it has no etcd peer certificate to renew"
             )));
         }
-        renewed_peer = Some(renew_peer(shared, node, key, address, lifetime).await?);
+        renewed_peer = Some(renew_peer(shared, node, key, address, lifetime, guard.clone()).await?);
     }
     // Recording is not guarded by leadership (the PKI store takes no guard, as for
     // owner certificates): a deposed leader could at worst record a certificate for
@@ -212,7 +245,7 @@ pub(super) async fn renew(
         });
     }
     let (node_certificate, serial) =
-        issue_renewed_node_certificate(&store, &ca, id, key, address, lifetime).await?;
+        issue_renewed_node_certificate(&store, &ca, id, key, address, lifetime, guard).await?;
     shared.certificates_changed.notify_one();
     tracing::info!(
         node = id,
@@ -236,6 +269,7 @@ async fn renew_peer(
     key: &[u8; 32],
     address: IpAddr,
     lifetime: std::time::Duration,
+    guard: etcd_client::Compare,
 ) -> Result<(Vec<u8>, Vec<u8>), Status> {
     let mut client = shared.curator.client();
     let members = etcd_members::list(&mut client).await?;
@@ -264,9 +298,9 @@ async fn renew_peer(
         .map_err(|e| Status::internal(format!("issuing the etcd peer certificate: {e}")))?;
     let name = layout::renewed_peer_certificate_name(&node.id, member.id, &issued.serial);
     let certificate = peer_pki
-        .ensure_certificate(&name, || Ok(issued.clone()))
+        .ensure_certificate_guarded(&name, vec![guard], || Ok(issued.clone()))
         .await
-        .map_err(|e| etcd_status("recording the etcd peer certificate", e))?;
+        .map_err(|e| fence::recording_status("recording the etcd peer certificate", e))?;
     Ok((certificate, peer_ca.cert_der))
 }
 

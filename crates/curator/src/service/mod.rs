@@ -40,6 +40,8 @@
 //!   issuance         every certificate the curator issues to callers
 //!   curator_certificate  the curator certificate this curator serves with (issued
 //!                    for its own node key; only on a ConsensusMember record)
+//!   fence            the guard node certificates are recorded under (exclusive
+//!                    with decommission and deletion)
 //!   shared           CuratorConfig, Snapshot, Shared, Services
 //!   etcd_members     etcd member lookup (no changes)
 //!   status           errors → Status, request and record checks (pure)
@@ -65,6 +67,7 @@ mod crl;
 mod curator_certificate;
 mod decommission;
 mod etcd_members;
+mod fence;
 mod health;
 mod health_book;
 mod issuance;

@@ -1,0 +1,146 @@
+//! Fenced issuing (issue 15): a certificate being issued while its node is
+//! decommissioned is either revoked by the decommission or never recorded nor handed
+//! out. The curator's test hook `POLIS_PAUSE_AT=node-certificate-signed:<ms>` (built
+//! with `--features node/crash-points`) widens the window between signing a renewed
+//! node certificate and recording it; the test decommissions the node inside it.
+//! Real polis-node and etcd processes on 127.x addresses.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use e2e::{Cluster, Node, read_register_params};
+use proto::api;
+
+/// How long the curator pauses between signing and recording a renewed certificate.
+const PAUSE: &str = "node-certificate-signed:8000";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_racing_a_decommission_leaves_no_valid_certificate() -> Result<()> {
+    // Before: the renewal recorded its certificate after the decommission listed and
+    // revoked the node's certificates, and handed it out: valid and not revoked.
+    let dir = tempfile::tempdir()?;
+    let mut cluster = tokio::task::block_in_place(|| -> Result<Cluster> {
+        let first_dir = dir.path().join("n0");
+        std::fs::create_dir_all(&first_dir)?;
+        let mut first = Node::new(&first_dir);
+        let params = first.bootstrap_params_with(&["--node-certificate-lifetime", "60s"])?;
+        first.start_with_env(
+            &["--params", params.to_str().context("utf-8 path")?],
+            &[("POLIS_PAUSE_AT", PAUSE)],
+        )?;
+        first.wait_home()?;
+        let cluster = Cluster {
+            dir: dir.path().to_path_buf(),
+            config: first_dir.join("config"),
+            first,
+            node_args: Vec::new(),
+        };
+        let endpoint = cluster.first.address.to_string();
+        cluster.ctl_retry(&["--endpoints", &endpoint, "takeownership", "--accept-ca"])?;
+        Ok(cluster)
+    })?;
+    let register =
+        tokio::task::block_in_place(|| read_register_params(&cluster.register_params("racer")?))?;
+    let endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
+    let trust = rpc::ServerTrust::PinnedCa(register.ca_certificate.clone());
+    let key = identity::NodeKey::generate()?;
+    let id = key.node_id();
+    let channel = rpc::connect(endpoint, &trust, Some(&rpc::self_signed(&key)?)).await?;
+    let mut curator = api::curator_client::CuratorClient::new(channel);
+    let mut updates = curator
+        .register_node(api::RegisterNodeRequest {
+            register_ticket: register.register_ticket.clone(),
+            address: "127.0.0.1".into(),
+            labels: Default::default(),
+        })
+        .await?
+        .into_inner();
+    updates.message().await?.context("NEW")?;
+    tokio::task::block_in_place(|| cluster.ctl_retry(&["node", "approve", &id]))?;
+    let first = curator
+        .commit_node(api::CommitNodeRequest {})
+        .await?
+        .into_inner()
+        .node_certificate;
+    let validity = pki::Validity::of(&first)?;
+    // The curator renews only when due (a quarter of the lifetime before the renewal
+    // point on): wait for that.
+    tokio::task::block_in_place(|| {
+        e2e::wait_until("the renewal to be due", Duration::from_secs(60), || {
+            pki::unix_now() + validity.lifetime() / 4 > validity.renew_at()
+        })
+    })?;
+    let credentials = rpc::Credentials {
+        certificate: first.clone(),
+        key_pkcs8: key.pkcs8_der().to_vec(),
+    };
+    let channel = rpc::connect(endpoint, &trust, Some(&credentials)).await?;
+    let renewal = tokio::spawn(async move {
+        let answer = api::curator_client::CuratorClient::new(channel)
+            .renew_certificates(api::RenewCertificatesRequest { peer: false })
+            .await;
+        anyhow::Ok(answer)
+    });
+    // The renewal signed its certificate and waits to record it: decommission now.
+    tokio::task::block_in_place(|| -> Result<()> {
+        cluster
+            .first
+            .proc()
+            .wait_for_line(Duration::from_secs(60), |l| {
+                l.contains("pause point reached") && l.contains(&id)
+            })
+            .context("the renewal to reach its pause point")?;
+        cluster.ctl_retry(&["node", "decommission", &id])?;
+        cluster.wait_node(&id, "DECOMMISSIONED", None)
+    })?;
+    let answer = renewal.await??;
+    let owner = tokio::task::block_in_place(|| cluster.owner_client())?;
+    let listed = owner
+        .call(|c| async move {
+            api::management_client::ManagementClient::new(c)
+                .list_certificates(api::ListCertificatesRequest {})
+                .await
+        })
+        .await?;
+    let now = pki::unix_now();
+    let valid: Vec<_> = listed
+        .certificates
+        .iter()
+        .filter(|c| c.node_id == id && !c.revoked && c.not_after_unix > now)
+        .map(|c| c.name.clone())
+        .collect();
+    assert!(
+        valid.is_empty(),
+        "the decommissioned node holds valid, unrevoked certificates: {valid:?}"
+    );
+    match answer {
+        Ok(renewed) => {
+            // Handed out: it must be one the decommission revoked.
+            let serial: String = pki::certificate_serial(&renewed.into_inner().node_certificate)?
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let record = listed
+                .certificates
+                .iter()
+                .find(|c| c.serial.eq_ignore_ascii_case(&serial))
+                .context("the renewed certificate is not recorded")?;
+            assert!(
+                record.revoked,
+                "the renewed certificate {} is not revoked",
+                record.name
+            );
+        }
+        Err(status) => assert!(
+            matches!(
+                status.code(),
+                tonic::Code::Aborted | tonic::Code::FailedPrecondition
+            ),
+            "renewal refused with an unexpected status: {status}"
+        ),
+    }
+    // Keep the cluster alive until here.
+    cluster.first.proc();
+    Ok(())
+}
