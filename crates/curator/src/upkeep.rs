@@ -2,8 +2,8 @@
 //! when a NOSPACE alarm may be disarmed (pure: statuses come in as arguments).
 //!
 //! ```text
-//!   every member answered (under NOSPACE: a majority; the silent rest is passed
-//!   over), none a learner, none more than MAX_RAFT_LAG behind the leader?
+//!   every member answered (under NOSPACE: a majority; the rest, when silent for
+//!   SILENT_GRACE, is passed over), none a learner, none more than MAX_RAFT_LAG behind the leader?
 //!     ─no─▶ Wait (never defragment while a member catches up)
 //!     │ yes
 //!   members not `done` whose file is mostly free (in use < half of the size) and over
@@ -85,23 +85,29 @@ fn roomy(state: &MemberState, quota: u64) -> bool {
     state.db_size.saturating_mul(den) < quota.saturating_mul(num)
 }
 
-/// The next step (see the module doc).
+/// How long a member must have been silent before a NOSPACE upkeep passes it over.
+pub const SILENT_GRACE: Duration = Duration::from_secs(60);
+
+/// The next step (see the module doc). `passed_over`: members silent for at least
+/// [`SILENT_GRACE`] (the caller keeps the clock).
 pub fn next_step(
     members: &[MemberView],
     no_space: bool,
     quota: u64,
     floor: u64,
     done: &std::collections::BTreeSet<u64>,
+    passed_over: &std::collections::BTreeSet<u64>,
 ) -> Step {
     let mut states = Vec::with_capacity(members.len());
     let answered = members.iter().filter(|m| m.status.is_some()).count();
     for m in members {
         let Some(s) = &m.status else {
-            // Under NOSPACE a silent minority does not hold the upkeep back: a member
-            // gone for good could otherwise never be removed (that needs a curator
-            // leader, and none is elected while writes are refused). A member that
-            // comes back over the quota raises the alarm again and is defragmented then.
-            if no_space && answered * 2 > members.len() {
+            // Under NOSPACE a minority silent for SILENT_GRACE does not hold the upkeep
+            // back: a member gone for good could otherwise never be removed (that needs
+            // a curator leader, and none is elected while writes are refused). A member
+            // that comes back over the quota raises the alarm again and is
+            // defragmented then. One that is only restarting is waited for.
+            if no_space && passed_over.contains(&m.member_id) && answered * 2 > members.len() {
                 continue;
             }
             return Step::Wait(format!("etcd member {:x} does not answer", m.member_id));
@@ -180,7 +186,7 @@ mod tests {
             member(3, 2, 100 * MIB, 10 * MIB),
         ];
         assert_eq!(
-            next_step(&members, false, 2048 * MIB, 64 * MIB, &none()),
+            next_step(&members, false, 2048 * MIB, 64 * MIB, &none(), &none()),
             Step::Defragment(1)
         );
         // Once 1 and 3 are done, the leader's turn.
@@ -190,7 +196,7 @@ mod tests {
             member(3, 2, 12 * MIB, 10 * MIB),
         ];
         assert_eq!(
-            next_step(&members, false, 2048 * MIB, 64 * MIB, &none()),
+            next_step(&members, false, 2048 * MIB, 64 * MIB, &none(), &none()),
             Step::Defragment(2)
         );
         let members = [
@@ -199,7 +205,7 @@ mod tests {
             member(3, 2, 100 * MIB, 90 * MIB),
         ];
         assert_eq!(
-            next_step(&members, false, 2048 * MIB, 64 * MIB, &none()),
+            next_step(&members, false, 2048 * MIB, 64 * MIB, &none(), &none()),
             Step::Defragment(1)
         );
     }
@@ -209,25 +215,25 @@ mod tests {
         // Half in use: not mostly free.
         let members = [member(1, 1, 100 * MIB, 50 * MIB)];
         assert_eq!(
-            next_step(&members, false, 2048 * MIB, 64 * MIB, &none()),
+            next_step(&members, false, 2048 * MIB, 64 * MIB, &none(), &none()),
             Step::Idle
         );
         // Under the floor.
         let members = [member(1, 1, 32 * MIB, MIB)];
         assert_eq!(
-            next_step(&members, false, 2048 * MIB, 64 * MIB, &none()),
+            next_step(&members, false, 2048 * MIB, 64 * MIB, &none(), &none()),
             Step::Idle
         );
         // Under NOSPACE a file near the quota is defragmented whatever etcd says is in
         // use (it counts what a compaction freed only after the next write), once.
         let full = [member(1, 1, 39 * MIB, 38 * MIB)];
         assert_eq!(
-            next_step(&full, true, 40 * MIB, 64 * MIB, &none()),
+            next_step(&full, true, 40 * MIB, 64 * MIB, &none(), &none()),
             Step::Defragment(1)
         );
         let done: std::collections::BTreeSet<u64> = [1].into();
         assert_eq!(
-            next_step(&full, true, 40 * MIB, 64 * MIB, &done),
+            next_step(&full, true, 40 * MIB, 64 * MIB, &done, &none()),
             Step::Idle
         );
     }
@@ -244,7 +250,7 @@ mod tests {
             lagging.clone(),
         ];
         assert!(
-            matches!(next_step(&members, false, 2048 * MIB, 0, &none()), Step::Wait(w) if w.contains("catching up"))
+            matches!(next_step(&members, false, 2048 * MIB, 0, &none(), &none()), Step::Wait(w) if w.contains("catching up"))
         );
         let mut learner = member(3, 2, 1, 1);
         if let Some(s) = &mut learner.status {
@@ -256,7 +262,7 @@ mod tests {
             learner,
         ];
         assert!(
-            matches!(next_step(&members, false, 2048 * MIB, 0, &none()), Step::Wait(w) if w.contains("learner"))
+            matches!(next_step(&members, false, 2048 * MIB, 0, &none(), &none()), Step::Wait(w) if w.contains("learner"))
         );
         let silent = MemberView {
             member_id: 3,
@@ -268,17 +274,23 @@ mod tests {
             silent,
         ];
         assert!(
-            matches!(next_step(&members, false, 2048 * MIB, 0, &none()), Step::Wait(w) if w.contains("does not answer"))
+            matches!(next_step(&members, false, 2048 * MIB, 0, &none(), &none()), Step::Wait(w) if w.contains("does not answer"))
         );
-        // Under NOSPACE a silent minority is passed over: the answering members are
-        // defragmented, then the alarm is disarmed.
+        // Under NOSPACE a minority silent for the grace is passed over: the answering
+        // members are defragmented, then the alarm is disarmed; before the grace, it
+        // is waited for.
         let full = [
             member(1, 2, 3 * MIB, MIB),
             member(2, 2, 3 * MIB, MIB),
             members[2].clone(),
         ];
+        let silent_long: std::collections::BTreeSet<u64> = [3].into();
+        assert!(matches!(
+            next_step(&full, true, 2 * MIB, 0, &none(), &none()),
+            Step::Wait(w) if w.contains("does not answer")
+        ));
         assert_eq!(
-            next_step(&full, true, 2 * MIB, 0, &none()),
+            next_step(&full, true, 2 * MIB, 0, &none(), &silent_long),
             Step::Defragment(1)
         );
         let done: std::collections::BTreeSet<u64> = [1, 2].into();
@@ -287,16 +299,19 @@ mod tests {
             member(2, 2, MIB, MIB),
             members[2].clone(),
         ];
-        assert_eq!(next_step(&freed, true, 2 * MIB, 0, &done), Step::Disarm);
+        assert_eq!(
+            next_step(&freed, true, 2 * MIB, 0, &done, &silent_long),
+            Step::Disarm
+        );
         // A silent majority holds it back.
         let majority_silent = [freed[0].clone(), freed[2].clone(), freed[2].clone()];
         assert!(matches!(
-            next_step(&majority_silent, true, 2 * MIB, 0, &done),
+            next_step(&majority_silent, true, 2 * MIB, 0, &done, &silent_long),
             Step::Wait(w) if w.contains("does not answer")
         ));
         let leaderless = [member(1, 0, 100 * MIB, 10 * MIB)];
         assert!(matches!(
-            next_step(&leaderless, false, 2048 * MIB, 0, &none()),
+            next_step(&leaderless, false, 2048 * MIB, 0, &none(), &none()),
             Step::Wait(_)
         ));
         // Within the lag: fine.
@@ -309,7 +324,7 @@ mod tests {
             lagging,
         ];
         assert_eq!(
-            next_step(&members, false, 2048 * MIB, 0, &none()),
+            next_step(&members, false, 2048 * MIB, 0, &none(), &none()),
             Step::Defragment(3)
         );
     }
@@ -323,15 +338,21 @@ mod tests {
         ];
         // Full files are defragmented first (a follower before the leader, 1) …
         assert_eq!(
-            next_step(&full, true, quota, 0, &none()),
+            next_step(&full, true, quota, 0, &none(), &none()),
             Step::Defragment(2)
         );
         // … and when that freed too little, nothing more happens until the next compaction.
         let done: std::collections::BTreeSet<u64> = [1, 2].into();
-        assert_eq!(next_step(&full, true, quota, 0, &done), Step::Idle);
+        assert_eq!(next_step(&full, true, quota, 0, &done, &none()), Step::Idle);
         let roomy = [member(1, 1, MIB, MIB), member(2, 1, 2 * MIB, 2 * MIB)];
-        assert_eq!(next_step(&roomy, true, quota, 0, &none()), Step::Disarm);
+        assert_eq!(
+            next_step(&roomy, true, quota, 0, &none(), &none()),
+            Step::Disarm
+        );
         // No alarm: nothing to disarm.
-        assert_eq!(next_step(&roomy, false, quota, 0, &none()), Step::Idle);
+        assert_eq!(
+            next_step(&roomy, false, quota, 0, &none(), &none()),
+            Step::Idle
+        );
     }
 }

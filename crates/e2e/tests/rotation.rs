@@ -1,4 +1,4 @@
-//! Certificate rotation with second-scale lifetimes: node, etcd peer and owner
+//! Certificate rotation with second-scale lifetimes: node, etcd peer, curator and owner
 //! certificates are replaced while clients keep calling, no call fails, no process
 //! restarts, and etcd peers connect anew with renewed certificates after the first ones
 //! expired (their existing connections are cut to force new handshakes).
@@ -220,6 +220,11 @@ fn certificates_rotate_online_without_failed_calls_or_restarts() -> Result<()> {
         assert!(count("etcd-peer", id) >= 3, "peer certificates of {id}");
     }
     assert!(count("etcd-peer", &id2) == 0);
+    // Consensus members also serve curator certificates, renewed the same way.
+    for id in [&id0, &id1] {
+        assert!(count("curator", id) >= 3, "curator certificates of {id}");
+    }
+    assert!(count("curator", &id2) == 0);
     assert!(count("owner", "") >= 3, "owner certificates");
     let mut current: BTreeMap<(String, String), u32> = BTreeMap::new();
     for c in &list {
@@ -235,7 +240,7 @@ fn certificates_rotate_online_without_failed_calls_or_restarts() -> Result<()> {
         }
     }
     assert!(current.values().all(|n| *n == 1), "{current:?}");
-    assert_eq!(current.len(), 3 + 2 + 1, "{current:?}");
+    assert_eq!(current.len(), 3 + 2 + 2 + 1, "{current:?}");
     assert!(
         list.iter()
             .any(|c| c["not_after_unix"].as_u64().unwrap_or(u64::MAX) < now),

@@ -7,8 +7,8 @@
 //! leader member); afterwards a curator leads again and writes work, with no operator
 //! action.
 //!
-//! Under NOSPACE the upkeep passes over a silent minority, so the alarm clears while the
-//! killed node is still down (it might be gone for good: removing it needs a curator
+//! Under NOSPACE the upkeep passes over a minority silent for upkeep::SILENT_GRACE (60 s),
+//! so the alarm clears while the killed node is still down (it might be gone for good: removing it needs a curator
 //! leader, which cannot be elected before the alarm clears); the killed node is started
 //! again afterwards and rejoins.
 

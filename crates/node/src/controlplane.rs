@@ -342,11 +342,19 @@ pub async fn run(
             dir: Some(settings.root.snapshots()),
             bounds: settings.snapshot_bounds,
         },
+        serving: event::Value::new(),
     };
+    let mut serving = curator_config.serving.watch();
     let curator_ns = running.namespaced(curator::layout::NAMESPACE);
     ctx.run("curator", move |ctx| {
         curator::service::run(ctx, curator_config.clone(), curator_ns.clone())
     })?;
+    // Home only once this node's curator accepts connections (it first loads or issues
+    // its curator certificate): a client told the node is Home can reach it.
+    tokio::select! {
+        s = serving.get_matching(|serving| *serving) => { s?; }
+        _ = ctx.cancelled() => return Ok(()),
+    }
     set_services(&values, true, true);
     // Home once, as the node enters its cluster; a split node gets back to Home only
     // through its heartbeats (a restarted control plane says nothing about contact).

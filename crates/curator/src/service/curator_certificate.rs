@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use tonic::Status;
 
+use super::fence::{self, Fence};
 use super::shared::Shared;
 use super::status::{record_address, record_key, status_from};
 use crate::{layout, records, templates};
@@ -36,19 +37,19 @@ const LONGEST_WAIT: Duration = Duration::from_secs(3600);
 /// Refused when the node's record does not hold the ConsensusMember role.
 pub(super) async fn credentials(shared: &Shared) -> Result<rpc::Credentials, Status> {
     let id = &shared.config.node_id;
-    let node = records::load_node(&shared.curator, id)
-        .await
-        .map_err(status_from)?
-        .ok_or_else(|| Status::failed_precondition(format!("node {id} has no record")))?;
-    if node
-        .roles
-        .as_ref()
-        .is_none_or(|r| r.consensus_member.is_none())
-    {
-        return Err(Status::failed_precondition(format!(
-            "node {id} does not hold the ConsensusMember role: it gets no curator certificate"
-        )));
-    }
+    // Recorded only while the record still holds the role (see `fence`): a removal of
+    // the role racing this issue revokes it or makes its recording fail.
+    let Fence { guard, node } = fence::check(
+        shared,
+        id,
+        |n| {
+            n.roles
+                .as_ref()
+                .is_some_and(|r| r.consensus_member.is_some())
+        },
+        "it does not hold the ConsensusMember role (no curator certificate)",
+    )
+    .await?;
     let key = record_key(&node)?;
     let address = record_address(&node)?;
     let node_credentials = shared.config.credentials.credentials();
@@ -102,9 +103,9 @@ pub(super) async fn credentials(shared: &Shared) -> Result<rpc::Credentials, Sta
                 .map_err(|e| Status::internal(format!("issuing the curator certificate: {e}")))?;
             let name = layout::curator_certificate_name(id, &issued.serial);
             let der = store
-                .ensure_certificate(&name, || Ok(issued.clone()))
+                .ensure_certificate_guarded(&name, vec![guard], || Ok(issued.clone()))
                 .await
-                .map_err(|e| unavailable("recording the curator certificate", e))?;
+                .map_err(|e| fence::recording_status("recording the curator certificate", e))?;
             tracing::info!(name, "issued this curator's curator certificate");
             der
         }

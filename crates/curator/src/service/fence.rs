@@ -23,6 +23,8 @@ use crate::{layout, records};
 /// The guard to record a checked node's certificates under.
 pub(super) struct Fence {
     pub(super) guard: Compare,
+    /// The record as it was checked.
+    pub(super) node: Node,
 }
 
 /// Reads node `id`'s record; refuses (FailedPrecondition, naming `why`) unless `may`
@@ -53,6 +55,7 @@ pub(super) async fn check(
     }
     Ok(Fence {
         guard: Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision()),
+        node,
     })
 }
 

@@ -348,15 +348,34 @@ pub(super) async fn join_peer_certificate(
     let key = record_key(node)?;
     let address = record_address(node)?;
     let lifetime = templates::node_certificate_lifetime(Some(&configuration(shared).await?));
+    // Recorded only while the record is still this UP member's (see `fence`): a role
+    // removal or decommission racing the join revokes it or makes its recording fail.
+    let Fence { guard, .. } = fence::check(
+        shared,
+        &node.id,
+        |n| {
+            n.public_key == key.as_slice()
+                && records::node_state(n) == NodeState::Up
+                && n.roles
+                    .as_ref()
+                    .is_some_and(|r| r.consensus_member.is_some())
+        },
+        "it is not UP with this key and the ConsensusMember role",
+    )
+    .await?;
     let certificate = peer_pki
-        .ensure_certificate(&layout::peer_certificate_name(&node.id, member_id), || {
-            peer_ca.issue(
-                &templates::peer_certificate_template(&node.id, address, lifetime),
-                &key,
-            )
-        })
+        .ensure_certificate_guarded(
+            &layout::peer_certificate_name(&node.id, member_id),
+            vec![guard],
+            || {
+                peer_ca.issue(
+                    &templates::peer_certificate_template(&node.id, address, lifetime),
+                    &key,
+                )
+            },
+        )
         .await
-        .map_err(|e| etcd_status("issuing the etcd peer certificate", e))?;
+        .map_err(|e| fence::recording_status("recording the etcd peer certificate", e))?;
     Ok((certificate, peer_ca.cert_der))
 }
 

@@ -114,6 +114,8 @@ pub(super) async fn serve(
     let services = Services(shared.clone());
     tracing::info!(listen = %config.listen, "curator serving");
     ctx.signal_healthy();
+    config.serving.set(true);
+    let _not_serving = NotServing(config.serving.clone());
     let cancel = ctx.cancellation_token();
     // tonic runs connections and requests in tasks of its own: give them our span.
     let span = tracing::Span::current();
@@ -150,4 +152,13 @@ pub(super) async fn serve(
         ),
     }
     Ok(())
+}
+
+/// Marks the listener as no longer serving when it ends, however it ends.
+struct NotServing(event::Value<bool>);
+
+impl Drop for NotServing {
+    fn drop(&mut self) {
+        self.0.set(false);
+    }
 }

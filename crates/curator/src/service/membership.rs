@@ -283,6 +283,34 @@ pub(super) async fn remove_role(
             "removed etcd member"
         );
     }
+    // Before the role goes (an interrupted removal is resumed while the role is
+    // still recorded) and once more after: a certificate recorded in between was
+    // recorded under the guard of the record that still held the role (see `fence`);
+    // after the role is gone none can be.
+    revoke_member_certificates(shared, &client, id).await?;
+    let node = writes::modify_node(&shared.curator, leadership, id, |current| {
+        let mut node = current
+            .cloned()
+            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
+        let Some(roles) = node.roles.as_mut().filter(|r| r.consensus_member.is_some()) else {
+            return Ok(None);
+        };
+        roles.consensus_member = None;
+        Ok(Some(node))
+    })
+    .await
+    .map_err(node_update_status)?
+    .unwrap_or(node);
+    revoke_member_certificates(shared, &client, id).await?;
+    Ok(node)
+}
+
+/// Revokes node `id`'s etcd peer certificates and curator certificates.
+async fn revoke_member_certificates(
+    shared: &Shared,
+    client: &etcd_client::Client,
+    id: &str,
+) -> Result<(), Status> {
     let peer_pki = layout::etcd_pki(client.clone());
     if let Some(peer_ca) = peer_pki
         .load_ca()
@@ -315,20 +343,7 @@ pub(super) async fn remove_role(
             "revoked the node's curator certificates"
         );
     }
-    let node = writes::modify_node(&shared.curator, leadership, id, |current| {
-        let mut node = current
-            .cloned()
-            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
-        let Some(roles) = node.roles.as_mut().filter(|r| r.consensus_member.is_some()) else {
-            return Ok(None);
-        };
-        roles.consensus_member = None;
-        Ok(Some(node))
-    })
-    .await
-    .map_err(node_update_status)?
-    .unwrap_or(node);
-    Ok(node)
+    Ok(())
 }
 
 /// Refuses the removal of `member` (node `id`) when the remaining voters could not keep

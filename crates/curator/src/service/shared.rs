@@ -39,6 +39,9 @@ pub struct CuratorConfig {
     pub upkeep: crate::upkeep::Settings,
     /// Scheduled snapshots: where they go, the interval bounds accepted.
     pub snapshots: SnapshotSettings,
+    /// Set true once the listener accepts connections (with its curator certificate),
+    /// false when it stops: the node calls itself Home only then.
+    pub serving: event::Value<bool>,
 }
 
 /// What `cluster status` shows of this member's scheduled snapshots.

@@ -98,6 +98,8 @@ struct Memory {
     compacted: i64,
     /// Members defragmented since that compaction.
     done: std::collections::BTreeSet<u64>,
+    /// Since when each silent member has been silent (answering ones are removed).
+    silent_since: std::collections::BTreeMap<u64, std::time::Instant>,
 }
 
 /// One step; whether another should follow at once.
@@ -157,7 +159,31 @@ async fn step(shared: &Arc<Shared>, memory: &mut Memory) -> Result<bool, Status>
     }
     let quota = shared.config.etcd_quota_bytes;
     let floor = shared.config.upkeep.defrag_floor_bytes;
-    match next_step(&views, !no_space.is_empty(), quota, floor, &memory.done) {
+    let now = std::time::Instant::now();
+    memory
+        .silent_since
+        .retain(|id, _| views.iter().any(|v| v.member_id == *id));
+    for view in &views {
+        if view.status.is_some() {
+            memory.silent_since.remove(&view.member_id);
+        } else {
+            memory.silent_since.entry(view.member_id).or_insert(now);
+        }
+    }
+    let passed_over = memory
+        .silent_since
+        .iter()
+        .filter(|(_, since)| now.duration_since(**since) >= crate::upkeep::SILENT_GRACE)
+        .map(|(id, _)| *id)
+        .collect();
+    match next_step(
+        &views,
+        !no_space.is_empty(),
+        quota,
+        floor,
+        &memory.done,
+        &passed_over,
+    ) {
         Step::Wait(why) => {
             if *last_wait != why {
                 tracing::info!("etcd upkeep waits: {why}");

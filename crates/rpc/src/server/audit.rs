@@ -42,7 +42,7 @@ pub struct AuditCall {
 }
 
 /// Records one call; the call's result is held until the returned future is done. An
-/// error replaces the call's result with Unavailable naming it.
+/// error is logged on this node and the result passed on (see `not_recorded`).
 pub type AuditSink = Arc<
     dyn Fn(AuditCall) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync,
 >;
@@ -95,11 +95,17 @@ fn status_of(headers: &http::HeaderMap) -> Option<(i32, String)> {
     tonic::Status::from_header_map(headers).map(|s| (s.code() as i32, s.message().to_string()))
 }
 
-fn not_recorded(code: i32, message: &str, error: &str) -> tonic::Status {
-    tonic::Status::unavailable(format!(
-        "the call ended ({:?}: {message}) but its audit entry could not be written: {error}",
-        tonic::Code::from_i32(code)
-    ))
+/// An entry etcd did not take (e.g. under a NOSPACE alarm): logged here, on this node
+/// (its log is kept in its root), and the call's result is passed on unchanged. Failing
+/// the call instead would hide an effect that already happened, and would stop the very
+/// calls that free space (defragmentation) or save the data (backups) when etcd is full.
+fn not_recorded(method: &str, code: i32, message: &str, error: &str) {
+    tracing::warn!(
+        method,
+        code = ?tonic::Code::from_i32(code),
+        message,
+        "audit entry not written to etcd ({error}); the call's result is passed on"
+    );
 }
 
 impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for AuditService<S>
@@ -139,11 +145,16 @@ where
             let bytes = match body.collect().await {
                 Ok(collected) => collected.to_bytes(),
                 Err(e) => {
+                    // The size limit below fails the body with its own status
+                    // (ResourceExhausted): the client gets that one.
                     let e: BoxError = e.into();
-                    return Ok(tonic::Status::invalid_argument(format!(
-                        "reading the request: {e}"
-                    ))
-                    .into_http());
+                    let status = match e.downcast::<tonic::Status>() {
+                        Ok(status) => *status,
+                        Err(e) => {
+                            tonic::Status::invalid_argument(format!("reading the request: {e}"))
+                        }
+                    };
+                    return Ok(status.into_http());
                 }
             };
             let call = AuditCall {
@@ -168,16 +179,17 @@ where
             let call = running.call.take().expect("taken only here");
             if let Some((code, message)) = status_of(response.headers()) {
                 // A trailers-only answer (the call was refused or failed at once).
+                let method_name = call.method.clone();
                 let recorded = sink(AuditCall {
                     code,
                     message: message.clone(),
                     ..call
                 })
                 .await;
-                return Ok(match recorded {
-                    Ok(()) => response.map(tonic::body::Body::new),
-                    Err(e) => not_recorded(code, &message, &e).into_http(),
-                });
+                if let Err(e) = recorded {
+                    not_recorded(&method_name, code, &message, &e);
+                }
+                return Ok(response.map(tonic::body::Body::new));
             }
             Ok(response.map(|body| {
                 tonic::body::Body::new(AuditBody {
@@ -283,16 +295,17 @@ where
                 return Poll::Ready(Some(Ok(frame)));
             };
             let (code, message) = status_of(trailers).unwrap_or((0, String::new()));
+            let method = call.method.clone();
             let recorded = (this.sink)(AuditCall {
                 code,
                 message: message.clone(),
                 ..call
             });
             this.recording = Some(Box::pin(async move {
-                match recorded.await {
-                    Ok(()) => (frame, None),
-                    Err(e) => (frame, Some(not_recorded(code, &message, &e))),
+                if let Err(e) = recorded.await {
+                    not_recorded(&method, code, &message, &e);
                 }
+                (frame, None)
             }));
         }
     }
