@@ -1,0 +1,184 @@
+//! Every metric family a node exports, in one process-wide registry ([`global`]): the
+//! parts of the node update the handles here, the endpoint encodes the registry.
+//!
+//! Holds no I/O; may not know where its values come from (the node and the curator set
+//! them).
+
+use std::sync::{Mutex, OnceLock};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::process::ProcessCollector;
+
+/// Labels of an RPC series: gRPC service and method (and, for the counter, code).
+pub type CallLabels = [(&'static str, String); 3];
+pub type MethodLabels = [(&'static str, String); 2];
+type OneLabel = [(&'static str, String); 1];
+
+/// Latency buckets of curator RPCs, in seconds: 0.5 ms … 10 s.
+pub const LATENCY_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// The families; cheap to clone handles (each is an `Arc` inside).
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    pub rpc_calls: Family<CallLabels, Counter>,
+    pub rpc_latency: Family<MethodLabels, Histogram>,
+    pub forwarded_calls: Counter,
+    pub curator_leader: Gauge,
+    pub curator_leadership_changes: Counter,
+    pub nodes: Family<MethodLabels, Gauge>,
+    pub heartbeat_age: Family<OneLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub etcd_db_size: Gauge,
+    pub etcd_db_size_in_use: Gauge,
+    pub etcd_raft_index: Gauge,
+    pub etcd_raft_term: Gauge,
+    pub etcd_leader_changes: Counter,
+    pub etcd_learner: Gauge,
+    pub supervisor_restarts: Family<OneLabel, Counter>,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Metrics {
+        let m = Metrics {
+            registry: Mutex::new(Registry::default()),
+            rpc_calls: Family::default(),
+            rpc_latency: Family::new_with_constructor(|| Histogram::new(LATENCY_BUCKETS)),
+            forwarded_calls: Counter::default(),
+            curator_leader: Gauge::default(),
+            curator_leadership_changes: Counter::default(),
+            nodes: Family::default(),
+            heartbeat_age: Family::default(),
+            etcd_db_size: Gauge::default(),
+            etcd_db_size_in_use: Gauge::default(),
+            etcd_raft_index: Gauge::default(),
+            etcd_raft_term: Gauge::default(),
+            etcd_leader_changes: Counter::default(),
+            etcd_learner: Gauge::default(),
+            supervisor_restarts: Family::default(),
+        };
+        let mut top = Registry::default();
+        top.register_collector(Box::new(ProcessCollector));
+        let r = top.sub_registry_with_prefix("polis");
+        r.register(
+            "curator_rpc_calls",
+            "Curator RPCs answered, by gRPC service, method and status code.",
+            m.rpc_calls.clone(),
+        );
+        r.register_with_unit(
+            "curator_rpc_duration",
+            "Curator RPC latency until the response headers, by service and method.",
+            Unit::Seconds,
+            m.rpc_latency.clone(),
+        );
+        r.register(
+            "curator_forwarded_calls",
+            "Calls this curator forwarded to the leader.",
+            m.forwarded_calls.clone(),
+        );
+        r.register(
+            "curator_leader",
+            "1 while this node's curator is the leader, else 0.",
+            m.curator_leader.clone(),
+        );
+        r.register(
+            "curator_leadership_changes",
+            "Times this node's curator became leader or stopped being leader.",
+            m.curator_leadership_changes.clone(),
+        );
+        r.register(
+            "nodes",
+            "Nodes of the cluster by state and health (exported by the curator leader).",
+            m.nodes.clone(),
+        );
+        r.register_with_unit(
+            "node_heartbeat_age",
+            "Seconds since each node's last heartbeat (exported by the curator leader).",
+            Unit::Seconds,
+            m.heartbeat_age.clone(),
+        );
+        r.register_with_unit(
+            "etcd_db_size",
+            "Size of this node's etcd member database file.",
+            Unit::Bytes,
+            m.etcd_db_size.clone(),
+        );
+        r.register_with_unit(
+            "etcd_db_size_in_use",
+            "Bytes of this node's etcd member database in use.",
+            Unit::Bytes,
+            m.etcd_db_size_in_use.clone(),
+        );
+        r.register(
+            "etcd_raft_index",
+            "Raft index of this node's etcd member.",
+            m.etcd_raft_index.clone(),
+        );
+        r.register(
+            "etcd_raft_term",
+            "Raft term of this node's etcd member.",
+            m.etcd_raft_term.clone(),
+        );
+        r.register(
+            "etcd_leader_changes",
+            "etcd leader changes this node's member has seen since the node started.",
+            m.etcd_leader_changes.clone(),
+        );
+        r.register(
+            "etcd_learner",
+            "1 while this node's etcd member is a learner, 0 while it is a voter.",
+            m.etcd_learner.clone(),
+        );
+        r.register(
+            "supervisor_runnable_restarts",
+            "Restarts of a failed runnable, by runnable DN.",
+            m.supervisor_restarts.clone(),
+        );
+        *m.registry.lock().expect("metrics registry lock") = top;
+        m
+    }
+
+    /// Adds a collector read at every scrape (e.g. the node's certificates).
+    pub fn register_collector(&self, collector: Box<dyn prometheus_client::collector::Collector>) {
+        self.registry
+            .lock()
+            .expect("metrics registry lock")
+            .register_collector(collector);
+    }
+
+    /// The registry as OpenMetrics text.
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        let registry = self.registry.lock().expect("metrics registry lock");
+        prometheus_client::encoding::text::encode(&mut out, &registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    /// Counts one restart of the runnable `dn` (the supervisor's restart hook).
+    pub fn runnable_restarted(&self, dn: &str) {
+        self.supervisor_restarts
+            .get_or_create(&[("runnable", dn.to_string())])
+            .inc();
+    }
+
+    /// Sets whether this node's curator leads, counting a change.
+    pub fn set_curator_leader(&self, leader: bool) {
+        let old = self.curator_leader.set(i64::from(leader));
+        if old != i64::from(leader) {
+            self.curator_leadership_changes.inc();
+        }
+    }
+}
+
+/// The node's metrics (created on first use).
+pub fn global() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
