@@ -1,5 +1,5 @@
 //! Seconds left on each certificate this node holds (`polis_certificate_expiry_seconds`
-//! by certificate name), read from the PEM files at each scrape so renewals show at once.
+//! by certificate name), read from the DER or PEM files at each scrape so renewals show at once.
 //!
 //! Reads only the files it was given; a missing or unreadable file is left out of the
 //! scrape (a worker has no etcd peer certificate), never an error.
@@ -12,12 +12,17 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-/// Seconds from `now` (Unix seconds) until the first certificate of `pem` expires
-/// (negative once expired); `None` when `pem` holds no parsable certificate.
-pub fn seconds_left(pem: &[u8], now: i64) -> Option<i64> {
-    let (_, block) = x509_parser::pem::parse_x509_pem(pem).ok()?;
-    let cert = block.parse_x509().ok()?;
-    Some(cert.validity().not_after.timestamp() - now)
+/// Seconds from `now` (Unix seconds) until the certificate in `file` (DER, or the first
+/// of a PEM file) expires (negative once expired); `None` when it holds none.
+pub fn seconds_left(file: &[u8], now: i64) -> Option<i64> {
+    let not_after = match x509_parser::parse_x509_certificate(file) {
+        Ok((_, cert)) => cert.validity().not_after.timestamp(),
+        Err(_) => {
+            let (_, block) = x509_parser::pem::parse_x509_pem(file).ok()?;
+            block.parse_x509().ok()?.validity().not_after.timestamp()
+        }
+    };
+    Some(not_after - now)
 }
 
 /// The certificates of one node: (name, PEM file).
@@ -66,7 +71,9 @@ mod tests {
         let key = rcgen::KeyPair::generate().unwrap();
         let pem = params.self_signed(&key).unwrap().pem();
         let now = 1_893_456_000 - 100; // 100 s before 2030-01-01T00:00:00Z
+        let cert = params.self_signed(&key).unwrap();
         assert_eq!(seconds_left(pem.as_bytes(), now), Some(100));
+        assert_eq!(seconds_left(cert.der(), now), Some(100));
         assert_eq!(seconds_left(b"not a certificate", now), None);
     }
 }

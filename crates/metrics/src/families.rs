@@ -4,6 +4,7 @@
 //! Holds no I/O; may not know where its values come from (the node and the curator set
 //! them).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use prometheus_client::metrics::counter::Counter;
@@ -175,6 +176,18 @@ impl Metrics {
             self.curator_leadership_changes.inc();
         }
     }
+}
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Whether this process counts and serves metrics (`polis-node --no-metrics` turns it
+/// off before anything is served; the curator then adds no RPC layer).
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
 }
 
 /// The node's metrics (created on first use).

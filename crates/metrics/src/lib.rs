@@ -23,6 +23,6 @@ pub mod http;
 pub mod process;
 pub mod rpc;
 
-pub use families::{Metrics, global};
+pub use families::{Metrics, enabled, global, set_enabled};
 pub use http::serve;
 pub use rpc::RpcLayer;
