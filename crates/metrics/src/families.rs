@@ -69,76 +69,76 @@ impl Metrics {
         let r = top.sub_registry_with_prefix("polis");
         r.register(
             "curator_rpc_calls",
-            "Curator RPCs answered, by gRPC service, method and status code.",
+            "Curator RPCs answered, by gRPC service, method and status code",
             m.rpc_calls.clone(),
         );
         r.register_with_unit(
             "curator_rpc_duration",
-            "Curator RPC latency until the response headers, by service and method.",
+            "Curator RPC latency until the response headers, by service and method",
             Unit::Seconds,
             m.rpc_latency.clone(),
         );
         r.register(
             "curator_forwarded_calls",
-            "Calls this curator forwarded to the leader.",
+            "Calls this curator forwarded to the leader",
             m.forwarded_calls.clone(),
         );
         r.register(
             "curator_leader",
-            "1 while this node's curator is the leader, else 0.",
+            "1 while this node's curator is the leader, else 0",
             m.curator_leader.clone(),
         );
         r.register(
             "curator_leadership_changes",
-            "Times this node's curator became leader or stopped being leader.",
+            "Times this node's curator became leader or stopped being leader",
             m.curator_leadership_changes.clone(),
         );
         r.register(
             "nodes",
-            "Nodes of the cluster by state and health (exported by the curator leader).",
+            "Nodes of the cluster by state and health (exported by the curator leader)",
             m.nodes.clone(),
         );
         r.register_with_unit(
             "node_heartbeat_age",
-            "Seconds since each node's last heartbeat (exported by the curator leader).",
+            "Seconds since each node's last heartbeat (exported by the curator leader)",
             Unit::Seconds,
             m.heartbeat_age.clone(),
         );
         r.register_with_unit(
             "etcd_db_size",
-            "Size of this node's etcd member database file.",
+            "Size of this node's etcd member database file",
             Unit::Bytes,
             m.etcd_db_size.clone(),
         );
         r.register_with_unit(
             "etcd_db_size_in_use",
-            "Bytes of this node's etcd member database in use.",
+            "Bytes of this node's etcd member database in use",
             Unit::Bytes,
             m.etcd_db_size_in_use.clone(),
         );
         r.register(
             "etcd_raft_index",
-            "Raft index of this node's etcd member.",
+            "Raft index of this node's etcd member",
             m.etcd_raft_index.clone(),
         );
         r.register(
             "etcd_raft_term",
-            "Raft term of this node's etcd member.",
+            "Raft term of this node's etcd member",
             m.etcd_raft_term.clone(),
         );
         r.register(
             "etcd_leader_changes",
-            "etcd leader changes this node's member has seen since the node started.",
+            "etcd leader changes this node's member has seen since the node started",
             m.etcd_leader_changes.clone(),
         );
         r.register(
             "etcd_learner",
-            "1 while this node's etcd member is a learner, 0 while it is a voter.",
+            "1 while this node's etcd member is a learner, 0 while it is a voter",
             m.etcd_learner.clone(),
         );
         r.register(
             "supervisor_runnable_restarts",
-            "Restarts of a failed runnable, by runnable DN.",
+            "Restarts of a failed runnable, by runnable DN",
             m.supervisor_restarts.clone(),
         );
         *m.registry.lock().expect("metrics registry lock") = top;
@@ -162,6 +162,12 @@ impl Metrics {
         out
     }
 
+    /// The registry in the Prometheus text format 0.0.4 (what `promtool check metrics`
+    /// and clients without OpenMetrics read).
+    pub fn encode_prometheus(&self) -> String {
+        openmetrics_to_prometheus(&self.encode())
+    }
+
     /// Counts one restart of the runnable `dn` (the supervisor's restart hook).
     pub fn runnable_restarted(&self, dn: &str) {
         self.supervisor_restarts
@@ -175,6 +181,87 @@ impl Metrics {
         if old != i64::from(leader) {
             self.curator_leadership_changes.inc();
         }
+    }
+}
+
+/// OpenMetrics text to the Prometheus text format 0.0.4: a counter family is named
+/// with its `_total` suffix (as its samples are), `# UNIT` and `# EOF` lines go.
+pub fn openmetrics_to_prometheus(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut help: Option<&str> = None;
+    for line in text.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            if let Some(h) = help.replace(line) {
+                out.push_str(h);
+                out.push('\n');
+            }
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ")
+            && let Some(name) = rest.strip_suffix(" counter")
+            && !name.ends_with("_total")
+        {
+            if let Some(h) = help.take() {
+                let text = h
+                    .strip_prefix("# HELP ")
+                    .and_then(|h| h.strip_prefix(name))
+                    .unwrap_or("");
+                out.push_str(&format!("# HELP {name}_total{text}\n"));
+            }
+            out.push_str(&format!("# TYPE {name}_total counter\n"));
+            continue;
+        }
+        if let Some(h) = help.take() {
+            out.push_str(h);
+            out.push('\n');
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if let Some(h) = help {
+        out.push_str(h);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn converts_counters_and_drops_openmetrics_lines() {
+        let om = "# HELP a_calls Calls.\n# TYPE a_calls counter\na_calls_total 1\n# HELP b_seconds Time.\n# TYPE b_seconds gauge\n# UNIT b_seconds seconds\nb_seconds 2\n# EOF\n";
+        assert_eq!(
+            openmetrics_to_prometheus(om),
+            "# HELP a_calls_total Calls.\n# TYPE a_calls_total counter\na_calls_total 1\n# HELP b_seconds Time.\n# TYPE b_seconds gauge\nb_seconds 2\n"
+        );
+    }
+
+    #[test]
+    fn the_registry_has_every_family() {
+        let m = Metrics::new();
+        m.set_curator_leader(true);
+        m.set_curator_leader(true);
+        m.runnable_restarted("root.role");
+        let text = m.encode_prometheus();
+        assert!(text.contains("polis_curator_leader 1\n"), "{text}");
+        assert!(
+            text.contains("polis_curator_leadership_changes_total 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("polis_supervisor_runnable_restarts_total{runnable=\"root.role\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE process_cpu_seconds_total counter\n"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF") && !text.contains(".."), "{text}");
     }
 }
 

@@ -1,5 +1,6 @@
 //! The `/metrics` endpoint: plain HTTP/1.1 on its own listener, `GET /metrics` answers
-//! the registry as OpenMetrics text, anything else 404.
+//! the registry (OpenMetrics text when the client accepts it, else the Prometheus text
+//! format 0.0.4), anything else 404.
 //!
 //! Serves until its future is dropped; may not serve anything but the metrics.
 
@@ -16,8 +17,10 @@ use tracing::Instrument;
 
 use crate::families::Metrics;
 
-/// The content type of the exposition (OpenMetrics text, which Prometheus negotiates).
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// OpenMetrics text, served to clients that ask for it (Prometheus does).
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The Prometheus text format 0.0.4, served to every other client.
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Longest a client may take to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most scrape connections served at once.
@@ -37,9 +40,19 @@ fn answer(
             .status(405)
             .body(Full::new(Bytes::from_static(b"GET /metrics\n")))
     } else {
+        let openmetrics = request
+            .headers()
+            .get(http::header::ACCEPT)
+            .and_then(|a| a.to_str().ok())
+            .is_some_and(|a| a.contains("application/openmetrics-text"));
+        let (content_type, body) = if openmetrics {
+            (OPENMETRICS, metrics.encode())
+        } else {
+            (PROMETHEUS_TEXT, metrics.encode_prometheus())
+        };
         builder
-            .header(http::header::CONTENT_TYPE, CONTENT_TYPE)
-            .body(Full::new(Bytes::from(metrics.encode())))
+            .header(http::header::CONTENT_TYPE, content_type)
+            .body(Full::new(Bytes::from(body)))
     };
     response.expect("static response parts are valid")
 }
