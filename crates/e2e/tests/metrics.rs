@@ -42,7 +42,11 @@ fn check_every_node(cluster: &Cluster, workers: &[&Node]) -> Result<()> {
             let v = sample(&text, family)
                 .with_context(|| format!("{family}missing on {}:\n{text}", node.address))?;
             // CPU time may still be 0 ticks on a fresh worker.
-            let floor = if family.starts_with("process_cpu") { 0.0 } else { 1.0 };
+            let floor = if family.starts_with("process_cpu") {
+                0.0
+            } else {
+                1.0
+            };
             ensure!(v >= floor, "{family}= {v} on {}", node.address);
         }
     }

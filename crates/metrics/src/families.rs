@@ -5,7 +5,7 @@
 //! them).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::process::ProcessCollector;
+use crate::snapshot::GaugeSnapshot;
 
 /// Labels of an RPC series: gRPC service and method (and, for the counter, code).
 pub type CallLabels = [(&'static str, String); 3];
@@ -34,12 +35,11 @@ pub struct Metrics {
     pub forwarded_calls: Counter,
     pub curator_leader: Gauge,
     pub curator_leadership_changes: Counter,
-    pub nodes: Family<MethodLabels, Gauge>,
-    pub heartbeat_age: Family<OneLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub nodes: Arc<GaugeSnapshot>,
+    pub heartbeat_age: Arc<GaugeSnapshot>,
     pub etcd_db_size: Gauge,
     pub etcd_db_size_in_use: Gauge,
     pub etcd_raft_index: Gauge,
-    pub etcd_raft_term: Gauge,
     pub etcd_leader_changes: Counter,
     pub etcd_learner: Gauge,
     pub supervisor_restarts: Family<OneLabel, Counter>,
@@ -54,12 +54,17 @@ impl Metrics {
             forwarded_calls: Counter::default(),
             curator_leader: Gauge::default(),
             curator_leadership_changes: Counter::default(),
-            nodes: Family::default(),
-            heartbeat_age: Family::default(),
+            nodes: Arc::new(GaugeSnapshot::new(
+                "polis_nodes",
+                "Nodes of the cluster by state and health (exported by the curator leader)",
+            )),
+            heartbeat_age: Arc::new(GaugeSnapshot::new(
+                "polis_node_heartbeat_age_seconds",
+                "Seconds since each UP node's last heartbeat (exported by the curator leader)",
+            )),
             etcd_db_size: Gauge::default(),
             etcd_db_size_in_use: Gauge::default(),
             etcd_raft_index: Gauge::default(),
-            etcd_raft_term: Gauge::default(),
             etcd_leader_changes: Counter::default(),
             etcd_learner: Gauge::default(),
             supervisor_restarts: Family::default(),
@@ -93,17 +98,6 @@ impl Metrics {
             "Times this node's curator became leader or stopped being leader",
             m.curator_leadership_changes.clone(),
         );
-        r.register(
-            "nodes",
-            "Nodes of the cluster by state and health (exported by the curator leader)",
-            m.nodes.clone(),
-        );
-        r.register_with_unit(
-            "node_heartbeat_age",
-            "Seconds since each node's last heartbeat (exported by the curator leader)",
-            Unit::Seconds,
-            m.heartbeat_age.clone(),
-        );
         r.register_with_unit(
             "etcd_db_size",
             "Size of this node's etcd member database file",
@@ -122,11 +116,6 @@ impl Metrics {
             m.etcd_raft_index.clone(),
         );
         r.register(
-            "etcd_raft_term",
-            "Raft term of this node's etcd member",
-            m.etcd_raft_term.clone(),
-        );
-        r.register(
             "etcd_leader_changes",
             "etcd leader changes this node's member has seen since the node started",
             m.etcd_leader_changes.clone(),
@@ -141,6 +130,8 @@ impl Metrics {
             "Restarts of a failed runnable, by runnable DN",
             m.supervisor_restarts.clone(),
         );
+        top.register_collector(Box::new(m.nodes.clone()));
+        top.register_collector(Box::new(m.heartbeat_age.clone()));
         *m.registry.lock().expect("metrics registry lock") = top;
         m
     }

@@ -9,8 +9,10 @@
 //!   │
 //! families   Metrics (global()): the registry and every family the node updates
 //!   │
-//! process · certs   scrape-time collectors: /proc/self (RSS, fds, CPU, start time);
-//!                   seconds left on each certificate file this node holds (leaves)
+//! process · certs · snapshot
+//!                   scrape-time collectors: /proc/self (RSS, fds, CPU, start time);
+//!                   seconds left on each certificate file this node holds; gauge
+//!                   families replaced as a whole (leaves)
 //! ```
 //!
 //! Every family is named `polis_…` in base units (`_seconds`, `_bytes`, `_total`).
@@ -22,6 +24,7 @@ pub mod families;
 pub mod http;
 pub mod process;
 pub mod rpc;
+pub mod snapshot;
 
 pub use families::{Metrics, enabled, global, set_enabled};
 pub use http::serve;
