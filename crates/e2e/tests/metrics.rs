@@ -8,6 +8,7 @@
 //! - anything but `GET /metrics` is refused;
 //! - a real Prometheus server scrapes the three nodes: `up == 1` for each and a curator
 //!   RPC counter above 0, read over its HTTP API;
+//! - `cluster status` names the curator leader (table, JSON, YAML with plain keys);
 //! - a node whose metrics address cannot be bound refuses to start with one line.
 //!
 //! One cluster for the whole file: the cases run in turn on it.
@@ -127,6 +128,32 @@ fn prometheus_scrapes_all(dir: &std::path::Path, nodes: &[&Node]) -> Result<()> 
     Ok(())
 }
 
+/// `cluster status` names the curator leader (node ID and endpoint), in every format.
+fn status_names_the_curator_leader(cluster: &Cluster) -> Result<()> {
+    let id = cluster.first.key_node_id()?;
+    let endpoint = format!("{}:{}", cluster.first.address, rpc::CURATOR_PORT);
+    let json: serde_json::Value =
+        serde_json::from_str(&cluster.ctl_retry(&["cluster", "status", "-o", "json"])?)?;
+    ensure!(json["curator_leader"]["node"] == id.as_str(), "{json}");
+    ensure!(
+        json["curator_leader"]["endpoint"] == endpoint.as_str(),
+        "{json}"
+    );
+    let table = cluster.ctl_retry(&["cluster", "status"])?;
+    ensure!(
+        table.contains(&format!("curator leader: {id} at {endpoint}")),
+        "{table}"
+    );
+    let yaml = cluster.ctl_retry(&["cluster", "status", "-o", "yaml"])?;
+    ensure!(
+        yaml.contains(&format!(
+            "curator_leader:\n  endpoint: {endpoint}\n  node: {id}\n"
+        )),
+        "{yaml}"
+    );
+    Ok(())
+}
+
 fn busy_metrics_address_refuses_to_start(cluster: &Cluster, taken: &Node) -> Result<()> {
     let mut node = cluster.new_node("busy")?;
     let params = cluster.register_params("busy")?;
@@ -162,6 +189,7 @@ fn metrics_of_a_three_node_cluster() -> Result<()> {
     check_every_node(&cluster, &[&w1, &w2])?;
     only_get_metrics(&w1)?;
     prometheus_scrapes_all(&dir.path().join("prometheus"), &[&cluster.first, &w1, &w2])?;
+    status_names_the_curator_leader(&cluster)?;
     busy_metrics_address_refuses_to_start(&cluster, &w1)?;
     Ok(())
 }
