@@ -219,6 +219,24 @@ pub fn openmetrics_to_prometheus(text: &str) -> String {
     out
 }
 
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Whether this process counts and serves metrics (`polis-node --no-metrics` turns it
+/// off before anything is served; the curator then adds no RPC layer).
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// The node's metrics (created on first use).
+pub fn global() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(Metrics::new)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,22 +272,4 @@ mod tests {
         );
         assert!(!text.contains("# EOF") && !text.contains(".."), "{text}");
     }
-}
-
-static ENABLED: AtomicBool = AtomicBool::new(true);
-
-/// Whether this process counts and serves metrics (`polis-node --no-metrics` turns it
-/// off before anything is served; the curator then adds no RPC layer).
-pub fn set_enabled(on: bool) {
-    ENABLED.store(on, Ordering::Relaxed);
-}
-
-pub fn enabled() -> bool {
-    ENABLED.load(Ordering::Relaxed)
-}
-
-/// The node's metrics (created on first use).
-pub fn global() -> &'static Metrics {
-    static METRICS: OnceLock<Metrics> = OnceLock::new();
-    METRICS.get_or_init(Metrics::new)
 }

@@ -278,7 +278,7 @@ async fn scrape_metrics(
     let deadline = Instant::now() + period * 6;
     loop {
         let body = e2e::http_get(at, "/metrics")?.1;
-        if ages(&body) >= nodes + 1 {
+        if ages(&body) > nodes {
             break;
         }
         if Instant::now() > deadline {
