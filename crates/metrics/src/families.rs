@@ -13,6 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::member::EtcdMember;
 use crate::process::ProcessCollector;
 use crate::snapshot::GaugeSnapshot;
 
@@ -37,11 +38,7 @@ pub struct Metrics {
     pub curator_leadership_changes: Counter,
     pub nodes: Arc<GaugeSnapshot>,
     pub heartbeat_age: Arc<GaugeSnapshot>,
-    pub etcd_db_size: Gauge,
-    pub etcd_db_size_in_use: Gauge,
-    pub etcd_raft_index: Gauge,
-    pub etcd_leader_changes: Counter,
-    pub etcd_learner: Gauge,
+    pub etcd_member: Arc<EtcdMember>,
     pub supervisor_restarts: Family<OneLabel, Counter>,
 }
 
@@ -62,11 +59,7 @@ impl Metrics {
                 "polis_node_heartbeat_age_seconds",
                 "Seconds since each UP node's last heartbeat (exported by the curator leader)",
             )),
-            etcd_db_size: Gauge::default(),
-            etcd_db_size_in_use: Gauge::default(),
-            etcd_raft_index: Gauge::default(),
-            etcd_leader_changes: Counter::default(),
-            etcd_learner: Gauge::default(),
+            etcd_member: Arc::default(),
             supervisor_restarts: Family::default(),
         };
         let mut top = Registry::default();
@@ -98,39 +91,13 @@ impl Metrics {
             "Times this node's curator became leader or stopped being leader",
             m.curator_leadership_changes.clone(),
         );
-        r.register_with_unit(
-            "etcd_db_size",
-            "Size of this node's etcd member database file",
-            Unit::Bytes,
-            m.etcd_db_size.clone(),
-        );
-        r.register_with_unit(
-            "etcd_db_size_in_use",
-            "Bytes of this node's etcd member database in use",
-            Unit::Bytes,
-            m.etcd_db_size_in_use.clone(),
-        );
-        r.register(
-            "etcd_raft_index",
-            "Raft index of this node's etcd member",
-            m.etcd_raft_index.clone(),
-        );
-        r.register(
-            "etcd_leader_changes",
-            "etcd leader changes this node's member has seen since the node started",
-            m.etcd_leader_changes.clone(),
-        );
-        r.register(
-            "etcd_learner",
-            "1 while this node's etcd member is a learner, 0 while it is a voter",
-            m.etcd_learner.clone(),
-        );
         r.register(
             "supervisor_runnable_restarts",
             "Restarts of a failed runnable, by runnable DN",
             m.supervisor_restarts.clone(),
         );
         top.register_collector(Box::new(m.nodes.clone()));
+        top.register_collector(Box::new(m.etcd_member.clone()));
         top.register_collector(Box::new(m.heartbeat_age.clone()));
         *m.registry.lock().expect("metrics registry lock") = top;
         m

@@ -9,10 +9,10 @@
 //!   │
 //! families   Metrics (global()): the registry and every family the node updates
 //!   │
-//! process · certs · snapshot
+//! process · certs · snapshot · member
 //!                   scrape-time collectors: /proc/self (RSS, fds, CPU, start time);
 //!                   seconds left on each certificate file this node holds; gauge
-//!                   families replaced as a whole (leaves)
+//!                   families replaced as a whole; the last etcd member sample (leaves)
 //! ```
 //!
 //! Every family is named `polis_…` in base units (`_seconds`, `_bytes`, `_total`).
@@ -22,6 +22,7 @@
 pub mod certs;
 pub mod families;
 pub mod http;
+pub mod member;
 pub mod process;
 pub mod rpc;
 pub mod snapshot;
