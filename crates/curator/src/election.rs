@@ -170,6 +170,7 @@ pub async fn run(
     campaigning: impl FnOnce(),
 ) -> Result<(), CuratorError> {
     role.set(Role::Follower);
+    metrics::global().set_curator_leader(false);
     let mut client = curator.client();
     let name = curator.key(ELECTION);
     cleanup_previous_lifetime(&mut client, &format!("{name}/"), &config.node_id).await?;
@@ -226,6 +227,7 @@ pub async fn run(
     };
     tracing::info!(node_id = config.node_id, "this curator is now the leader");
     role.set(Role::Leader(leadership));
+    metrics::global().set_curator_leader(true);
 
     let outcome = tokio::select! {
         e = &mut keepalive => Err(e),
@@ -241,6 +243,7 @@ pub async fn run(
         }
     };
     role.set(Role::Follower);
+    metrics::global().set_curator_leader(false);
     if let Err(e) = &outcome {
         tracing::warn!("lost leadership: {e}");
     }

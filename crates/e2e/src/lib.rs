@@ -21,6 +21,7 @@
 //!                curator), etcdctl on its socket; is_home_line()
 //!      etcd      BareEtcd: etcd alone, with polis-node's flags and peer TLS files
 //!   1  ctl       polisctl(): the CLI wrapper
+//!      scrape    http_get(), scrape() of /metrics, promtool_check(), Prometheus server
 //!   0  process   Proc (killed on drop), bin(), bin_dir(), process_alive()
 //!      net       unique_loopback(), NetNs (deleted on drop)
 //!      wait      TIMEOUT, wait_until()
@@ -39,6 +40,7 @@ mod etcd;
 mod net;
 mod node;
 mod process;
+mod scrape;
 mod wait;
 
 pub use bench::median;
@@ -49,4 +51,5 @@ pub use etcd::BareEtcd;
 pub use net::{NetNs, unique_loopback};
 pub use node::{Node, is_home_line, read_register_params};
 pub use process::{Proc, bin, bin_dir, process_alive};
+pub use scrape::{METRICS_PORT, Prometheus, http_get, promtool_check, scrape};
 pub use wait::{TIMEOUT, wait_until};

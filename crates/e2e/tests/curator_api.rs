@@ -94,7 +94,7 @@ fn readme_flow_takeownership_and_manage_nodes() -> Result<()> {
     );
     let yaml = ctl_ok(&node, "config", &["node", "list", "-o", "yaml"])?;
     assert!(
-        yaml.contains(&format!("- \"address\": \"{}\"", node.address)),
+        yaml.contains(&format!("- address: {}\n", node.address)),
         "{yaml}"
     );
 

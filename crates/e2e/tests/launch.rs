@@ -100,6 +100,18 @@ fn launch_stop_relaunch_destroy() -> Result<()> {
         node_binary.to_str().context("utf-8")?,
     ])?;
     assert!(out.contains("ConsensusMember"), "{out}");
+    let targets = out
+        .lines()
+        .find_map(|l| l.strip_prefix("Prometheus scrape targets (http, /metrics): "))
+        .with_context(|| format!("no scrape targets printed:\n{out}"))?;
+    assert_eq!(targets.matches(":7839'").count(), 3, "{targets}");
+    for target in targets.split('\'').skip(1).step_by(2) {
+        let (status, body) = e2e::http_get(target.parse()?, "/metrics")?;
+        assert!(
+            status == 200 && body.contains("polis_curator_leader"),
+            "{target}: {status}"
+        );
+    }
     let config = dir.join("config");
     let listed = nodes(&config)?;
     assert_eq!(listed.len(), 3, "{listed:?}");

@@ -74,6 +74,7 @@
 //!   rejoin          is this node's etcd member still a member? (JoinConsensus answer,
 //!                   the pure rule `verdict`); the control plane acts on it
 //!   curator_client  client with the node certificate; cluster CRL intake and saving
+//!   exporter        `/metrics`: --metrics-listen and its default, the node's collectors
 //!   values          NodeValues: membership, cluster state, curators, roles, CRL, ...
 //!   staleview       which WatchNode update may be applied: never an older revision
 //!                   (pure rule; the newest applied one kept in the directory)
@@ -111,6 +112,7 @@
 mod cluster_state;
 mod crash;
 mod curator_client;
+mod exporter;
 mod fatal;
 mod files;
 mod logfile;
@@ -150,6 +152,7 @@ mod roleserver;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
@@ -256,6 +259,13 @@ struct Common {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Where `/metrics` (Prometheus) is served over plain HTTP [default: the node's
+    /// address when it is a loopback one, else 127.0.0.1; port 7839].
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// Serve no metrics (and count no RPCs).
+    #[arg(long, conflicts_with = "metrics_listen")]
+    no_metrics: bool,
     /// The etcd binary (Debian: apt-get install etcd-server).
     #[arg(long, env = "POLIS_ETCD_BINARY", default_value = consensus::config::DEFAULT_ETCD_BINARY)]
     etcd_binary: PathBuf,
@@ -485,6 +495,14 @@ async fn run(start: Start) -> Result<()> {
             span,
         ));
     }
+    let metrics_on = !args.no_metrics;
+    metrics::set_enabled(metrics_on);
+    if metrics_on {
+        let listen = args
+            .metrics_listen
+            .unwrap_or_else(|| exporter::default_listen(address));
+        exporter::start(listen, &root).await?;
+    }
 
     let values = NodeValues {
         membership: event::Value::new(),
@@ -519,7 +537,12 @@ async fn run(start: Start) -> Result<()> {
     };
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
     let node_root = root.clone();
-    let supervisor = supervisor::Supervisor::start(supervisor::Config::default(), move |ctx| {
+    let supervisor_config = supervisor::Config {
+        on_restart: metrics_on
+            .then(|| Arc::new(|dn: &str| metrics::global().runnable_restarted(dn)) as _),
+        ..Default::default()
+    };
+    let supervisor = supervisor::Supervisor::start(supervisor_config, move |ctx| {
         let (root, plan, values, settings, fatal) = (
             root.clone(),
             plan.clone(),

@@ -15,76 +15,14 @@ pub enum Format {
     Quiet,
 }
 
-/// Renders `value` as YAML. JSON scalars are valid YAML, so strings are emitted in JSON
-/// quoting: no ambiguity (`yes`, `1.0`, `null` stay strings).
+/// Renders `value` as idiomatic YAML (serde_norway: plain keys, strings quoted only
+/// where YAML 1.2 would read them as something else, e.g. `1.0`, `null`, `true`).
 pub fn yaml(value: &Value) -> String {
-    let mut out = String::new();
-    write_yaml(value, 0, &mut out);
+    let mut out = serde_norway::to_string(value).expect("a JSON value is always valid YAML");
     if !out.ends_with('\n') {
         out.push('\n');
     }
     out
-}
-
-fn scalar(value: &Value) -> String {
-    serde_json::to_string(value).expect("serializing a JSON value cannot fail")
-}
-
-fn write_yaml(value: &Value, indent: usize, out: &mut String) {
-    let pad = "  ".repeat(indent);
-    match value {
-        Value::Object(map) if map.is_empty() => out.push_str("{}\n"),
-        Value::Array(items) if items.is_empty() => out.push_str("[]\n"),
-        Value::Object(map) => {
-            for (k, v) in map {
-                out.push_str(&format!("{pad}{}:", scalar(&Value::String(k.clone()))));
-                match v {
-                    Value::Object(m) if !m.is_empty() => {
-                        out.push('\n');
-                        write_yaml(v, indent + 1, out);
-                    }
-                    Value::Array(a) if !a.is_empty() => {
-                        out.push('\n');
-                        write_yaml(v, indent + 1, out);
-                    }
-                    _ => {
-                        out.push(' ');
-                        write_yaml(v, 0, out);
-                    }
-                }
-            }
-        }
-        Value::Array(items) => {
-            for item in items {
-                match item {
-                    Value::Object(m) if !m.is_empty() => {
-                        // "- first: …" then the other keys aligned under it.
-                        let mut nested = String::new();
-                        write_yaml(item, indent + 1, &mut nested);
-                        let inner_pad = "  ".repeat(indent + 1);
-                        out.push_str(&format!("{pad}- "));
-                        out.push_str(nested.strip_prefix(&inner_pad).unwrap_or(&nested));
-                        continue;
-                    }
-                    _ => out.push_str(&format!("{pad}-")),
-                }
-                match item {
-                    Value::Array(a) if !a.is_empty() => {
-                        out.push('\n');
-                        write_yaml(item, indent + 1, out);
-                    }
-                    _ => {
-                        out.push(' ');
-                        write_yaml(item, 0, out);
-                    }
-                }
-            }
-        }
-        scalar_value => {
-            out.push_str(&scalar(scalar_value));
-            out.push('\n');
-        }
-    }
 }
 
 /// A plain text table with a header row; columns padded to their widest cell.
@@ -146,13 +84,22 @@ mod tests {
         let v = json!([{"id": "polis-1", "roles": ["ConsensusMember"], "labels": {}, "n": 3, "ok": true}]);
         assert_eq!(
             yaml(&v),
-            "- \"id\": \"polis-1\"\n  \"labels\": {}\n  \"n\": 3\n  \"ok\": true\n  \"roles\":\n    - \"ConsensusMember\"\n"
+            "- id: polis-1\n  labels: {}\n  n: 3\n  ok: true\n  roles:\n  - ConsensusMember\n"
         );
     }
 
     #[test]
     fn yaml_keeps_ambiguous_strings_strings() {
-        assert_eq!(yaml(&json!({"v": "yes"})), "\"v\": \"yes\"\n");
+        // YAML 1.2 (what serde_norway reads and writes): `yes` is a string already.
+        for ambiguous in ["yes", "1.0", "null", "true", "0x10", "~", "", "a: b", "- x"] {
+            let v = json!({"v": ambiguous});
+            let back: Value = serde_norway::from_str(&yaml(&v)).unwrap();
+            assert_eq!(back, v, "{ambiguous:?} as {}", yaml(&v));
+        }
+        assert_eq!(
+            yaml(&json!({"address": "127.0.0.4", "n": "1.0"})),
+            "address: 127.0.0.4\nn: '1.0'\n"
+        );
         assert_eq!(yaml(&json!([])), "[]\n");
     }
 

@@ -355,10 +355,24 @@ fn validate_name(name: &str) -> Result<(), SupervisorError> {
     }
 }
 
+/// Called with a runnable's DN each time it is restarted after failing (e.g. to count
+/// restarts in metrics); must be quick and must not block.
+pub type RestartHook = Arc<dyn Fn(&str) + Send + Sync + 'static>;
+
 /// Supervisor-wide settings.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Config {
     pub backoff: Backoff,
+    pub on_restart: Option<RestartHook>,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("backoff", &self.backoff)
+            .field("on_restart", &self.on_restart.is_some())
+            .finish()
+    }
 }
 
 /// Runs one runnable (and, through its context, its subtree) until it is Done or
@@ -443,6 +457,9 @@ async fn supervise(
                 s.state = RunnableState::New;
                 s.restarts += 1;
             });
+            if let Some(hook) = &config.on_restart {
+                hook(&dn);
+            }
         }
     }
     .instrument(span)

@@ -9,6 +9,7 @@ fn fast() -> Config {
             max: Duration::from_millis(50),
             multiplier: 2.0,
         },
+        on_restart: None,
     }
 }
 
@@ -117,6 +118,39 @@ async fn duplicate_child_names_are_refused() {
 }
 
 #[tokio::test]
+async fn restart_hook_hears_every_restart_by_dn() {
+    let heard: Arc<Mutex<Vec<String>>> = Arc::default();
+    let h = heard.clone();
+    let config = Config {
+        on_restart: Some(Arc::new(move |dn: &str| {
+            h.lock().unwrap().push(dn.to_string())
+        })),
+        ..fast()
+    };
+    let sup = Supervisor::start(config, move |ctx: Context| async move {
+        ctx.run("flaky", |_ctx: Context| async { Err("always".into()) })?;
+        ctx.run("steady", |ctx: Context| async move {
+            ctx.signal_healthy();
+            ctx.cancelled().await;
+            Ok(())
+        })?;
+        ctx.signal_healthy();
+        ctx.cancelled().await;
+        Ok(())
+    });
+    eventually("three restarts heard", || heard.lock().unwrap().len() >= 3).await;
+    let restarts = sup.status("root.flaky").unwrap().restarts as usize;
+    sup.shutdown().await;
+    let heard = heard.lock().unwrap();
+    assert!(heard.iter().all(|dn| dn == "root.flaky"), "{heard:?}");
+    assert!(
+        heard.len() >= restarts,
+        "{} heard, {restarts} restarts",
+        heard.len()
+    );
+}
+
+#[tokio::test]
 async fn failing_runnable_is_restarted_with_backoff() {
     let starts = Arc::new(AtomicU32::new(0));
     let s = starts.clone();
@@ -144,6 +178,7 @@ fn growing() -> Config {
             max: Duration::from_secs(60),
             multiplier: 2.0,
         },
+        on_restart: None,
     }
 }
 

@@ -43,6 +43,9 @@ pub(super) async fn run(
             _ = ctx.cancelled() => return Ok(()),
         }
         let Some(Role::Leader(leadership)) = shared.role.current() else {
+            // Only the leader exports the cluster's nodes.
+            metrics::global().nodes.replace(Vec::new());
+            metrics::global().heartbeat_age.replace(Vec::new());
             continue;
         };
         let Some(snapshot) = shared.fresh_nodes(&leadership).await else {
@@ -88,7 +91,48 @@ fn changed_verdicts(
             changes.push((node.id.clone(), stored, verdict));
         }
     }
+    export_metrics(nodes, &book.trackers, now);
     changes
+}
+
+/// `polis_nodes` by state and health (the stored verdicts) and every UP node's
+/// heartbeat age, as of this evaluation.
+fn export_metrics(
+    nodes: &BTreeMap<String, Node>,
+    trackers: &std::collections::HashMap<String, Tracker>,
+    now: Instant,
+) {
+    let mut counts: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for node in nodes.values() {
+        let state = NodeState::try_from(node.state).unwrap_or(NodeState::Invalid);
+        let state = state.as_str_name().trim_start_matches("NODE_STATE_");
+        let health = stored_verdict(node)
+            .as_str_name()
+            .trim_start_matches("HEALTH_VERDICT_");
+        *counts
+            .entry((state.to_string(), health.to_string()))
+            .or_default() += 1.0;
+    }
+    let registry = metrics::global();
+    registry.nodes.replace(
+        counts
+            .into_iter()
+            .map(|((state, health), n)| (vec![("state", state), ("health", health)], n))
+            .collect(),
+    );
+    registry.heartbeat_age.replace(
+        nodes
+            .values()
+            .filter(|n| n.state == NodeState::Up as i32)
+            .filter_map(|n| {
+                let last = trackers.get(&n.id)?.last()?;
+                Some((
+                    vec![("node", n.id.clone())],
+                    now.duration_since(last).as_secs_f64(),
+                ))
+            })
+            .collect(),
+    );
 }
 
 /// Writes `to` as node `id`'s verdict unless it is already stored; logs it when written.

@@ -60,6 +60,7 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
                 .filter(|(at, _, made_with)| *at == endpoint && *made_with == generation)
                 .map(|(_, channel, _)| channel.clone());
             if let Some(channel) = hit {
+                metrics::global().forwarded_calls.inc();
                 return Some(rpc::forward::Forward {
                     channel,
                     on_failure: forget,
@@ -71,6 +72,7 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
                 Ok(channel) => {
                     *cached.lock().expect("forwarding cache lock") =
                         Some((endpoint, channel.clone(), generation));
+                    metrics::global().forwarded_calls.inc();
                     Some(rpc::forward::Forward {
                         channel,
                         on_failure: forget,
@@ -119,9 +121,12 @@ pub(super) async fn serve(
     let cancel = ctx.cancellation_token();
     // tonic runs connections and requests in tasks of its own: give them our span.
     let span = tracing::Span::current();
+    // Outermost: every call is counted, denied and forwarded ones too.
+    let rpc_metrics = metrics::enabled().then(|| metrics::RpcLayer::new(metrics::global()));
     let server = rpc::server::builder()
         .timeout(REQUEST_TIMEOUT)
         .trace_fn(move |_| span.clone())
+        .layer(tower::util::option_layer(rpc_metrics))
         .layer(auth)
         .layer(forward)
         .layer(audit)

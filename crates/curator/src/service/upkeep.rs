@@ -49,10 +49,15 @@ pub(super) async fn run(
     ctx.signal_healthy();
     let period = shared.config.upkeep.period;
     let mut memory = Memory::default();
+    // However this runnable ends, the member's metrics go with it.
+    let _member_metrics = MemberMetricsGuard;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
             _ = ctx.cancelled() => return Ok(()),
+        }
+        if let Ok(own) = maintenance::status(&mut shared.curator.client()).await {
+            export_member(&own);
         }
         // Steps follow each other at once while there is work (one member per step).
         for _ in 0..8 {
@@ -73,6 +78,29 @@ pub(super) async fn run(
             }
         }
     }
+}
+
+/// Clears the member's metrics when dropped.
+struct MemberMetricsGuard;
+
+impl Drop for MemberMetricsGuard {
+    fn drop(&mut self) {
+        metrics::global().etcd_member.clear();
+    }
+}
+
+/// This curator's etcd member in the metrics (a leader change counts when the leader
+/// it knows differs from the one sampled before).
+fn export_member(own: &maintenance::MemberStatus) {
+    metrics::global()
+        .etcd_member
+        .sample(metrics::member::MemberSample {
+            db_size_bytes: own.db_size,
+            db_size_in_use_bytes: own.db_size_in_use,
+            raft_index: own.raft_index,
+            learner: own.is_learner,
+            leader_id: own.leader_id,
+        });
 }
 
 /// Whether this curator does the upkeep now: the leader; or, while no curator leads,

@@ -19,6 +19,12 @@
 //! retried; each is bounded at 10 s.
 //!
 //! Usage: bench-heartbeats [MAX_NODES] [ROUNDS]   (default 2000 and 3)
+//!
+//! `bench-heartbeats --scrape [NODES] [SCRAPES]` (`scripts/bench metrics`; default 1000
+//! and 200): NODES simulated nodes enrolled and heartbeating as above, then the curator
+//! node's `/metrics` (which then carries a heartbeat age per node) fetched SCRAPES times
+//! in a row, one at a time; the last line: p50/p99/max of a scrape, its size and series
+//! (target p99 ≤ 10 ms).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -259,21 +265,72 @@ fn raise_open_files_limit() {
     }
 }
 
+/// The scrape benchmark: waits until the curator exports every node's heartbeat age,
+/// then times `scrapes` sequential GETs of `/metrics`.
+async fn scrape_metrics(
+    node: std::net::IpAddr,
+    nodes: usize,
+    scrapes: usize,
+    period: Duration,
+) -> Result<serde_json::Value> {
+    let at = SocketAddr::new(node, e2e::METRICS_PORT);
+    let ages = |body: &str| body.matches("polis_node_heartbeat_age_seconds{").count();
+    let deadline = Instant::now() + period * 6;
+    loop {
+        let body = e2e::http_get(at, "/metrics")?.1;
+        if ages(&body) > nodes {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the curator exports {} heartbeat ages, not {}",
+                ages(&body),
+                nodes + 1
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut latencies = Vec::with_capacity(scrapes);
+    let (mut bytes, mut series) = (0, 0);
+    for _ in 0..scrapes {
+        let t = Instant::now();
+        let (status, body) =
+            tokio::task::spawn_blocking(move || e2e::http_get(at, "/metrics")).await??;
+        latencies.push(t.elapsed());
+        anyhow::ensure!(status == 200, "/metrics answered {status}");
+        bytes = body.len();
+        series = body.lines().filter(|l| !l.starts_with('#')).count();
+    }
+    latencies.sort();
+    Ok(json!({
+        "bench": "metrics",
+        "nodes": nodes,
+        "scrapes": scrapes,
+        "p50_ms": round2(percentile_ms(&latencies, 0.5)),
+        "p99_ms": round2(percentile_ms(&latencies, 0.99)),
+        "max_ms": round2(percentile_ms(&latencies, 1.0)),
+        "bytes": bytes,
+        "series": series,
+        "target_p99_ms": 10.0,
+    }))
+}
+
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    let scrape = args.next_if(|a| a == "--scrape").is_some();
     let max_nodes: usize = args
         .next()
         .map(|a| a.parse())
         .transpose()
         .context("MAX_NODES must be a number")?
-        .unwrap_or(2000);
+        .unwrap_or(if scrape { 1000 } else { 2000 });
     let rounds: u32 = args
         .next()
         .map(|a| a.parse())
         .transpose()
         .context("ROUNDS must be a number")?
-        .unwrap_or(3)
-        .clamp(1, 20);
+        .unwrap_or(if scrape { 200 } else { 3 })
+        .clamp(1, if scrape { 10_000 } else { 20 });
     raise_open_files_limit();
     let period = curator::health::Timing::DEFAULT.period();
     let dir = tempfile::tempdir()?;
@@ -307,6 +364,13 @@ fn main() -> Result<()> {
         let recorder = Recorder::default();
         let mut heartbeats = tokio::task::JoinSet::new();
         let mut best: Option<serde_json::Value> = None;
+        if scrape {
+            enrol_up_to(&setup, &mut nodes, max_nodes, &mut heartbeats, &recorder).await?;
+            let line = scrape_metrics(endpoint.ip(), max_nodes, rounds as usize, period).await;
+            heartbeats.abort_all();
+            println!("{}", line?);
+            return anyhow::Ok(());
+        }
         let mut steps = Vec::new();
         for &n in STEPS.iter().filter(|n| **n <= max_nodes) {
             let enrolling = Instant::now();

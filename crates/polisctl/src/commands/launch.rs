@@ -264,8 +264,23 @@ async fn print_summary(dir: &Path, config: &Path) -> Result<()> {
         config.display()
     );
     println!("Stop: polisctl cluster launch {} --stop", dir.display());
+    // polis-node's default metrics listener: its own address when it is a loopback one.
+    let targets: Vec<String> = nodes
+        .iter()
+        .map(|n| match n.address.parse::<IpAddr>() {
+            Ok(ip) if ip.is_loopback() => format!("'{ip}:{METRICS_PORT}'"),
+            _ => format!("'127.0.0.1:{METRICS_PORT}'"),
+        })
+        .collect();
+    println!(
+        "Prometheus scrape targets (http, /metrics): [{}]",
+        targets.join(", ")
+    );
     Ok(())
 }
+
+/// The port polis-node serves `/metrics` on by default.
+const METRICS_PORT: u16 = 7839;
 
 fn saved_addresses(dir: &Path) -> Result<Vec<IpAddr>> {
     let path = state_file(dir);

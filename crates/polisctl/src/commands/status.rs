@@ -42,11 +42,44 @@ pub(crate) async fn cluster_status(
     };
     // Scheduled snapshots: each member's own curator says how its last one went.
     warnings.extend(snapshots);
-    print_status(&members, quorum, &unreachable, &warnings, &alarms, format);
+    let leader = curator_leader(config, raw_endpoints).await;
+    print_status(
+        &members,
+        quorum,
+        leader.as_ref(),
+        &unreachable,
+        &warnings,
+        &alarms,
+        format,
+    );
     if !quorum {
         bail!("the cluster has no etcd quorum");
     }
     Ok(())
+}
+
+/// The curator leader (node ID, endpoint) as the first curator that answers names it;
+/// `None` when none answers or none leads.
+async fn curator_leader(config: &Path, raw_endpoints: &[String]) -> Option<(String, String)> {
+    let session = owner_session(config, raw_endpoints).await.ok()?;
+    for endpoint in session.endpoints() {
+        let answer = async {
+            let channel = rpc::connect(endpoint, session.trust(), Some(&session.credentials()))
+                .await
+                .ok()?;
+            api::curator_local_client::CuratorLocalClient::new(channel)
+                .get_current_leader(api::GetCurrentLeaderRequest {})
+                .await
+                .ok()
+                .map(|r| r.into_inner())
+        };
+        if let Ok(Some(a)) = tokio::time::timeout(std::time::Duration::from_secs(5), answer).await
+            && !a.leader_node_id.is_empty()
+        {
+            return Some((a.leader_node_id, a.leader_endpoint));
+        }
+    }
+    None
 }
 
 /// The node IDs of the etcd voters, as the curators' own members report them.

@@ -7,10 +7,11 @@ use crate::consensus_summary::MemberStatus;
 use crate::output::{self, Format};
 
 /// The members (a table, or JSON / YAML with the quorum), the curators that did not
-/// answer, whether there is a quorum, and the nodes' warnings.
+/// answer, whether there is a quorum, the curator leader, and the nodes' warnings.
 pub(crate) fn print_status(
     members: &[MemberStatus],
     quorum: bool,
+    curator_leader: Option<&(String, String)>,
     unreachable: &[String],
     warnings: &[String],
     alarms: &[(u64, String)],
@@ -34,6 +35,7 @@ pub(crate) fn print_status(
         .collect();
     let value = json!({
         "quorum": quorum,
+        "curator_leader": curator_leader.map(|(node, endpoint)| json!({"node": node, "endpoint": endpoint})),
         "members": rows,
         "unreachable": unreachable,
         "warnings": warnings,
@@ -88,6 +90,10 @@ pub(crate) fn print_status(
                 println!("unreachable: {u}");
             }
             println!("quorum: {}", if quorum { "yes" } else { "NO" });
+            match curator_leader {
+                Some((node, endpoint)) => println!("curator leader: {node} at {endpoint}"),
+                None => println!("curator leader: none answered"),
+            }
             for (member, alarm) in alarms {
                 println!(
                     "alarm: etcd {alarm} raised by member {member:x}{}",
