@@ -454,3 +454,66 @@ fn the_owner_key_rotates_and_every_old_owner_certificate_stops_working() -> Resu
     assert!(err.contains("not this cluster's owner key"), "{err}");
     Ok(())
 }
+
+/// Every regular file under `dir`.
+fn files_under(dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>> {
+    let mut found = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                todo.push(entry.path());
+            } else if kind.is_file() {
+                found.push(entry.path());
+            }
+        }
+    }
+    Ok(found)
+}
+
+#[test]
+fn a_committed_node_forgets_its_register_ticket() -> Result<()> {
+    // Before: the parameters in the node's root kept the register ticket for the node's
+    // whole life, so a copy of any worker's disk could register new nodes.
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir()?;
+    let cluster = Cluster::bootstrap(dir.path())?;
+    let params = cluster.register_params("nodes")?;
+    let given = read_register_params(&params)?;
+    assert!(!given.register_ticket.is_empty());
+    let mut node = cluster.new_node("forgetful")?;
+    let esp = node.root.join("esp");
+    std::fs::create_dir_all(&esp)?;
+    for d in [&node.root, &esp] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))?;
+    }
+    std::fs::copy(&params, esp.join("parameters.pb"))?;
+    node.start(&[])?;
+    node.wait_state("Foreign")?;
+    let id = node.key_node_id()?;
+    cluster.ctl_retry(&["node", "approve", &id])?;
+    node.wait_home()?;
+
+    let kept = read_register_params(&esp.join("parameters.pb"))?;
+    assert!(kept.register_ticket.is_empty(), "the ticket is still there");
+    assert_eq!(kept.ca_certificate, given.ca_certificate);
+    for file in files_under(&node.root)? {
+        let bytes = std::fs::read(&file).unwrap_or_default();
+        assert!(
+            !bytes
+                .windows(given.register_ticket.len())
+                .any(|w| w == given.register_ticket.as_slice()),
+            "{} holds the register ticket",
+            file.display()
+        );
+    }
+    // Later starts do not need it.
+    node.proc().signal(libc::SIGTERM);
+    node.proc().wait_exit(e2e::TIMEOUT)?;
+    node.start(&[])?;
+    node.wait_home()?;
+    cluster.wait_node(&id, "UP", None)?;
+    Ok(())
+}

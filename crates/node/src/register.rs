@@ -27,14 +27,16 @@ use std::net::IpAddr;
 use anyhow::{Context as _, Result, anyhow, bail};
 use identity::NodeKey;
 use proto::api::{self, NodeState};
-use proto::config::{ClusterDirectory, ClusterRegister, SealedConfiguration};
+use proto::config::{
+    ClusterDirectory, ClusterRegister, NodeParameters, SealedConfiguration, node_parameters,
+};
 
 use crate::cluster_state::ClusterState;
 use crate::crash::crash_point;
 use crate::files::{parse_endpoints, read_node_key};
 use crate::membership::{JoinData, roles_from_names};
 use crate::retry::{Answer, Backoff, ProblemLog, call_until_answered, pause};
-use crate::storage::{Root, write_atomic, write_proto};
+use crate::storage::{Root, read_proto, write_atomic, write_proto};
 
 /// Whether a failed call can never succeed by retrying: the curator refused this node
 /// (wrong ticket, decommissioned key, bad input) or the parameters pin the wrong CA.
@@ -219,12 +221,51 @@ pub async fn register(
         .context("writing the sealed configuration")?;
     crash_point("register-sealed");
     tracing::info!(node_id, "joined the cluster; sealed configuration written");
+    forget_ticket(root);
     Ok(Some(JoinData {
         key,
         sealed,
         roles,
         directory: parse_endpoints(&directory.curator_endpoints)?,
     }))
+}
+
+/// Once sealed, the node never reads its parameters again: the register ticket is
+/// removed from the parameters in its root (the ticket lets anyone holding it ask to
+/// join; it is the owner's, not this node's, to keep). Parameters passed with `--params`
+/// from outside the root are the operator's file: they are named, not changed. A failure
+/// is logged: the node belongs to its cluster either way.
+fn forget_ticket(root: &Root) {
+    let path = root.default_parameters();
+    if !path.exists() {
+        tracing::info!(
+            "the register parameters came from outside the node root: delete them once \
+             every node they were meant for has joined (they hold the register ticket)"
+        );
+        return;
+    }
+    let forgotten = (|| -> Result<bool> {
+        let mut parameters: NodeParameters = read_proto(&path, "node parameters")?;
+        let Some(node_parameters::Cluster::Register(register)) = parameters.cluster.as_mut() else {
+            return Ok(false);
+        };
+        if register.register_ticket.is_empty() {
+            return Ok(false);
+        }
+        register.register_ticket.clear();
+        write_proto(&path, &parameters)?;
+        Ok(true)
+    })();
+    match forgotten {
+        Ok(true) => {
+            tracing::info!(path = %path.display(), "removed the register ticket from the node parameters")
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(
+            path = %path.display(),
+            "could not remove the register ticket from the node parameters: {e:#}"
+        ),
+    }
 }
 
 #[cfg(test)]
