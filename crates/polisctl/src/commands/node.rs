@@ -174,7 +174,7 @@ pub(crate) async fn node_approve(
     if ids.is_empty() {
         bail!("name the nodes to approve, or pass --all-new");
     }
-    ids.dedup();
+    let ids = first_of_each(ids);
     let mut failed = 0;
     for id in &ids {
         if let Err(e) = identity::validate_node_id(id) {
@@ -233,8 +233,22 @@ pub(crate) async fn node_roles(
     Ok(())
 }
 
+/// `ids` in their order, each once (`approve a b a` approves a, then b).
+fn first_of_each(ids: Vec<String>) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    ids.into_iter()
+        .filter(|id| seen.insert(id.clone()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn each_node_is_approved_once_in_the_order_given() {
+        let ids = ["a", "b", "a", "c", "b"].map(String::from).to_vec();
+        assert_eq!(super::first_of_each(ids), ["a", "b", "c"]);
+    }
+
     use super::*;
 
     #[test]
