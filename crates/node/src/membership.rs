@@ -65,18 +65,24 @@ pub fn roles_from_names(names: &[String]) -> LocalRoles {
 }
 
 /// Where this node looks for curators first: its own (a consensus member runs one),
-/// then the cluster directory.
+/// then the cluster directory in this node's order of preference.
 pub fn initial_curators(membership: &Membership, address: IpAddr) -> Vec<SocketAddr> {
     let mut endpoints = Vec::new();
     if membership.consensus_member() {
         endpoints.push(SocketAddr::new(address, rpc::CURATOR_PORT));
     }
     if let Membership::Join(j) = membership {
-        for e in &j.directory {
-            if !endpoints.contains(e) {
-                endpoints.push(*e);
+        for e in preferred_order(address, &j.directory) {
+            if !endpoints.contains(&e) {
+                endpoints.push(e);
             }
         }
     }
     endpoints
+}
+
+/// The cluster directory in the order this node tries it: spread over the curators by
+/// the node's address (`rpc::spread`), so that a fleet does not pile onto the first.
+pub fn preferred_order(address: IpAddr, directory: &[SocketAddr]) -> Vec<SocketAddr> {
+    rpc::spread::by_preference(address.to_string().as_bytes(), directory)
 }

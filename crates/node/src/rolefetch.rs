@@ -21,7 +21,7 @@ use crate::cluster_state::{ClusterState, Contact};
 use crate::curator_client::{curator_client, offer_crl};
 use crate::fatal::{FatalSender, LeftCluster};
 use crate::files::save_directory;
-use crate::membership::roles_from_names;
+use crate::membership::{preferred_order, roles_from_names};
 use crate::retry::{Backoff, ProblemLog, pause};
 use crate::settings::Settings;
 use crate::staleview::{self, AppliedView};
@@ -102,6 +102,9 @@ pub async fn run(
             _ = ctx.cancelled() => return Ok(()),
         };
         problems.resolved("watching this node's record again");
+        if let Some(curator) = client.current() {
+            tracing::info!(%curator, "watching this node's record through curator {curator}");
+        }
         backoff.reset();
         // Test builds may feed a stale update first (see `crash::stale_update`).
         let mut injected = crate::crash::stale_update();
@@ -143,11 +146,12 @@ pub async fn run(
                 ));
                 continue;
             }
-            let mut endpoints: Vec<SocketAddr> = update
+            let listed: Vec<SocketAddr> = update
                 .curator_endpoints
                 .iter()
                 .filter_map(|e| rpc::parse_endpoint(e).ok())
                 .collect();
+            let mut endpoints = preferred_order(settings.address, &listed);
             if !endpoints.is_empty() {
                 save_directory(&settings.root, &update.curator_endpoints)?;
                 if roles_need_control_plane(&values) && !endpoints.contains(&own) {

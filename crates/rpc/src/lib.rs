@@ -46,12 +46,14 @@
 //!      │                                        │
 //!      ▼                                        ▼
 //!   authz     Identity, the permission table, authorize() (pure, leaf)
+//!   spread    by_preference(): the curator order that spreads nodes (pure, leaf)
 //! ```
 
 pub mod authz;
 pub mod client;
 pub mod forward;
 pub mod server;
+pub mod spread;
 pub mod tls;
 
 pub use authz::{Identity, Permission};
