@@ -16,10 +16,13 @@
 //! - A node that is back for good recovers one period after it returns (its second
 //!   heartbeat); a node that only gets through now and then (gaps longer than the
 //!   timeout) stays HEARTBEAT_TIMEOUT instead of alternating.
-//! - "No heartbeat for `timeout`" counts from the later of the last heartbeat and the
-//!   start of the observer's tenure: a new leader, which has seen no heartbeat yet,
-//!   keeps the verdict its predecessor stored in the record until it has itself watched
-//!   for one timeout, so a failover flips nobody.
+//! - "No heartbeat for `timeout`" counts from the latest of the last heartbeat, the
+//!   start of the observer's tenure and the moment the tenure began watching the node: a
+//!   new leader, which has seen no heartbeat yet, keeps the verdict its predecessor
+//!   stored in the record until it has itself watched for one timeout, so a failover
+//!   flips nobody; and a node enrolled long after the tenure began gets a whole timeout
+//!   for its first heartbeat too (counting from the tenure start timed out every node
+//!   enrolled more than one timeout into it before it could heartbeat).
 //! - Only UP nodes have a verdict; the others are UNKNOWN.
 
 use std::time::{Duration, Instant};
@@ -88,17 +91,20 @@ impl Default for Timing {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tracker {
     verdict: HealthVerdict,
+    /// When this tenure began watching the node (its first evaluation or heartbeat).
+    watched_from: Instant,
     last: Option<Instant>,
     /// Heartbeats in a row, each within the timeout of the previous one.
     streak: u32,
 }
 
 impl Tracker {
-    /// A tracker for a tenure that has seen no heartbeat of the node: starts from the
-    /// verdict stored in the record.
-    pub fn new(stored: HealthVerdict) -> Tracker {
+    /// A tracker for a tenure that has seen no heartbeat of the node and begins watching
+    /// it at `now`: starts from the verdict stored in the record.
+    pub fn new(stored: HealthVerdict, now: Instant) -> Tracker {
         Tracker {
             verdict: stored,
+            watched_from: now,
             last: None,
             streak: 0,
         }
@@ -135,7 +141,7 @@ impl Tracker {
         tenure_start: Instant,
         timing: &Timing,
     ) -> HealthVerdict {
-        let since = self.last.map_or(tenure_start, |l| l.max(tenure_start));
+        let since = self.last.unwrap_or(self.watched_from).max(tenure_start);
         if now.saturating_duration_since(since) > timing.timeout {
             self.verdict = HealthVerdict::HeartbeatTimeout;
             self.streak = 0;
@@ -163,9 +169,15 @@ mod tests {
 
     /// Runs `steps` from a tracker starting at `stored`, with the tenure starting at 0.
     fn check(stored: HealthVerdict, steps: &[Step]) {
+        check_watched_from(stored, 0, steps)
+    }
+
+    /// Runs `steps` from a tracker starting at `stored` whose node the tenure (starting
+    /// at 0) began watching at second `watched_from`.
+    fn check_watched_from(stored: HealthVerdict, watched_from: u64, steps: &[Step]) {
         let t0 = Instant::now();
         let s = |secs: u64| t0 + Duration::from_secs(secs);
-        let mut tracker = Tracker::new(stored);
+        let mut tracker = Tracker::new(stored, s(watched_from));
         for (i, step) in steps.iter().enumerate() {
             match *step {
                 Beat(at) => tracker.heartbeat(s(at), &timing()),
@@ -198,6 +210,15 @@ mod tests {
             Healthy,
             &[Beat(0), At(15, Healthy), At(16, HeartbeatTimeout)],
         );
+    }
+
+    #[test]
+    fn a_node_enrolled_late_in_a_tenure_gets_a_whole_timeout() {
+        // UP 40 s into the tenure, no heartbeat yet: not timed out at once.
+        check_watched_from(Unknown, 40, &[At(41, Unknown), At(55, Unknown)]);
+        check_watched_from(Unknown, 40, &[Beat(44), At(44, Healthy), At(58, Healthy)]);
+        // It still times out when it never heartbeats.
+        check_watched_from(Unknown, 40, &[At(56, HeartbeatTimeout)]);
     }
 
     #[test]

@@ -16,6 +16,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument as _;
+
 use proto::state::{HealthVerdict, Node, NodeState};
 
 use super::health_book::stored_verdict;
@@ -58,7 +60,12 @@ pub(super) async fn run(
                 writes.join_next().await;
             }
             let (shared, leadership) = (shared.clone(), leadership.clone());
-            writes.spawn(async move { record(&shared, &leadership, &id, from, to).await });
+            // Spawned tasks leave the runnable's span behind: carry it, so that the
+            // verdict lines name the runnable.
+            writes.spawn(
+                async move { record(&shared, &leadership, &id, from, to).await }
+                    .instrument(tracing::Span::current()),
+            );
         }
         tokio::select! {
             _ = async { while writes.join_next().await.is_some() {} } => {}
@@ -85,7 +92,7 @@ fn changed_verdicts(
         let verdict = book
             .trackers
             .entry(node.id.clone())
-            .or_insert_with(|| Tracker::new(stored))
+            .or_insert_with(|| Tracker::new(stored, now))
             .evaluate(now, book.since, &timing);
         if verdict != stored {
             changes.push((node.id.clone(), stored, verdict));

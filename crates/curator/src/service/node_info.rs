@@ -37,7 +37,7 @@ impl Shared {
                 let (verdict, last) = match book.trackers.get_mut(&node.id) {
                     Some(t) => (t.evaluate(now, book.since, &timing), t.last()),
                     None => {
-                        let mut t = rules::Tracker::new(stored_verdict(&node));
+                        let mut t = rules::Tracker::new(stored_verdict(&node), now);
                         (t.evaluate(now, book.since, &timing), None)
                     }
                 };

@@ -172,11 +172,12 @@ impl api::curator_server::Curator for Services {
         {
             let mut book = self.0.health.lock().expect("health lock poisoned");
             let verdict = stored.as_ref().map_or(HealthVerdict::Unknown, |s| s.0);
+            let now = Instant::now();
             book.tenure(&leadership)
                 .trackers
                 .entry(id.clone())
-                .or_insert_with(|| Tracker::new(verdict))
-                .heartbeat(Instant::now(), &self.0.config.heartbeat);
+                .or_insert_with(|| Tracker::new(verdict, now))
+                .heartbeat(now, &self.0.config.heartbeat);
         }
         if let Some(status) = status
             && stored
