@@ -15,10 +15,20 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long stopping waits for open connections to finish.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Forwarded calls that may stay open for minutes: a registration waiting for the
+/// owner's approval, a followed audit log. Each goes over a connection of its own, so
+/// that however many are open, they never take the streams of the shared connection
+/// the unary calls (heartbeats above all) are forwarded on (one HTTP/2 connection
+/// carries at most the leader's stream limit, `rpc::server::MAX_CONCURRENT_STREAMS`).
+const LONG_LIVED_FORWARDED: [&str; 2] = [
+    "/polis.api.Curator/RegisterNode",
+    "/polis.api.Audit/AuditLog",
+];
+
 /// The forwarding decision: a follower sends every call but CuratorLocal and Backup
-/// (which any curator answers from its own etcd member) to the leader, over one cached channel with
-/// this node's certificate (the current one: a channel made with a certificate that was
-/// renewed since is replaced).
+/// (which any curator answers from its own etcd member) to the leader with this node's
+/// certificate: unary calls over one cached channel (the current certificate: a channel
+/// made with one renewed since is replaced), long-lived ones each over its own.
 fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
     // The leader's endpoint, the channel, and the credential generation it was made with:
     // after a renewal the next forward connects with the new certificate.
@@ -32,6 +42,7 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
             || method == "/polis.api.Curator/WatchNode"
             // A backup is a snapshot of this curator's own etcd member.
             || method.starts_with("/polis.api.Backup/");
+        let long_lived = LONG_LIVED_FORWARDED.contains(&method);
         Box::pin(async move {
             if local || matches!(shared.role.current(), Some(Role::Leader(_))) {
                 return None;
@@ -41,6 +52,25 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
             if endpoint == shared.config.listen {
                 // Elected but not yet acting as leader: answer here (Unavailable, retry).
                 return None;
+            }
+            let trust = shared.server_trust();
+            if long_lived {
+                // Its own connection, closed when the call ends (its last handle drops).
+                return match rpc::connect_with(endpoint, &trust, Some(&shared.config.credentials))
+                    .await
+                {
+                    Ok(channel) => {
+                        metrics::global().forwarded_calls.inc();
+                        Some(rpc::forward::Forward {
+                            channel,
+                            on_failure: Box::new(|| {}),
+                        })
+                    }
+                    Err(e) => {
+                        tracing::warn!(%endpoint, "cannot reach the curator leader to forward: {e}");
+                        None
+                    }
+                };
             }
             // A failed forward drops the channel: the next call connects anew.
             let forget = {
@@ -67,7 +97,6 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
                 });
             }
             // Connected without holding the cache: a slow leader delays only this call.
-            let trust = shared.server_trust();
             match rpc::connect_with(endpoint, &trust, Some(&shared.config.credentials)).await {
                 Ok(channel) => {
                     *cached.lock().expect("forwarding cache lock") =
