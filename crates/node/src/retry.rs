@@ -53,13 +53,31 @@ impl Default for Backoff {
 }
 
 impl Backoff {
+    /// The next pause: the policy's, jittered (see [`jittered`]).
     pub fn next(&mut self) -> Duration {
         let wait = self.policy.delay(self.attempt);
         self.attempt = self.attempt.saturating_add(1);
-        wait
+        jittered(wait, random_unit())
     }
     pub fn reset(&mut self) {
         self.attempt = 0;
+    }
+}
+
+/// Between half and all of `wait` (`unit` in 0..=1 picks where): a fleet that lost its
+/// curators at the same moment (a control-plane restart) comes back spread over the
+/// interval, not in lockstep at every step of the backoff.
+fn jittered(wait: Duration, unit: f64) -> Duration {
+    wait.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0))
+}
+
+/// A uniformly random number in 0..=1 (the system source; a constant if it fails,
+/// which only loses the spread).
+fn random_unit() -> f64 {
+    let mut bytes = [0u8; 4];
+    match ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes) {
+        Ok(()) => f64::from(u32::from_le_bytes(bytes)) / f64::from(u32::MAX),
+        Err(_) => 1.0,
     }
 }
 
@@ -124,10 +142,33 @@ mod tests {
     fn backoff_grows_to_a_ceiling_and_resets() {
         let mut b = Backoff::default();
         let waits: Vec<Duration> = (0..10).map(|_| b.next()).collect();
-        assert_eq!(waits[0], RETRY_MIN);
-        assert!(waits.windows(2).all(|w| w[1] >= w[0]));
-        assert_eq!(*waits.last().unwrap(), RETRY_MAX);
+        // Each within the jitter band of its step: half to all of the policy's pause.
+        assert!(
+            waits[0] >= RETRY_MIN / 2 && waits[0] <= RETRY_MIN,
+            "{waits:?}"
+        );
+        assert!(
+            waits.iter().all(|w| *w <= RETRY_MAX) && *waits.last().unwrap() >= RETRY_MAX / 2,
+            "{waits:?}"
+        );
         b.reset();
-        assert_eq!(b.next(), RETRY_MIN);
+        assert!(b.next() <= RETRY_MIN);
+    }
+
+    #[test]
+    fn jitter_spreads_retries_over_half_the_pause() {
+        let wait = Duration::from_secs(10);
+        assert_eq!(jittered(wait, 0.0), Duration::from_secs(5));
+        assert_eq!(jittered(wait, 1.0), wait);
+        assert_eq!(jittered(wait, 7.0), wait, "out-of-range units are clamped");
+        // A fleet's pauses for one step: spread, not all the same.
+        let mut b = Backoff::default();
+        let firsts: std::collections::BTreeSet<Duration> = (0..50)
+            .map(|_| {
+                b.reset();
+                b.next()
+            })
+            .collect();
+        assert!(firsts.len() > 10, "{firsts:?}");
     }
 }
