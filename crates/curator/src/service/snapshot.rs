@@ -63,7 +63,13 @@ pub(super) async fn run(
                     Ok(_) => {}
                     Err(_) => return Ok(()),
                 },
-                _ = ctx.cancelled() => return Ok(()),
+                _ = ctx.cancelled() => {
+                    // Stopping: the view is no longer kept current, and the streams fed
+                    // from it end now (clients go to another curator) instead of holding
+                    // the listener's shutdown for its whole drain time.
+                    shared.nodes_live.set(false);
+                    return Ok(());
+                }
             }
         }
     }
