@@ -72,6 +72,63 @@ fn shell_quote(s: &Path) -> Result<String> {
     Ok(format!("'{}'", s.replace('\'', r"'\''")))
 }
 
+/// Files a dashboard run under tmux leaves in `dir`: its stderr, then (once it exited)
+/// the terminal's settings and, last, its exit status.
+struct Run {
+    stderr: PathBuf,
+    stty: PathBuf,
+    status: PathBuf,
+}
+
+impl Run {
+    /// Starts `polisctl dashboard` in `tmux`'s session.
+    fn start(tmux: &Tmux, cluster: &Cluster, dir: &Path) -> Result<Run> {
+        let run = Run {
+            stderr: dir.join("stderr"),
+            stty: dir.join("stty"),
+            status: dir.join("status"),
+        };
+        let status_part = dir.join("status.part");
+        let command = format!(
+            "{} --config {} dashboard 2>{}; echo $? >{}; stty -a >{}; mv {} {}",
+            shell_quote(&bin("polisctl"))?,
+            shell_quote(&cluster.config)?,
+            shell_quote(&run.stderr)?,
+            shell_quote(&status_part)?,
+            shell_quote(&run.stty)?,
+            shell_quote(&status_part)?,
+            shell_quote(&run.status)?,
+        );
+        tmux.start(&command)?;
+        Ok(run)
+    }
+
+    /// Waits until the dashboard exited; checks it exited 0 and left the terminal out
+    /// of raw mode (line editing and echo back on).
+    fn wait_exit_0(&self) -> Result<()> {
+        let mut status = String::new();
+        wait_until("the dashboard exits", TIMEOUT, || {
+            status = std::fs::read_to_string(&self.status).unwrap_or_default();
+            !status.trim().is_empty()
+        })?;
+        let stderr = std::fs::read_to_string(&self.stderr)?;
+        assert_eq!(
+            status.trim(),
+            "0",
+            "dashboard exit status; stderr: {stderr}"
+        );
+        let stty = std::fs::read_to_string(&self.stty)?;
+        let flags: Vec<&str> = stty.split_whitespace().collect();
+        for flag in ["icanon", "echo", "isig"] {
+            assert!(
+                flags.contains(&flag),
+                "terminal left without {flag}: {stty}"
+            );
+        }
+        Ok(())
+    }
+}
+
 #[test]
 fn dashboard_shows_a_three_member_cluster_and_quits_on_q() -> Result<()> {
     let tmp = tempfile::tempdir()?;
@@ -84,19 +141,12 @@ fn dashboard_shows_a_three_member_cluster_and_quits_on_q() -> Result<()> {
     }
     cluster.wait_members(&endpoints(&[&cluster.first, &w1, &w2]), 3, 0)?;
     let id0 = cluster.first.key_node_id()?;
+    let ids = [&id0, &id1, &id2];
 
-    // The dashboard's exit status lands in a file once it exits.
-    let status_file: PathBuf = tmp.path().join("dashboard.status");
-    let command = format!(
-        "{} --config {} dashboard 2>{}; echo $? >{}",
-        shell_quote(&bin("polisctl"))?,
-        shell_quote(&cluster.config)?,
-        shell_quote(&tmp.path().join("dashboard.stderr"))?,
-        shell_quote(&status_file)?,
-    );
+    let first = tmp.path().join("first");
+    std::fs::create_dir(&first)?;
     let tmux = Tmux::new();
-    tmux.start(&command)?;
-
+    let run = Run::start(&tmux, &cluster, &first)?;
     let mut screen = String::new();
     let shown = wait_until("the dashboard shows the cluster", TIMEOUT, || {
         screen = tmux.screen();
@@ -105,15 +155,13 @@ fn dashboard_shows_a_three_member_cluster_and_quits_on_q() -> Result<()> {
                 .lines()
                 .any(|l| l.contains(id) && l.contains("LEADER"))
         };
-        [&id0, &id1, &id2]
-            .iter()
-            .all(|id| screen.contains(id.as_str()))
+        ids.iter().all(|id| screen.contains(id.as_str()))
             && screen.contains("Consensus members (3, quorum)")
-            && [&id0, &id1, &id2].iter().any(|id| leader_row(id))
+            && ids.iter().any(|id| leader_row(id))
             && screen.contains("UpdateNodeRoles")
     });
     if let Err(e) = shown {
-        let stderr = std::fs::read_to_string(tmp.path().join("dashboard.stderr"));
+        let stderr = std::fs::read_to_string(&run.stderr);
         bail!("{e}\nscreen:\n{screen}\nstderr: {stderr:?}");
     }
     // One row per member, each with its raft index and database size.
@@ -122,21 +170,22 @@ fn dashboard_shows_a_three_member_cluster_and_quits_on_q() -> Result<()> {
         .filter(|l| l.contains("follower") || (l.contains("LEADER") && l.contains("in use")))
         .count();
     assert_eq!(member_rows, 3, "screen:\n{screen}");
-
     let out = tmux.run(&["send-keys", "-t", "dash", "q"])?;
     assert!(out.status.success(), "send-keys: {out:?}");
-    let mut status = String::new();
-    wait_until("the dashboard exits", TIMEOUT, || {
-        status = std::fs::read_to_string(&status_file).unwrap_or_default();
-        !status.trim().is_empty()
+    run.wait_exit_0()?;
+
+    // Ctrl-C quits as cleanly (raw mode: it is a key, not a signal).
+    let second = tmp.path().join("second");
+    std::fs::create_dir(&second)?;
+    let tmux = Tmux::new();
+    let run = Run::start(&tmux, &cluster, &second)?;
+    wait_until("the second dashboard shows the nodes", TIMEOUT, || {
+        let screen = tmux.screen();
+        ids.iter().all(|id| screen.contains(id.as_str()))
     })?;
-    let stderr = std::fs::read_to_string(tmp.path().join("dashboard.stderr"))?;
-    assert_eq!(
-        status.trim(),
-        "0",
-        "dashboard exit status; stderr: {stderr}"
-    );
-    Ok(())
+    let out = tmux.run(&["send-keys", "-t", "dash", "C-c"])?;
+    assert!(out.status.success(), "send-keys: {out:?}");
+    run.wait_exit_0()
 }
 
 #[test]
