@@ -9,7 +9,7 @@
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use proto::api;
@@ -17,11 +17,10 @@ use ratatui::DefaultTerminal;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use tokio::sync::{Notify, mpsc};
 
-use crate::commands::node::list_nodes;
 use crate::commands::status::{consensus_status, curator_leader};
 use crate::consensus_summary::MemberStatus;
 use crate::render::dashboard::{DashboardState, draw};
-use crate::session::{call_error, owner_session};
+use crate::session::{OwnerSession, call_error, owner_session};
 
 /// What `dashboard` says when stdout or stdin is not a terminal.
 pub(crate) const NO_TERMINAL: &str =
@@ -30,6 +29,8 @@ pub(crate) const NO_TERMINAL: &str =
 const REFRESH: Duration = Duration::from_secs(2);
 /// The shortest between two fetches of the node list (audit entries may come in bursts).
 const MIN_GAP: Duration = Duration::from_millis(500);
+/// How long one owner session serves the node list before it is opened anew.
+const SESSION_RENEWAL: Duration = Duration::from_secs(600);
 
 enum Update {
     Nodes(Result<Vec<api::NodeInfo>, String>),
@@ -49,6 +50,14 @@ pub(crate) async fn dashboard(config: &Path, raw_endpoints: &[String]) -> Result
     }
     // Credentials first: a problem with them is an ordinary one-line error.
     drop(owner_session(config, raw_endpoints).await?);
+    // Installs a panic hook that restores the terminal before the panic is printed.
+    let mut terminal = match ratatui::try_init() {
+        Ok(t) => t,
+        Err(e) => {
+            ratatui::restore();
+            return Err(e).context("setting up the terminal");
+        }
+    };
     let (tx, mut rx) = mpsc::channel(256);
     let changed = Arc::new(Notify::new());
     let tasks = [
@@ -72,9 +81,6 @@ pub(crate) async fn dashboard(config: &Path, raw_endpoints: &[String]) -> Result
     ];
     // The keyboard blocks: its own thread, which ends with the process.
     std::thread::spawn(move || read_keys(tx));
-
-    // Installs a panic hook that restores the terminal before the panic is printed.
-    let mut terminal = ratatui::try_init().context("setting up the terminal")?;
     let shown = show(&mut terminal, &mut rx).await;
     ratatui::restore();
     for t in tasks {
@@ -208,17 +214,39 @@ async fn follow_audit(
 }
 
 /// The node list: again on each audit entry (at most every `MIN_GAP`), else every
-/// `REFRESH`.
+/// `REFRESH`. One session (one connection to the leader) serves the calls; it is opened
+/// anew after a failure and every `SESSION_RENEWAL` (to pick up a renewed owner
+/// certificate and CRL).
 async fn fetch_nodes(
     config: PathBuf,
     endpoints: Vec<String>,
     tx: mpsc::Sender<Update>,
     changed: Arc<Notify>,
 ) {
+    let mut session: Option<(OwnerSession, Instant)> = None;
     loop {
-        let nodes = list_nodes(&config, &endpoints)
-            .await
-            .map_err(|e| format!("{e:#}"));
+        if session
+            .as_ref()
+            .is_some_and(|(_, opened)| opened.elapsed() > SESSION_RENEWAL)
+        {
+            session = None;
+        }
+        let nodes = async {
+            if session.is_none() {
+                session = Some((owner_session(&config, &endpoints).await?, Instant::now()));
+            }
+            let (s, _) = session.as_ref().expect("opened above");
+            let listed = s
+                .management("listing nodes", |mut m| async move {
+                    m.list_nodes(api::ListNodesRequest::default()).await
+                })
+                .await;
+            if listed.is_err() {
+                session = None;
+            }
+            anyhow::Ok(listed?.nodes)
+        };
+        let nodes = nodes.await.map_err(|e| format!("{e:#}"));
         if tx.send(Update::Nodes(nodes)).await.is_err() {
             return;
         }
