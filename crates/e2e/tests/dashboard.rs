@@ -1,6 +1,7 @@
 //! `polisctl dashboard` against a real three-member cluster, on a tmux screen: it shows
-//! every node, the leaders and the audit log, and quits with status 0 on `q`; without a
-//! terminal it refuses with a message naming the commands to use instead.
+//! every node, the leaders and the audit log, and quits with status 0 on `q`, Ctrl-C or
+//! SIGTERM, the terminal restored; without a terminal it refuses with a message naming
+//! the commands to use instead.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -185,6 +186,28 @@ fn dashboard_shows_a_three_member_cluster_and_quits_on_q() -> Result<()> {
     })?;
     let out = tmux.run(&["send-keys", "-t", "dash", "C-c"])?;
     assert!(out.status.success(), "send-keys: {out:?}");
+    run.wait_exit_0()?;
+
+    // SIGTERM too.
+    let third = tmp.path().join("third");
+    std::fs::create_dir(&third)?;
+    let tmux = Tmux::new();
+    let run = Run::start(&tmux, &cluster, &third)?;
+    wait_until("the third dashboard shows the nodes", TIMEOUT, || {
+        let screen = tmux.screen();
+        ids.iter().all(|id| screen.contains(id.as_str()))
+    })?;
+    // The pane runs `sh -c`, whose one child is polisctl.
+    let out = tmux.run(&["list-panes", "-t", "dash", "-F", "#{pane_pid}"])?;
+    let shell = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let children = std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children"))?;
+    let pid: i32 = children
+        .split_whitespace()
+        .next()
+        .with_context(|| format!("no child of the pane's shell {shell}"))?
+        .parse()?;
+    // SAFETY: kill(2) with a pid this test's dashboard has (the pane is ours).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     run.wait_exit_0()
 }
 

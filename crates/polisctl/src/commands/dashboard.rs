@@ -3,7 +3,8 @@
 //! list (`Management.ListNodes`, which has no watch for owners) fetched again on each new
 //! audit entry (a state change), at most every 0.5 s, and otherwise every 2 s for health
 //! and heartbeat ages; the consensus status (every curator's own member, no watch either)
-//! every 2 s. The screen is restored on every exit, an error or a panic included.
+//! every 2 s. The screen is restored on every exit: `q`, Esc, Ctrl-C, SIGTERM, SIGHUP, an
+//! error or a panic.
 //! May not draw itself (`render::dashboard` does, from a `DashboardState`).
 
 use std::io::IsTerminal;
@@ -91,12 +92,21 @@ pub(crate) async fn dashboard(config: &Path, raw_endpoints: &[String]) -> Result
 
 /// Draws `state` after every batch of updates until `q`.
 async fn show(terminal: &mut DefaultTerminal, rx: &mut mpsc::Receiver<Update>) -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Terminated or hung up: leave as after `q`, so the terminal is restored.
+    let mut term = signal(SignalKind::terminate()).context("watching for SIGTERM")?;
+    let mut hangup = signal(SignalKind::hangup()).context("watching for SIGHUP")?;
     let mut state = DashboardState::default();
     loop {
         terminal
             .draw(|f| draw(f, &state))
             .context("drawing the dashboard")?;
-        let Some(first) = rx.recv().await else {
+        let first = tokio::select! {
+            first = rx.recv() => first,
+            _ = term.recv() => return Ok(()),
+            _ = hangup.recv() => return Ok(()),
+        };
+        let Some(first) = first else {
             bail!("the dashboard's sources all stopped");
         };
         let mut next = Some(first);
