@@ -47,6 +47,9 @@ pub(crate) enum Command {
     /// Inspect and change nodes.
     #[command(subcommand)]
     Node(NodeCommand),
+    /// A live view of the cluster: nodes, consensus members and leaders, the latest
+    /// audit entries. Needs a terminal; q quits.
+    Dashboard,
     /// Print a shell completion script.
     Completion {
         #[arg(value_enum)]

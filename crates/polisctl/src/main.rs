@@ -18,12 +18,14 @@
 //!   main            parses (cli) and dispatches: one call per command, nothing else
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   commands::launch       a local cluster; runs the other commands as steps
+//!   commands::dashboard    the live view: follows the audit log, fetches nodes and
+//!                          the consensus status (commands::{node, status}), draws
 //!   commands::{params, cluster, node, decommission, certificates, status, owner,
 //!              backup, snapshots}
 //!                          one module per command group: arguments → calls → render
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   trust           takeownership: first contact, CA approval, first owner certificate
-//!   render::{node, certificates, status, cluster, backup, snapshots}
+//!   render::{node, certificates, status, cluster, backup, snapshots, dashboard}
 //!                   results as table / JSON / YAML (no calls, no files)
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   session         the owner session: Management calls following the leader, CRL
@@ -57,8 +59,8 @@ use cli::{
     ParamsCommand,
 };
 use commands::{
-    audit, backup, certificates, cluster, decommission, launch, logs, node, owner, params,
-    snapshots, status,
+    audit, backup, certificates, cluster, dashboard, decommission, launch, logs, node, owner,
+    params, snapshots, status,
 };
 
 fn main() -> ExitCode {
@@ -261,6 +263,10 @@ async fn run(cli: Cli) -> Result<()> {
                     node::node_label(&config, &cli.endpoints, cli.output, id, changes).await
                 }
             }
+        }
+        Command::Dashboard => {
+            let config = cli.config_dir()?;
+            dashboard::dashboard(&config, &cli.endpoints).await
         }
         Command::Completion { shell } => {
             clap_complete::generate(

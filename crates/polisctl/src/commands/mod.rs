@@ -7,6 +7,7 @@ pub(crate) mod audit;
 pub(crate) mod backup;
 pub(crate) mod certificates;
 pub(crate) mod cluster;
+pub(crate) mod dashboard;
 pub(crate) mod decommission;
 pub(crate) mod launch;
 pub(crate) mod logs;

@@ -60,7 +60,10 @@ pub(crate) async fn cluster_status(
 
 /// The curator leader (node ID, endpoint) as the first curator that answers names it;
 /// `None` when none answers or none leads.
-async fn curator_leader(config: &Path, raw_endpoints: &[String]) -> Option<(String, String)> {
+pub(crate) async fn curator_leader(
+    config: &Path,
+    raw_endpoints: &[String],
+) -> Option<(String, String)> {
     let session = owner_session(config, raw_endpoints).await.ok()?;
     for endpoint in session.endpoints() {
         let answer = async {
@@ -93,7 +96,7 @@ pub(crate) async fn voters(config: &Path, raw_endpoints: &[String]) -> Result<Ve
 }
 
 /// Asks every curator it can find for its own etcd member's view.
-async fn consensus_status(
+pub(crate) async fn consensus_status(
     config: &Path,
     raw_endpoints: &[String],
 ) -> Result<(

@@ -6,6 +6,7 @@ pub(crate) mod audit;
 pub(crate) mod backup;
 pub(crate) mod certificates;
 pub(crate) mod cluster;
+pub(crate) mod dashboard;
 pub(crate) mod logs;
 pub(crate) mod node;
 pub(crate) mod snapshots;
