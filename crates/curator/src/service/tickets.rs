@@ -157,9 +157,9 @@ pub(super) async fn register_new(
         )
         .await
         {
-            Ok(Created::Created(node)) => {
+            Ok(Created::New(node)) => {
                 tracing::info!(node = id, ticket = spend.id, "a register ticket was used");
-                return Ok(Some(node));
+                return Ok(Some(*node));
             }
             Ok(Created::Exists) => return Ok(None),
             Ok(Created::GuardFailed) => continue,

@@ -135,7 +135,7 @@ pub async fn apply_event(
 #[derive(Debug)]
 pub enum Created {
     /// The record was created (with the extra write).
-    Created(Node),
+    New(Box<Node>),
     /// A record of this id exists already: nothing was written.
     Exists,
     /// The extra comparison failed: nothing was written.
@@ -185,7 +185,7 @@ pub async fn create_node(
         if let Some(revision) = response.header().map(|h| h.revision()) {
             batch::record_written(leadership, revision);
         }
-        return Ok(Created::Created(node));
+        return Ok(Created::New(Box::new(node)));
     }
     if !election::still_leads(&response, leadership) {
         return Err(CuratorError::NotLeader.into());
