@@ -37,7 +37,8 @@
 //! ```text
 //!   client    CuratorClient (follows the leader), connect()
 //!      │                      server   listener (accept, conn, calls, limits),
-//!      │                         │     AuthLayer (auth), builder() (settings)
+//!      │                         │     AuthLayer (auth), builder() (settings),
+//!      │                         │     RateLayer (rate: per-source limits)
 //!      │                         ├──────────────┐
 //!      ▼                         ▼              ▼
 //!   tls       credentials, server_side,      forward   ForwardLayer: calls a
