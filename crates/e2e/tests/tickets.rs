@@ -172,6 +172,22 @@ async fn register_tickets_expire_run_out_are_listed_without_secrets_and_revoked(
     assert!(!ok && err.contains("does not exist"), "{err}");
     let (ok, _, err) = block(|| cluster.ctl(&["cluster", "ticket", "revoke", "nonsense"]))?;
     assert!(!ok && err.contains("not a register ticket id"), "{err}");
+    // Creating and revoking are audited; the revocation names the ticket, no secret.
+    let audit = block(|| cluster.ctl_retry(&["cluster", "audit", "-o", "json"]))?;
+    assert!(!audit.contains(&secret), "the audit log shows a secret");
+    let entries: Vec<serde_json::Value> = audit
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    let method =
+        |e: &serde_json::Value, name: &str| e["method"].as_str().is_some_and(|m| m.ends_with(name));
+    assert!(entries.iter().any(|e| method(e, "/CreateRegisterTicket")));
+    assert!(
+        entries
+            .iter()
+            .any(|e| method(e, "/RevokeRegisterTicket") && e["target"] == open_id.as_str()),
+        "{audit}"
+    );
 
     // Concurrent registrations with a one-use ticket: exactly one succeeds.
     let single = block(|| params(&cluster, "single", &["--uses", "1"]))?;
