@@ -217,7 +217,8 @@ pub async fn create(
     if list_with_revisions(curator).await?.len() >= MAX_TICKETS {
         return Err(TicketError::TooMany);
     }
-    loop {
+    // An id already taken (1 in 4 billion per existing ticket): draw another.
+    for _ in 0..8 {
         let mut id = [0u8; ID_LEN / 2];
         random(&mut id)?;
         let id = hex::encode(id);
@@ -236,7 +237,6 @@ pub async fn create(
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key, record.encode_to_vec(), None)]);
-        // An id already taken (1 in 4 billion per existing ticket): draw another.
         if election::leader_txn(curator, leadership, txn)
             .await?
             .succeeded()
@@ -244,6 +244,7 @@ pub async fn create(
             return Ok((format_ticket(&id, &secret), record));
         }
     }
+    Err(CuratorError::Protocol("every ticket id drawn was taken").into())
 }
 
 /// Deletes ticket `id`.
