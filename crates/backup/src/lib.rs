@@ -30,7 +30,7 @@
 //! trailer that disagrees with the file's length, and a snapshot whose SHA-256 differs
 //! from the trailer's.
 //!
-//! A backup holds the cluster CA's private key and the register ticket: files are
+//! A backup holds the cluster CA's private key (register tickets only as hashes): files are
 //! written 0600, atomically ([`create_file`] over `privatefs::AtomicFile`).
 //!
 //! Pure over `Read`/`Write`/`Seek` except the two file helpers ([`create_file`],

@@ -9,7 +9,10 @@
 //!                              never registers again)
 //!   global/initial_owner       raw Ed25519 public key of the owner named  bootstrap
 //!                              at bootstrap
-//!   global/register_ticket     32 random bytes, created on first request  ticket
+//!   global/register_ticket     the single ticket of earlier versions:     ticket
+//!                              deleted by rotate-ticket, never honoured
+//!   tickets/<id>               proto::state::RegisterTicket (secret only  ticket
+//!                              as its SHA-256)
 //!   cluster/configuration      config::ClusterConfiguration (protobuf)   bootstrap
 //!   cluster-pki/…              the cluster CA and issued certificates     cluster_pki
 //!                              (pki crate): node-<id>[-<serial>], owner-<serial>
@@ -29,6 +32,13 @@ pub const NAMESPACE: &str = "curator";
 pub const INITIAL_OWNER_KEY: &str = "global/initial_owner";
 pub const CLUSTER_CONFIGURATION_KEY: &str = "cluster/configuration";
 pub const REGISTER_TICKET_KEY: &str = "global/register_ticket";
+
+/// Prefix of every register ticket's key ([`ticket_key`]).
+pub const TICKETS_PREFIX: &str = "tickets/";
+
+pub fn ticket_key(id: &str) -> String {
+    format!("{TICKETS_PREFIX}{id}")
+}
 
 /// Prefix of every node record's key ([`node_key`]).
 pub const NODES_PREFIX: &str = "nodes/";

@@ -24,7 +24,7 @@
 //!   ───────────────────────────────────────────────────────────────────────────────
 //!   writes       every node-record mutation: modify_node, apply_event, labels,
 //!                delete_node; writes::batch combines a record's writes (group commit)
-//!   ticket       the register ticket (leader writes)
+//!   ticket       register tickets: records, checks, a use spent (leader writes)
 //!   owner        the owner's key, replaced by a rotation (leader write)
 //!   schedule     the snapshot schedule in the cluster configuration (local read,
 //!                leader write)
@@ -64,7 +64,9 @@
 //!   renewed node and peer, owner, joining member's peer certificates); only the
 //!   bootstrapping node issues its own first ones, before any curator runs.
 //! - Every node record is written through `writes` (the bootstrap record aside).
-//! - Register tickets are compared in constant time (`ticket::ticket_matches`).
+//! - Register tickets are stored as the SHA-256 of their secret, compared in constant
+//!   time (`ticket::check`); a use is spent in the transaction creating the node record,
+//!   guarded by the ticket's revision (`writes::create_node`).
 //! - A node leaves for good: decommissioning takes it out of consensus (quorum-checked
 //!   up front), revokes its certificates and marks it DECOMMISSIONED, a state no event
 //!   leads out of; deleting leaves a tombstone. RegisterNode refuses both keys.

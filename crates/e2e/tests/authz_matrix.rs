@@ -264,6 +264,24 @@ async fn allowed(
             .set_snapshot_schedule(api::SetSnapshotScheduleRequest::default())
             .await
             .err(),
+        "CreateRegisterTicket" => management
+            .create_register_ticket(api::CreateRegisterTicketRequest {
+                ttl_seconds: 60,
+                uses: 1,
+            })
+            .await
+            .err(),
+        "ListRegisterTickets" => management
+            .list_register_tickets(api::ListRegisterTicketsRequest {})
+            .await
+            .err(),
+        // No such ticket: NotFound means the call got through.
+        "RevokeRegisterTicket" => management
+            .revoke_register_ticket(api::RevokeRegisterTicketRequest {
+                id: "00000000".into(),
+            })
+            .await
+            .err(),
         other => anyhow::bail!("no such method in the matrix: {other}"),
     };
     // Refusals by the permission layer name the permission or the certificate; the
@@ -288,7 +306,13 @@ async fn allowed(
             Ok(true)
         }
         Some(s)
-            if ["DecommissionNode", "DeleteNode", "UpdateNodeRoles"].contains(&method)
+            if [
+                "DecommissionNode",
+                "DeleteNode",
+                "UpdateNodeRoles",
+                "RevokeRegisterTicket",
+            ]
+            .contains(&method)
                 && s.code() == tonic::Code::NotFound =>
         {
             Ok(true)
@@ -429,6 +453,9 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         ("RenewCertificates", &["node"]),
         ("RegisterNode", &["self-signed"]),
         ("CommitNode", &["self-signed"]),
+        ("CreateRegisterTicket", &["owner"]),
+        ("ListRegisterTickets", &["owner"]),
+        ("RevokeRegisterTicket", &["owner"]),
         // Last: it replaces the ticket RegisterNode uses above.
         ("RotateRegisterTicket", &["owner"]),
     ];
@@ -493,7 +520,8 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         .expect_err("an invalid label key must be refused");
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
 
-    // The register ticket is 32 bytes and stable.
+    // RotateRegisterTicket revoked every ticket: the one RegisterNode used above no
+    // longer registers a new key; each GetRegisterTicket creates a new one.
     let channel = rpc::connect(
         endpoint,
         &rpc::ServerTrust::PinnedCa(ca.clone()),
@@ -511,9 +539,24 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         .await?
         .into_inner()
         .ticket;
-    assert_eq!(t1.len(), 32);
-    assert_eq!(t1, t2);
+    assert_ne!(t1, t2);
     assert_ne!(t1, ticket, "RotateRegisterTicket replaced the ticket");
+    let stranger = rpc::self_signed(&identity::NodeKey::generate()?)?;
+    let channel = rpc::connect(
+        endpoint,
+        &rpc::ServerTrust::PinnedCa(ca.clone()),
+        Some(&stranger),
+    )
+    .await?;
+    let refused = api::curator_client::CuratorClient::new(channel)
+        .register_node(api::RegisterNodeRequest {
+            register_ticket: ticket.clone(),
+            address: "127.0.0.2".into(),
+            labels: Default::default(),
+        })
+        .await
+        .expect_err("a rotated ticket must not register a new key");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
     Ok(())
 }
 

@@ -62,6 +62,7 @@ fn start_curator(
         etcd_quota_bytes: proto::quota::DEFAULT_QUOTA_BYTES,
         upkeep: curator::upkeep::Settings::DEFAULT,
         snapshots: Default::default(),
+        entry_rate: rpc::server::RateSettings::DEFAULT,
         serving: event::Value::new(),
     };
     let ns = ns.clone();

@@ -342,6 +342,7 @@ pub async fn run(
             dir: Some(settings.root.snapshots()),
             bounds: settings.snapshot_bounds,
         },
+        entry_rate: settings.entry_rate,
         serving: event::Value::new(),
     };
     let mut serving = curator_config.serving.watch();

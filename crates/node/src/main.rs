@@ -300,6 +300,11 @@ struct Common {
     /// minute), for tests.
     #[arg(long, hide = true)]
     snapshot_short_intervals: bool,
+    /// RegisterNode and Escrow calls a second this node's curator takes from one source
+    /// address (bursts of twice that); 0: no limit (for tests and benchmarks that
+    /// register many nodes from one address).
+    #[arg(long, hide = true, default_value_t = 10)]
+    entry_rate_per_second: u32,
     /// Logs this many lines a second from `root.logtest` (for tests and `bench logs`:
     /// a node that logs fast).
     #[arg(long, hide = true, default_value_t = 0)]
@@ -532,6 +537,7 @@ async fn run(start: Start) -> Result<()> {
         } else {
             proto::snapshots::Bounds::NORMAL
         },
+        entry_rate: rpc::server::RateSettings::per_second(args.entry_rate_per_second),
         started_at_unix_ms,
         force_new_cluster,
     };

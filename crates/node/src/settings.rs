@@ -30,6 +30,8 @@ pub struct Settings {
     pub upkeep: curator::upkeep::Settings,
     /// Scheduled snapshots: the shortest interval this node's curator accepts.
     pub snapshot_bounds: proto::snapshots::Bounds,
+    /// Per-source limits on RegisterNode and Escrow at this node's curator.
+    pub entry_rate: rpc::server::RateSettings,
     /// When this polis-node process started (reported in its status).
     pub started_at_unix_ms: u64,
     /// Armed by `polis-node recover`: the etcd start of this process forces a new

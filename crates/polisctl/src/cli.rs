@@ -97,9 +97,10 @@ pub(crate) enum ParamsCommand {
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..), value_name = "N")]
         audit_max_entries: Option<u64>,
     },
-    /// Parameters for a new node to register into this cluster: the register ticket,
+    /// Parameters for a new node to register into this cluster: a new register ticket,
     /// the pinned cluster CA and the current curator endpoints. They stop working for
-    /// nodes that have not registered yet when the ticket is rotated.
+    /// nodes that have not registered yet once the ticket expires, is used up or is
+    /// revoked (`cluster tickets`, `cluster ticket revoke ID`, `cluster rotate-ticket`).
     Register {
         /// Where to write the parameters.
         #[arg(long)]
@@ -107,6 +108,13 @@ pub(crate) enum ParamsCommand {
         /// Labels the node registers with, KEY=VALUE (repeatable).
         #[arg(long = "label", value_parser = parse_label)]
         labels: Vec<(String, String)>,
+        /// How long the ticket lets new nodes register, e.g. 30m, 24h, 7d; `never` for a
+        /// ticket that does not expire.
+        #[arg(long, value_parser = parse_ticket_ttl, default_value = "24h", value_name = "DURATION")]
+        ttl: u64,
+        /// How many nodes the ticket lets register [default: unlimited].
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+        uses: Option<u32>,
     },
 }
 
@@ -141,10 +149,15 @@ pub(crate) enum ClusterCommand {
     /// Every certificate the cluster's CAs issued (node, owner, etcd peer): node,
     /// serial, expiry, whether revoked, and whether it is the one in use.
     Certificates,
-    /// Replace the register ticket. Node parameters made with the old ticket stop
-    /// working for nodes that have not registered yet; registered nodes can still be
-    /// approved.
+    /// Revoke every register ticket. Node parameters made so far stop working for nodes
+    /// that have not registered yet; registered nodes can still be approved. New
+    /// parameters (`params register`) carry a new ticket.
     RotateTicket,
+    /// The register tickets: id, created, expiry, uses left, creator (never a secret).
+    Tickets,
+    /// One register ticket.
+    #[command(subcommand)]
+    Ticket(TicketCommand),
     /// The cluster owner's credentials.
     #[command(subcommand)]
     Owner(OwnerCommand),
@@ -193,6 +206,13 @@ pub(crate) enum ConfigCommand {
         #[arg(long, value_parser = parse_snapshot_keep, value_name = "N")]
         snapshot_keep: Option<u32>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TicketCommand {
+    /// Delete ticket ID: nodes that have not registered with it yet are refused; nodes
+    /// that did stay.
+    Revoke { id: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -313,6 +333,18 @@ pub(crate) enum NodeCommand {
         #[arg(long, value_parser = parse_since, value_name = "DURATION")]
         since: Option<u64>,
     },
+}
+
+/// A register ticket's lifetime in seconds: a number with a unit (s, m, h, d);
+/// `never` (or 0): no expiry.
+fn parse_ticket_ttl(s: &str) -> Result<u64, String> {
+    match s.trim() {
+        "never" | "0" => Ok(0),
+        other => match parse_since(other)? {
+            0 => Err(format!("{s:?}: a ticket lives at least 1s (or `never`)")),
+            secs => Ok(secs),
+        },
+    }
 }
 
 /// A look-back duration in seconds: a number with a unit (s, m, h, d).

@@ -21,11 +21,12 @@
 //!   commands::dashboard    the live view: follows the audit log, fetches nodes and
 //!                          the consensus status (commands::{node, status}), draws
 //!   commands::{params, cluster, node, decommission, certificates, status, owner,
-//!              backup, snapshots}
+//!              backup, snapshots, tickets}
 //!                          one module per command group: arguments → calls → render
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   trust           takeownership: first contact, CA approval, first owner certificate
-//!   render::{node, certificates, status, cluster, backup, snapshots, dashboard}
+//!   render::{node, certificates, status, cluster, backup, snapshots, tickets,
+//!           dashboard}
 //!                   results as table / JSON / YAML (no calls, no files)
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   session         the owner session: Management calls following the leader, CRL
@@ -56,11 +57,11 @@ use clap::{CommandFactory, Parser};
 
 use cli::{
     BackupCommand, Cli, ClusterCommand, Command, ConfigCommand, NodeCommand, OwnerCommand,
-    ParamsCommand,
+    ParamsCommand, TicketCommand,
 };
 use commands::{
     audit, backup, certificates, cluster, dashboard, decommission, launch, logs, node, owner,
-    params, snapshots, status,
+    params, snapshots, status, tickets,
 };
 
 fn main() -> ExitCode {
@@ -182,6 +183,12 @@ async fn run(cli: Cli) -> Result<()> {
             let config = cli.config_dir()?;
             cluster::rotate_ticket(&config, &cli.endpoints).await
         }
+        Command::Cluster(ClusterCommand::Tickets) => {
+            tickets::list(&cli.config_dir()?, &cli.endpoints, cli.output).await
+        }
+        Command::Cluster(ClusterCommand::Ticket(TicketCommand::Revoke { id })) => {
+            tickets::revoke(&cli.config_dir()?, &cli.endpoints, id).await
+        }
         Command::Cluster(ClusterCommand::Owner(OwnerCommand::Rotate)) => {
             let config = cli.config_dir()?;
             owner::rotate(&config, &cli.endpoints).await
@@ -301,8 +308,17 @@ async fn run(cli: Cli) -> Result<()> {
                 audit_max_entries: *audit_max_entries,
             },
         ),
-        Command::Params(ParamsCommand::Register { out, labels }) => {
-            params::register(&cli.config_dir()?, &cli.endpoints, out, labels).await
+        Command::Params(ParamsCommand::Register {
+            out,
+            labels,
+            ttl,
+            uses,
+        }) => {
+            let ticket = params::TicketSettings {
+                ttl_seconds: *ttl,
+                uses: *uses,
+            };
+            params::register(&cli.config_dir()?, &cli.endpoints, out, labels, ticket).await
         }
     }
 }

@@ -136,6 +136,19 @@ pub const METHODS: &[(&str, Permission)] = &[
     ("/polis.api.Audit/AuditLog", Permission::Manage),
     // Served by every node on its own port (NODE_LOGS_PORT): its own log lines.
     ("/polis.api.NodeLogs/NodeLogsTail", Permission::Manage),
+    // Register tickets: created, listed (never a secret) and revoked by owners.
+    (
+        "/polis.api.Management/CreateRegisterTicket",
+        Permission::Manage,
+    ),
+    (
+        "/polis.api.Management/ListRegisterTickets",
+        Permission::Manage,
+    ),
+    (
+        "/polis.api.Management/RevokeRegisterTicket",
+        Permission::Manage,
+    ),
 ];
 
 /// The declared RPCs that do not change cluster state (or, for Heartbeat, only a
@@ -148,8 +161,8 @@ pub const NOT_AUDITED: &[&str] = &[
     "/polis.api.Management/GetClusterInfo",
     "/polis.api.Management/ListNodes",
     "/polis.api.Management/DescribeNode",
-    "/polis.api.Management/GetRegisterTicket",
     "/polis.api.Management/ListCertificates",
+    "/polis.api.Management/ListRegisterTickets",
     "/polis.api.Curator/Heartbeat",
     "/polis.api.Curator/WatchNode",
     "/polis.api.Audit/AuditLog",
@@ -295,6 +308,9 @@ mod tests {
         check("/polis.api.Management/SetSnapshotSchedule", &["owner"]);
         check("/polis.api.Audit/AuditLog", &["owner"]);
         check("/polis.api.NodeLogs/NodeLogsTail", &["owner"]);
+        check("/polis.api.Management/CreateRegisterTicket", &["owner"]);
+        check("/polis.api.Management/ListRegisterTickets", &["owner"]);
+        check("/polis.api.Management/RevokeRegisterTicket", &["owner"]);
     }
 
     #[test]
@@ -320,8 +336,11 @@ mod tests {
                 "/polis.api.Curator/RenewCertificates",
                 "/polis.api.CuratorLocal/DefragmentMember",
                 "/polis.api.Management/ApproveNode",
+                "/polis.api.Management/CreateRegisterTicket",
                 "/polis.api.Management/DecommissionNode",
                 "/polis.api.Management/DeleteNode",
+                "/polis.api.Management/GetRegisterTicket",
+                "/polis.api.Management/RevokeRegisterTicket",
                 "/polis.api.Management/RotateOwner",
                 "/polis.api.Management/RotateRegisterTicket",
                 "/polis.api.Management/SetSnapshotSchedule",

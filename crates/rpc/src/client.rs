@@ -68,6 +68,17 @@ pub async fn connect_with(
     trust: &ServerTrust,
     client: Option<&CredentialSlot>,
 ) -> Result<Channel, RpcError> {
+    connect_from(endpoint, trust, client, None).await
+}
+
+/// [`connect_with`] from the local address `source` (None: the one the system picks),
+/// e.g. to call as another loopback address.
+pub async fn connect_from(
+    endpoint: SocketAddr,
+    trust: &ServerTrust,
+    client: Option<&CredentialSlot>,
+    source: Option<std::net::IpAddr>,
+) -> Result<Channel, RpcError> {
     let connector = tokio_rustls::TlsConnector::from(client_config_from(trust, client)?);
     let server_name = ServerName::IpAddress(endpoint.ip().into());
     let uri = format!("http://{endpoint}");
@@ -82,7 +93,17 @@ pub async fn connect_with(
             let (connector, server_name, seen) =
                 (connector.clone(), server_name.clone(), seen.clone());
             async move {
-                let tcp = tokio::net::TcpStream::connect(endpoint).await?;
+                let tcp = match source {
+                    None => tokio::net::TcpStream::connect(endpoint).await?,
+                    Some(source) => {
+                        let socket = match source {
+                            std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+                            std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+                        };
+                        socket.bind(SocketAddr::new(source, 0))?;
+                        socket.connect(endpoint).await?
+                    }
+                };
                 tcp.set_nodelay(true)?;
                 let tls = connector.connect(server_name, tcp).await.inspect_err(|e| {
                     if let Some(rustls::Error::InvalidCertificate(why)) =

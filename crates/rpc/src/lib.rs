@@ -37,7 +37,8 @@
 //! ```text
 //!   client    CuratorClient (follows the leader), connect()
 //!      │                      server   listener (accept, conn, calls, limits),
-//!      │                         │     AuthLayer (auth), builder() (settings)
+//!      │                         │     AuthLayer (auth), builder() (settings),
+//!      │                         │     RateLayer (rate: per-source limits)
 //!      │                         ├──────────────┐
 //!      ▼                         ▼              ▼
 //!   tls       credentials, server_side,      forward   ForwardLayer: calls a
@@ -68,8 +69,8 @@ pub fn is_revoked(status: &tonic::Status) -> bool {
     status.code() == tonic::Code::Unauthenticated && status.message().contains(REVOKED)
 }
 pub use client::{
-    CURATOR_PORT, CallError, CuratorClient, NODE_LOGS_PORT, connect, connect_with, leader_endpoint,
-    parse_endpoint, parse_endpoints, url_address,
+    CURATOR_PORT, CallError, CuratorClient, NODE_LOGS_PORT, connect, connect_from, connect_with,
+    leader_endpoint, parse_endpoint, parse_endpoints, url_address,
 };
 pub use forward::{ForwardLayer, Forwarding};
 pub use server::{AuthLayer, CrlSource, Forwarders, Limits, PeerInfo, incoming};

@@ -34,6 +34,8 @@
 //!   limits    Limits (caps, timeouts)
 //!
 //!   settings  builder(), MAX_REQUEST_BYTES, RequestSizeLimit (leaf)
+//!   rate      RateLayer: per-source token buckets on RegisterNode and Escrow (leaf
+//!             beside auth; reads PeerInfo)
 //!   audit     AuditLayer: audited calls handed to an AuditSink before they end
 //! ```
 
@@ -43,6 +45,7 @@ mod auth;
 mod calls;
 mod conn;
 mod limits;
+mod rate;
 mod settings;
 
 pub use accept::{LogBudget, incoming, incoming_with};
@@ -53,6 +56,7 @@ pub use auth::{
 };
 pub use conn::{PeerInfo, TlsConn};
 pub use limits::Limits;
+pub use rate::{Buckets, LIMITED, RateLayer, RateService, RateSettings, source_key};
 pub use settings::{
     HTTP2_KEEPALIVE_INTERVAL, HTTP2_KEEPALIVE_TIMEOUT, MAX_CONCURRENT_STREAMS,
     MAX_HEADER_LIST_SIZE, MAX_PENDING_ACCEPT_RESET_STREAMS, MAX_REQUEST_BYTES, RequestSizeLimit,

@@ -156,6 +156,7 @@ pub(super) async fn serve(
         .timeout(REQUEST_TIMEOUT)
         .trace_fn(move |_| span.clone())
         .layer(tower::util::option_layer(rpc_metrics))
+        .layer(rpc::server::RateLayer::new(config.entry_rate))
         .layer(auth)
         .layer(forward)
         .layer(audit)

@@ -12,10 +12,10 @@ use tonic::{Request, Response, Status};
 
 use super::shared::Services;
 use super::status::{check_node_id, identity, node_update_status, status_from};
-use super::{certificates, decommission, membership};
+use super::{certificates, decommission, membership, tickets};
 use crate::error::NodeUpdateError;
 use crate::lifecycle::Event;
-use crate::{layout, owner, records, ticket, writes};
+use crate::{layout, owner, records, writes};
 
 fn node_matches(node: &api::NodeInfo, filter: &api::ListNodesRequest) -> bool {
     (filter.state == 0 || node.state == filter.state)
@@ -126,26 +126,27 @@ impl api::management_server::Management for Services {
         }))
     }
 
+    /// Kept for earlier clients: a new ticket with the default lifetime and unlimited
+    /// uses (see CreateRegisterTicket).
     async fn get_register_ticket(
         &self,
-        _: Request<api::GetRegisterTicketRequest>,
+        request: Request<api::GetRegisterTicketRequest>,
     ) -> Result<Response<api::GetRegisterTicketResponse>, Status> {
-        let leadership = self.0.leadership().await?;
-        let ticket = ticket::ensure_register_ticket(&self.0.curator, &leadership)
-            .await
-            .map_err(status_from)?;
-        Ok(Response::new(api::GetRegisterTicketResponse { ticket }))
+        let defaults = api::CreateRegisterTicketRequest {
+            ttl_seconds: crate::ticket::DEFAULT_TTL.as_secs(),
+            uses: 0,
+        };
+        let created = tickets::create(&self.0, &identity(&request), defaults).await?;
+        Ok(Response::new(api::GetRegisterTicketResponse {
+            ticket: created.ticket,
+        }))
     }
 
     async fn rotate_register_ticket(
         &self,
         request: Request<api::RotateRegisterTicketRequest>,
     ) -> Result<Response<api::RotateRegisterTicketResponse>, Status> {
-        let leadership = self.0.leadership().await?;
-        ticket::rotate_register_ticket(&self.0.curator, &leadership)
-            .await
-            .map_err(status_from)?;
-        tracing::info!(caller = %identity(&request), "rotated the register ticket");
+        tickets::rotate(&self.0, &identity(&request)).await?;
         Ok(Response::new(api::RotateRegisterTicketResponse {}))
     }
 
@@ -321,5 +322,31 @@ impl api::management_server::Management for Services {
         Ok(Response::new(
             super::scheduled_api::set_schedule(&self.0, request.get_ref()).await?,
         ))
+    }
+
+    async fn create_register_ticket(
+        &self,
+        request: Request<api::CreateRegisterTicketRequest>,
+    ) -> Result<Response<api::CreateRegisterTicketResponse>, Status> {
+        let caller = identity(&request);
+        Ok(Response::new(
+            tickets::create(&self.0, &caller, request.into_inner()).await?,
+        ))
+    }
+
+    async fn list_register_tickets(
+        &self,
+        _: Request<api::ListRegisterTicketsRequest>,
+    ) -> Result<Response<api::ListRegisterTicketsResponse>, Status> {
+        Ok(Response::new(tickets::list(&self.0).await?))
+    }
+
+    async fn revoke_register_ticket(
+        &self,
+        request: Request<api::RevokeRegisterTicketRequest>,
+    ) -> Result<Response<api::RevokeRegisterTicketResponse>, Status> {
+        let caller = identity(&request);
+        tickets::revoke(&self.0, &caller, &request.get_ref().id).await?;
+        Ok(Response::new(api::RevokeRegisterTicketResponse {}))
     }
 }

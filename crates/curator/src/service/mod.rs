@@ -34,6 +34,8 @@
 //!   runnables        snapshot (`nodes`), crl, health, upkeep (etcd upkeep; also
 //!                    CuratorLocal.DefragmentMember's work), scheduled (scheduled
 //!                    snapshots; their files listed and located)
+//!   tickets          register tickets: Management's ticket calls, RegisterNode's
+//!                    record creation spending one use
 //!   decommission     DecommissionNode, DeleteNode and the `decommission` runnable
 //!   membership       every etcd membership change: join (learner, promotion), the
 //!                    role given and taken, the quorum probe
@@ -82,6 +84,7 @@ mod scheduled_api;
 mod shared;
 mod snapshot;
 mod status;
+mod tickets;
 mod upkeep;
 
 use std::collections::HashMap;

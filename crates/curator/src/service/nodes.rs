@@ -4,7 +4,9 @@
 //!
 //! ```text
 //!   node                                   curator (leader)
-//!   RegisterNode(ticket) ─────────────────▶ ticket (constant time), labels, address
+//!   RegisterNode(ticket) ─────────────────▶ a new key: ticket live (hash compared in
+//!                                          constant time), labels, address; record
+//!                                          and one use of the ticket in one txn
 //!        ◀── stream: NEW … STANDBY ─────── record NEW (lifecycle::Register), then the
 //!                                          node snapshot as the owner approves
 //!   CommitNode ───────────────────────────▶ lifecycle::Commit: node certificate ensured
@@ -34,7 +36,7 @@ use super::shared::{NodeSnapshot, Services, Shared};
 use super::status::{
     identity, node_update_status, record_address, record_key, self_signed_key, status_from,
 };
-use super::{issuance, membership};
+use super::{issuance, membership, tickets};
 use crate::error::NodeUpdateError;
 use crate::health::Tracker;
 use crate::lifecycle::{Event, TransitionError};
@@ -254,15 +256,14 @@ impl api::curator_server::Curator for Services {
             Some(_) => None,
         };
         if existing.is_none() {
-            let stored = ticket::register_ticket(&self.0.curator)
+            // Refused early (nothing spent) when the ticket is no good; spent below, with
+            // the record's creation.
+            ticket::authorize(&self.0.curator, &leadership, &r.register_ticket)
                 .await
-                .map_err(status_from)?;
-            if !stored.is_some_and(|t| ticket::ticket_matches(&t, &r.register_ticket)) {
-                tracing::warn!(node = id, "registration refused: wrong register ticket");
-                return Err(Status::permission_denied(
-                    "the register ticket is wrong or was rotated; create new parameters with `polisctl params register`",
-                ));
-            }
+                .map_err(|e| {
+                    tracing::warn!(node = id, "registration refused: {e}");
+                    tickets::ticket_status(e)
+                })?;
             // The snapshot once it holds this tenure's writes (no range read of every
             // record per registration), else etcd.
             let holder = match self.0.fresh_nodes(&leadership).await {
@@ -283,33 +284,47 @@ impl api::curator_server::Curator for Services {
                 )));
             }
         }
-        let node = writes::apply_event(
-            &self.0.curator,
-            &leadership,
-            &id,
-            Some(&key),
-            Event::Register,
-            || Node {
-                id: id.clone(),
-                public_key: key.to_vec(),
-                state: NodeState::New as i32,
-                roles: None,
-                address: address.to_string(),
-                labels: labels.clone().into_iter().collect(),
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| match e {
-            NodeUpdateError::Transition {
-                source: TransitionError::Decommissioned(_),
-                ..
-            } => Status::permission_denied(e.to_string()),
-            other => node_update_status(other),
-        })?;
-        if existing.is_none() {
-            tracing::info!(node = id, %address, "registered a new node; it waits for approval");
-        }
+        let new_record = || Node {
+            id: id.clone(),
+            public_key: key.to_vec(),
+            state: NodeState::New as i32,
+            roles: None,
+            address: address.to_string(),
+            labels: labels.clone().into_iter().collect(),
+            ..Default::default()
+        };
+        // A new key spends one use of its ticket in the transaction creating its record;
+        // a key already registered (a retry, a restart) spends nothing and is not asked
+        // for a live ticket: it only learns its own state.
+        let created = match existing {
+            None => {
+                tickets::register_new(&self.0, &leadership, &r.register_ticket, new_record())
+                    .await?
+            }
+            Some(_) => None,
+        };
+        let node = match created {
+            Some(node) => {
+                tracing::info!(node = id, %address, "registered a new node; it waits for approval");
+                node
+            }
+            None => writes::apply_event(
+                &self.0.curator,
+                &leadership,
+                &id,
+                Some(&key),
+                Event::Register,
+                new_record,
+            )
+            .await
+            .map_err(|e| match e {
+                NodeUpdateError::Transition {
+                    source: TransitionError::Decommissioned(_),
+                    ..
+                } => Status::permission_denied(e.to_string()),
+                other => node_update_status(other),
+            })?,
+        };
         let first = api::RegistrationUpdate {
             node_id: id.clone(),
             state: node.state,

@@ -39,6 +39,8 @@ pub struct CuratorConfig {
     pub upkeep: crate::upkeep::Settings,
     /// Scheduled snapshots: where they go, the interval bounds accepted.
     pub snapshots: SnapshotSettings,
+    /// Per-source limits on the calls anyone may make (RegisterNode, Escrow).
+    pub entry_rate: rpc::server::RateSettings,
     /// Set true once the listener accepts connections (with its curator certificate),
     /// false when it stops: the node calls itself Home only then.
     pub serving: event::Value<bool>,

@@ -8,6 +8,9 @@
 //!                                ▼
 //!                           batch::attempt ── one guarded CAS per batch ──▶ etcd nodes/<id>
 //!   DeleteNode ──────────▶ delete_node ── guarded CAS: delete + tombstone ──▶ deleted/<id>
+//!   RegisterNode ────────▶ create_node ── one txn: record created if absent and not
+//!                                          tombstoned + the caller's extra guarded write
+//!                                          (a register ticket's use)
 //! ```
 //! Every write here is guarded by leadership (`election::guard`) and by the record's
 //! revision. May import only `error`, `layout`, `lifecycle`, `records` and `election`:
@@ -16,7 +19,8 @@
 mod batch;
 
 use consensus::Namespaced;
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use prost::Message;
 use proto::state::Node;
 
 pub use batch::written_by;
@@ -125,6 +129,78 @@ pub async fn apply_event(
     })
     .await?
     .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))
+}
+
+/// How [`create_node`] ended.
+#[derive(Debug)]
+pub enum Created {
+    /// The record was created (with the extra write).
+    New(Box<Node>),
+    /// A record of this id exists already: nothing was written.
+    Exists,
+    /// The extra comparison failed: nothing was written.
+    GuardFailed,
+}
+
+/// Creates `node` (state NEW, as `Event::Register` leads to) in one transaction with
+/// `also` (e.g. one use of a register ticket), guarded by leadership, by the record and
+/// its tombstone being absent, and by `guard`. The leader's batched writes of this
+/// record (`batch`) find it by their own CAS failing and re-read it.
+pub async fn create_node(
+    curator: &Namespaced,
+    leadership: &Leadership,
+    mut node: Node,
+    guard: Compare,
+    also: TxnOp,
+) -> Result<Created, NodeUpdateError> {
+    let id = node.id.clone();
+    match transition(None, Event::Register).map_err(|source| NodeUpdateError::Transition {
+        id: id.clone(),
+        source,
+    })? {
+        Outcome::Enter(state) => node.state = state as i32,
+        _ => return Err(CuratorError::Protocol("registration does not create a record").into()),
+    }
+    let key = curator.key(&node_key(&id));
+    let tombstone = curator.key(&tombstone_key(&id));
+    let txn = Txn::new()
+        .when([
+            election::guard(leadership),
+            Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+            Compare::create_revision(tombstone.clone(), CompareOp::Equal, 0),
+            guard,
+        ])
+        .and_then([TxnOp::put(key.clone(), node.encode_to_vec(), None), also])
+        .or_else([
+            TxnOp::get(leadership.key.clone(), None),
+            TxnOp::get(tombstone, Some(GetOptions::new().with_count_only())),
+            TxnOp::get(key, Some(GetOptions::new().with_count_only())),
+        ]);
+    let response = curator
+        .client()
+        .txn(txn)
+        .await
+        .map_err(CuratorError::from)?;
+    if response.succeeded() {
+        if let Some(revision) = response.header().map(|h| h.revision()) {
+            batch::record_written(leadership, revision);
+        }
+        return Ok(Created::New(Box::new(node)));
+    }
+    if !election::still_leads(&response, leadership) {
+        return Err(CuratorError::NotLeader.into());
+    }
+    let count = |i: usize| match response.op_responses().get(i) {
+        Some(etcd_client::TxnOpResponse::Get(g)) => g.count(),
+        _ => 0,
+    };
+    if count(1) > 0 {
+        return Err(NodeUpdateError::Deleted(id));
+    }
+    if count(2) > 0 {
+        return Ok(Created::Exists);
+    }
+    Ok(Created::GuardFailed)
 }
 
 /// Deletes the record of `id` as the lifecycle allows (`Event::Delete`), leaving the

@@ -334,7 +334,8 @@ fn main() -> Result<()> {
     raise_open_files_limit();
     let period = curator::health::Timing::DEFAULT.period();
     let dir = tempfile::tempdir()?;
-    let mut cluster = Cluster::bootstrap(dir.path())?;
+    // Every node registers from this process's one address: no per-source limit.
+    let mut cluster = Cluster::bootstrap_with(dir.path(), &[], &["--entry-rate-per-second", "0"])?;
     let curator_pid = cluster.first.proc().pid();
     let etcd_pid = cluster.first.etcd_pid()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

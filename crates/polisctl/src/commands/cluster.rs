@@ -28,14 +28,14 @@ pub(crate) async fn cluster_info(
 pub(crate) async fn rotate_ticket(config: &Path, raw_endpoints: &[String]) -> Result<()> {
     owner_session(config, raw_endpoints)
         .await?
-        .management("rotating the register ticket", |mut m| async move {
+        .management("revoking every register ticket", |mut m| async move {
             m.rotate_register_ticket(api::RotateRegisterTicketRequest {})
                 .await
         })
         .await?;
     println!(
-        "Replaced the register ticket. Parameters made with the old one no longer let new nodes register; \
-         nodes that already registered can still be approved."
+        "Revoked every register ticket. Parameters made so far no longer let new nodes register \
+         (`polisctl params register` makes new ones); nodes that already registered can still be approved."
     );
     Ok(())
 }

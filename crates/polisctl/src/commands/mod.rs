@@ -16,3 +16,4 @@ pub(crate) mod owner;
 pub(crate) mod params;
 pub(crate) mod snapshots;
 pub(crate) mod status;
+pub(crate) mod tickets;

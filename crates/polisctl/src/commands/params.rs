@@ -1,7 +1,7 @@
 //! `params bootstrap` and `params register`: node parameters for the first node of a
 //! new cluster, and for a node registering into this one.
-//! May not change the cluster: it only reads the register ticket and the cluster's
-//! information.
+//! Changes the cluster only by creating a register ticket (`params register`); reads the
+//! cluster's information.
 
 use std::path::Path;
 
@@ -46,16 +46,39 @@ pub(crate) fn bootstrap(
     Ok(())
 }
 
+/// The register ticket `params register` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TicketSettings {
+    /// 0: never expires.
+    pub(crate) ttl_seconds: u64,
+    /// None: unlimited.
+    pub(crate) uses: Option<u32>,
+}
+
+impl Default for TicketSettings {
+    /// What `params register` asks for without flags: 24 hours, unlimited uses.
+    fn default() -> Self {
+        TicketSettings {
+            ttl_seconds: 24 * 3600,
+            uses: None,
+        }
+    }
+}
+
 /// `params register`: parameters for a new node to register into the cluster `config`
-/// owns.
+/// owns, with a new ticket.
 pub(crate) async fn register(
     config: &Path,
     endpoints: &[String],
     out: &Path,
     labels: &[(String, String)],
+    ticket: TicketSettings,
 ) -> Result<()> {
-    write_register_params(config, endpoints, out, labels.to_vec()).await?;
-    eprintln!("wrote register parameters to {}", out.display());
+    let id = write_register_params_with(config, endpoints, out, labels.to_vec(), ticket).await?;
+    eprintln!(
+        "wrote register parameters to {} (register ticket {id}; `polisctl cluster ticket revoke {id}` revokes it)",
+        out.display()
+    );
     Ok(())
 }
 
@@ -81,39 +104,63 @@ pub(crate) fn write_bootstrap_params(
         .with_context(|| format!("writing node parameters to {}", out.display()))
 }
 
-/// Writes register parameters for a new node of the cluster `config` owns.
+/// Writes register parameters for a new node of the cluster `config` owns, with a new
+/// ticket of the default lifetime.
 pub(crate) async fn write_register_params(
     config: &Path,
     endpoints: &[String],
     out: &Path,
     labels: Vec<(String, String)>,
 ) -> Result<()> {
+    write_register_params_with(config, endpoints, out, labels, TicketSettings::default())
+        .await
+        .map(|_| ())
+}
+
+/// Writes register parameters with a new ticket as `ticket` asks; returns its id.
+async fn write_register_params_with(
+    config: &Path,
+    endpoints: &[String],
+    out: &Path,
+    labels: Vec<(String, String)>,
+    ticket: TicketSettings,
+) -> Result<String> {
     let map: std::collections::BTreeMap<String, String> = labels.iter().cloned().collect();
     proto::labels::apply(&Default::default(), &map, &[])?;
-    let register = register_parameters(config, endpoints, labels).await?;
+    let (register, id) = register_parameters(config, endpoints, labels, ticket).await?;
     let params = NodeParameters {
         cluster: Some(node_parameters::Cluster::Register(register)),
     };
     write_private(out, &params.encode_to_vec())
-        .with_context(|| format!("writing node parameters to {}", out.display()))
+        .with_context(|| format!("writing node parameters to {}", out.display()))?;
+    Ok(id)
 }
 
 /// `params register`: parameters that let a new node register into this cluster.
+/// The parameters and the id of their ticket.
 async fn register_parameters(
     config: &Path,
     raw_endpoints: &[String],
     labels: Vec<(String, String)>,
-) -> Result<proto::config::ClusterRegister> {
+    settings: TicketSettings,
+) -> Result<(proto::config::ClusterRegister, String)> {
     let session = owner_session(config, raw_endpoints).await?;
-    let ticket = session
-        .management("reading the register ticket", |mut m| async move {
-            m.get_register_ticket(api::GetRegisterTicketRequest {})
-                .await
-        })
-        .await?
-        .ticket;
+    // Read first: a ticket is created only once the parameters can be written.
     let info = session.cluster_info().await?;
-    register_from(session.pinned_ca(), info, ticket, labels)
+    let created = session
+        .management("creating a register ticket", |mut m| async move {
+            m.create_register_ticket(api::CreateRegisterTicketRequest {
+                ttl_seconds: settings.ttl_seconds,
+                uses: settings.uses.unwrap_or(0),
+            })
+            .await
+        })
+        .await?;
+    let id = created.info.map(|i| i.id).unwrap_or_default();
+    Ok((
+        register_from(session.pinned_ca(), info, created.ticket, labels)?,
+        id,
+    ))
 }
 
 /// Register parameters from a curator's answer: the CA a new node pins is the one this

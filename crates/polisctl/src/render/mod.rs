@@ -11,3 +11,4 @@ pub(crate) mod logs;
 pub(crate) mod node;
 pub(crate) mod snapshots;
 pub(crate) mod status;
+pub(crate) mod tickets;
