@@ -84,7 +84,10 @@ mod tests {
 
     #[test]
     fn our_file_system_needs_label_and_encryption() {
-        assert_eq!(classify(&ext4(LABEL, INCOMPAT_ENCRYPT | 0x2c2)), Content::Ours);
+        assert_eq!(
+            classify(&ext4(LABEL, INCOMPAT_ENCRYPT | 0x2c2)),
+            Content::Ours
+        );
         assert_eq!(
             classify(&ext4(LABEL, 0x2c2)),
             Content::Other("an ext2/3/4 file system labelled \"polis-data\"".into())
@@ -109,10 +112,16 @@ mod tests {
             Content::Other("an MBR partition table or boot sector".into())
         );
         head[512..520].copy_from_slice(b"EFI PART");
-        assert_eq!(classify(&head), Content::Other("a GPT partition table".into()));
+        assert_eq!(
+            classify(&head),
+            Content::Other("a GPT partition table".into())
+        );
         let mut head = vec![0u8; 8192];
         head[0..6].copy_from_slice(b"LUKS\xba\xbe");
-        assert_eq!(classify(&head), Content::Other("a LUKS encrypted volume".into()));
+        assert_eq!(
+            classify(&head),
+            Content::Other("a LUKS encrypted volume".into())
+        );
         let mut head = vec![0u8; 8192];
         head[5000] = 1;
         assert_eq!(

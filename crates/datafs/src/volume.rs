@@ -222,8 +222,8 @@ fn unlock(spec: &Spec<'_>, key: &DataKey) -> Result<KeyId, Error> {
         Err(e) => return Err(io_at("creating", &encrypted)(e)),
     }
     let dir = File::open(&encrypted).map_err(io_at("opening", &encrypted))?;
-    let policy = fscrypt::policy_key(&dir)
-        .map_err(io_at("reading the encryption policy of", &encrypted))?;
+    let policy =
+        fscrypt::policy_key(&dir).map_err(io_at("reading the encryption policy of", &encrypted))?;
     match policy {
         Some(p) if p == id => Ok(id),
         Some(_) => {
@@ -255,7 +255,10 @@ fn non_empty(dir: &Path) -> Result<bool, Error> {
 fn release_stale(fs_dir: &Path, data_dir: &Path) -> Result<(), Error> {
     for dir in [data_dir, fs_dir] {
         if mounts::is_mount_point(dir).map_err(io_at("checking mounts of", dir))? {
-            tracing::warn!("unmounting {} left mounted by an earlier run", dir.display());
+            tracing::warn!(
+                "unmounting {} left mounted by an earlier run",
+                dir.display()
+            );
             mounts::unmount(dir).map_err(io_at("unmounting a leftover mount at", dir))?;
         }
     }
