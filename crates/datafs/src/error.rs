@@ -43,6 +43,15 @@ pub enum Error {
          move its contents away before mounting an encrypted data device there"
     )]
     DataDirNotEmpty { path: PathBuf },
+    #[error(
+        "the local half of the data key is missing at {path} (a missing or replaced ESP?): \
+         without it the data device cannot be unlocked"
+    )]
+    LocalHalfMissing { path: PathBuf },
+    #[error("the local half of the data key at {path} is unusable: {reason}")]
+    LocalHalf { path: PathBuf, reason: String },
+    #[error("refusing to replace the local half of the data key at {path}")]
+    LocalHalfExists { path: PathBuf },
     #[error("invalid owner: {0}")]
     Owner(String),
     #[error("{step} {}", path.display())]

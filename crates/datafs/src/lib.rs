@@ -17,6 +17,8 @@
 //!
 //! Module map (each uses only those below it):
 //! - `volume`: open (probe, format, mount, marker, unlock, bind) and close.
+//! - `halffile`: the local half's file (created once 0600 atomically; loaded with a
+//!   refusal for missing, corrupted or exposed files).
 //! - `loopdev`, `mounts`, `fscrypt`: the kernel interfaces (loop, mount, fscrypt ioctls).
 //! - `probe`, `marker`, `key`: pure logic (device classification, marker, halves/key).
 //! - `error`: the [`Error`] every fallible call returns.
@@ -35,6 +37,7 @@
 
 mod error;
 pub mod fscrypt;
+pub mod halffile;
 pub mod key;
 pub mod loopdev;
 pub mod marker;
