@@ -331,3 +331,107 @@ fn loops_bound_to(image: &Path) -> usize {
         .filter(|b| Path::new(b.trim()) == image)
         .count()
 }
+
+#[test]
+fn a_block_device_is_used_as_is() {
+    if !usable() {
+        return;
+    }
+    let img = Image::new();
+    let dev = datafs::loopdev::attach(&img.path()).unwrap();
+    let (fs_dir, data_dir, image, own) = (img.fs_dir(), img.data_dir(), img.path(), owner("n1"));
+    let on_device = Spec {
+        device: dev.path(),
+        fs_dir: &fs_dir,
+        data_dir: &data_dir,
+        owner: &own,
+        format: FormatPolicy::IfEmpty,
+    };
+    let on_image = Spec {
+        device: &image,
+        ..on_device
+    };
+    let v = datafs::open(&on_device, &key(1, 2)).unwrap();
+    assert!(v.formatted());
+    fs::write(img.data_dir().join("f"), b"on a block device").unwrap();
+    v.close().unwrap();
+    // The same file system, reached through the image file this time.
+    let v = datafs::open(&on_image, &key(1, 2)).unwrap();
+    assert!(!v.formatted());
+    assert_eq!(
+        fs::read(img.data_dir().join("f")).unwrap(),
+        b"on a block device"
+    );
+    v.close().unwrap();
+    drop(dev);
+}
+
+#[test]
+fn a_missing_or_corrupted_marker_is_named() {
+    if !usable() {
+        return;
+    }
+    let img = Image::new();
+    let v = img
+        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
+        .unwrap();
+    fs::write(img.data_dir().join("f"), b"x").unwrap();
+    let marker = img.fs_dir().join(datafs::marker::FILE);
+    fs::write(&marker, b"garbage\n").unwrap();
+    v.close().unwrap();
+    match img.open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty) {
+        Err(e @ Error::Marker { .. }) => assert!(e.to_string().contains("garbage"), "{e}"),
+        other => panic!("expected Marker, got {other:?}"),
+    }
+
+    // Missing while node data exists: refused, not silently re-marked.
+    let v = {
+        let raw = img.dir.path().join("raw");
+        fs::create_dir(&raw).unwrap();
+        let dev = datafs::loopdev::attach(&img.path()).unwrap();
+        mounts::mount(dev.path(), &raw, Some("ext4"), 0).unwrap();
+        fs::remove_file(raw.join(datafs::marker::FILE)).unwrap();
+        mounts::unmount(&raw).unwrap();
+        img.open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
+    };
+    match v {
+        Err(e @ Error::Marker { .. }) => assert!(e.to_string().contains("missing"), "{e}"),
+        other => panic!("expected Marker, got {other:?}"),
+    }
+    assert!(!mounts::is_mount_point(&img.fs_dir()).unwrap());
+}
+
+#[test]
+fn a_format_interrupted_before_its_marker_is_completed() {
+    if !usable() {
+        return;
+    }
+    let img = Image::new();
+    // What a crash right after mkfs leaves: our file system, no marker, no directory.
+    let out = std::process::Command::new("mkfs.ext4")
+        .args([
+            "-q",
+            "-F",
+            "-b",
+            "4096",
+            "-O",
+            "encrypt",
+            "-L",
+            datafs::probe::LABEL,
+        ])
+        .arg(img.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v = img
+        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
+        .unwrap();
+    assert!(!v.formatted());
+    fs::write(img.data_dir().join("f"), b"x").unwrap();
+    v.close().unwrap();
+    let v = img
+        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
+        .unwrap();
+    assert_eq!(fs::read(img.data_dir().join("f")).unwrap(), b"x");
+    v.close().unwrap();
+}
