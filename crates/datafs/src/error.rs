@@ -17,6 +17,11 @@ pub enum Error {
          format request (--data-device-format)"
     )]
     Foreign { device: PathBuf, what: String },
+    #[error(
+        "data device {device} holds no file system (all zeros), but this node's data is \
+         supposed to be on it: wrong device, or one that was wiped"
+    )]
+    Unformatted { device: PathBuf },
     #[error("formatting data device {device} (mkfs.ext4) failed: {detail}")]
     Format { device: PathBuf, detail: String },
     #[error("data device {device} belongs to {found}, not to {expected}")]

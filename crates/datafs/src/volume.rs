@@ -24,6 +24,9 @@ pub enum FormatPolicy {
     IfEmpty,
     /// Format whatever the device holds (the operator said so).
     Always,
+    /// Never format: the device must hold our file system already (a node whose data
+    /// is known to be on it).
+    Never,
 }
 
 /// What to open and where.
@@ -128,9 +131,15 @@ pub fn open(spec: &Spec<'_>, key: &DataKey) -> Result<Volume, Error> {
     };
 
     let format = match (probe::classify(&read_head(&block)?), spec.format) {
-        (_, FormatPolicy::Always) | (Content::Empty, _) => true,
-        (Content::Ours, FormatPolicy::IfEmpty) => false,
-        (Content::Other(what), FormatPolicy::IfEmpty) => {
+        (_, FormatPolicy::Always) => true,
+        (Content::Empty, FormatPolicy::Never) => {
+            return Err(Error::Unformatted {
+                device: device.to_path_buf(),
+            });
+        }
+        (Content::Empty, FormatPolicy::IfEmpty) => true,
+        (Content::Ours, _) => false,
+        (Content::Other(what), _) => {
             return Err(Error::Foreign {
                 device: device.to_path_buf(),
                 what,

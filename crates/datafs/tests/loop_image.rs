@@ -435,3 +435,28 @@ fn a_format_interrupted_before_its_marker_is_completed() {
     assert_eq!(fs::read(img.data_dir().join("f")).unwrap(), b"x");
     v.close().unwrap();
 }
+
+#[test]
+fn never_formats_under_the_never_policy() {
+    if !usable() {
+        return;
+    }
+    let img = Image::new();
+    match img.open(&owner("n1"), &key(1, 2), FormatPolicy::Never) {
+        Err(e @ Error::Unformatted { .. }) => assert!(e.to_string().contains("all zeros"), "{e}"),
+        other => panic!("expected Unformatted, got {other:?}"),
+    }
+    assert!(
+        img.bytes().iter().all(|&b| b == 0),
+        "an empty device was written"
+    );
+    img.open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
+        .unwrap()
+        .close()
+        .unwrap();
+    let v = img
+        .open(&owner("n1"), &key(1, 2), FormatPolicy::Never)
+        .unwrap();
+    assert!(!v.formatted());
+    v.close().unwrap();
+}
