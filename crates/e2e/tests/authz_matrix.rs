@@ -230,6 +230,7 @@ async fn allowed(
                 register_ticket: ticket.to_vec(),
                 address: "127.0.0.1".into(),
                 labels: Default::default(),
+                ..Default::default()
             })
             .await
             .err(),
