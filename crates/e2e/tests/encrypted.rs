@@ -48,19 +48,12 @@ fn stop(node: &mut Node) -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn an_encrypted_worker_joins_restarts_through_the_curator_and_hides_its_data() -> Result<()> {
-    if !usable() {
-        return Ok(());
-    }
-    let dir = tempfile::tempdir()?;
-    let mut cluster = Cluster::bootstrap(dir.path())?;
-    let params = cluster.register_params("w")?;
-    let img = image(&dir.path().join("w.img"))?;
-    let _mounts = Mounts(dir.path().join("w/root"));
-    let mut node = cluster.new_node("w")?;
+/// Registers an encrypted worker `name` on image `img`, approves it, waits until UP.
+fn encrypted_worker(cluster: &Cluster, name: &str, img: &str) -> Result<(Node, String)> {
+    let params = cluster.register_params(name)?;
+    let mut node = cluster.new_node(name)?;
     let root = node.root.clone();
-    node.start(&["--params", params.to_str().unwrap(), "--data-device", &img])?;
+    node.start(&["--params", params.to_str().unwrap(), "--data-device", img])?;
     node.wait_state("Foreign")?;
     let id = node.key_node_id()?;
     cluster.ctl_retry(&["node", "approve", &id])?;
@@ -74,6 +67,120 @@ fn an_encrypted_worker_joins_restarts_through_the_curator_and_hides_its_data() -
         !root.join("esp/data-cluster-half").exists(),
         "the cluster half stayed in the ESP after the node joined"
     );
+    Ok((node, id))
+}
+
+/// Copies a stopped node's root (its ESP: keys, sealed configuration, directory) and
+/// its image to `to`, as a thief would; returns a node on the copy (same address).
+fn steal(node: &Node, img: &str, to: &Path) -> Result<(Node, String)> {
+    let out = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&node.root)
+        .arg(to.join("root"))
+        .output()?;
+    ensure!(out.status.success(), "cp: {out:?}");
+    let stolen_img = to.join("stolen.img");
+    std::fs::copy(img, &stolen_img)?;
+    let mut copy = Node::new(to);
+    copy.address = node.address;
+    Ok((copy, stolen_img.to_str().context("utf-8")?.to_string()))
+}
+
+/// The cluster half in the record at `key` (under the curator's namespace), read from
+/// the first node's etcd.
+fn record_half(cluster: &Cluster, key: &str) -> Result<Vec<u8>> {
+    use prost::Message;
+    let raw = cluster
+        .first
+        .etcd_get(&format!("namespaced:curator/{key}"))?
+        .with_context(|| format!("no record at {key}"))?;
+    Ok(proto::state::Node::decode(raw.as_slice())?.data_cluster_half)
+}
+
+/// Starts the stolen copy and expects a refusal mentioning `why`.
+fn refused(copy: &mut Node, img: &str, why: &str) -> Result<()> {
+    copy.start(&["--data-device", img])?;
+    let status = copy.proc().wait_exit(TIMEOUT)?;
+    let out = copy.proc().output();
+    ensure!(!status.success(), "the stolen copy started:\n{out}");
+    ensure!(
+        out.contains("refuses to unlock") && out.contains(why),
+        "{out}"
+    );
+    ensure!(
+        !datafs::mounts::is_mount_point(&copy.root.join("data"))?,
+        "the copy is mounted"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_copy_of_a_decommissioned_or_deleted_worker_never_unlocks() -> Result<()> {
+    if !usable() {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let cluster = Cluster::bootstrap(dir.path())?;
+    let img = image(&dir.path().join("w.img"))?;
+    let _mounts = Mounts(dir.path().join("w/root"));
+    let _stolen_mounts = Mounts(dir.path().join("copy/root"));
+    let (mut node, id) = encrypted_worker(&cluster, "w", &img)?;
+    stop(&mut node)?;
+    let copy_dir = dir.path().join("copy");
+    std::fs::create_dir(&copy_dir)?;
+    let (mut copy, stolen_img) = steal(&node, &img, &copy_dir)?;
+
+    // Before the decommission the copy is as good as the node (the threat model: a
+    // copy with the ESP unlocks while the cluster still knows the node).
+    copy.start(&["--data-device", &stolen_img])?;
+    copy.wait_home()?;
+    stop(&mut copy)?;
+
+    node.start(&["--data-device", &img])?;
+    node.wait_home()?;
+    ensure!(
+        !record_half(&cluster, &format!("nodes/{id}"))?.is_empty(),
+        "the record holds no cluster half"
+    );
+    cluster.ctl_retry(&["node", "decommission", &id])?;
+    let status = node.proc().wait_exit(TIMEOUT)?;
+    ensure!(status.success(), "decommissioned node exited with {status}");
+    ensure!(
+        !node.root.join("esp/data-local-half").exists(),
+        "the decommissioned node kept its local half"
+    );
+    cluster.wait_node(&id, "DECOMMISSIONED", None)?;
+    // Erased, not only refused: a state change alone would leave it in every backup.
+    ensure!(
+        record_half(&cluster, &format!("nodes/{id}"))?.is_empty(),
+        "the decommissioned record still holds the cluster half"
+    );
+    refused(&mut copy, &stolen_img, "DECOMMISSIONED")?;
+
+    cluster.ctl_retry(&["node", "delete", &id])?;
+    ensure!(
+        record_half(&cluster, &format!("deleted/{id}"))?.is_empty(),
+        "the tombstone holds the cluster half"
+    );
+    refused(
+        &mut copy,
+        &stolen_img,
+        "no node of this cluster holds this join key",
+    )?;
+    Ok(())
+}
+
+#[test]
+fn an_encrypted_worker_joins_restarts_through_the_curator_and_hides_its_data() -> Result<()> {
+    if !usable() {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::bootstrap(dir.path())?;
+    let img = image(&dir.path().join("w.img"))?;
+    let _mounts = Mounts(dir.path().join("w/root"));
+    let (mut node, _id) = encrypted_worker(&cluster, "w", &img)?;
+    let root = node.root.clone();
     let node_key = std::fs::read(root.join("data/node/key.der"))?;
     let node_cert = std::fs::read(root.join("data/node/cert.der"))?;
 

@@ -17,7 +17,8 @@ mod batch;
 
 use consensus::Namespaced;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-use proto::state::Node;
+use prost::Message as _;
+use proto::state::{Node, NodeState};
 
 pub use batch::written_by;
 
@@ -119,12 +120,25 @@ pub async fn apply_event(
             Outcome::Enter(state) => {
                 let mut node = current.cloned().unwrap_or_else(&create);
                 node.state = state as i32;
+                if erases_data_key(state) {
+                    // Issue 18: the cluster half of the node's data key goes in the
+                    // same write that starts its end: a copy of its disk never unlocks.
+                    node.data_cluster_half.clear();
+                }
                 Ok(Some(node))
             }
         }
     })
     .await?
     .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))
+}
+
+/// Whether entering `state` erases the cluster half of the node's data key.
+fn erases_data_key(state: NodeState) -> bool {
+    matches!(
+        state,
+        NodeState::Decommissioning | NodeState::Decommissioned
+    )
 }
 
 /// Deletes the record of `id` as the lifecycle allows (`Event::Delete`), leaving the
@@ -147,6 +161,12 @@ pub async fn delete_node(
             return Err(NodeUpdateError::NotFound(id.to_string()));
         };
         let node = decode_node(id, kv.value())?;
+        // The tombstone keeps the record without the cluster half of its data key.
+        let tombstone = Node {
+            data_cluster_half: Vec::new(),
+            ..node.clone()
+        }
+        .encode_to_vec();
         match transition(Some(node_state(&node)), Event::Delete).map_err(|source| {
             NodeUpdateError::Transition {
                 id: id.to_string(),
@@ -165,7 +185,7 @@ pub async fn delete_node(
             ])
             .and_then([
                 TxnOp::delete(key.clone(), None),
-                TxnOp::put(curator.key(&tombstone_key(id)), kv.value(), None),
+                TxnOp::put(curator.key(&tombstone_key(id)), tombstone.clone(), None),
             ])
             .or_else([TxnOp::get(leadership.key.clone(), None)]);
         let response = curator
