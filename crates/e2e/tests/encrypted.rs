@@ -237,3 +237,41 @@ fn an_encrypted_worker_joins_restarts_through_the_curator_and_hides_its_data() -
     );
     Ok(())
 }
+
+#[test]
+fn an_encrypted_worker_killed_while_mounted_restarts() -> Result<()> {
+    if !usable() {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let cluster = Cluster::bootstrap(dir.path())?;
+    let img = image(&dir.path().join("w.img"))?;
+    let _mounts = Mounts(dir.path().join("w/root"));
+    let (mut node, id) = encrypted_worker(&cluster, "w", &img)?;
+    let root = node.root.clone();
+    for _ in 0..2 {
+        node.proc().signal(libc::SIGKILL);
+        node.proc().wait_exit(TIMEOUT)?;
+        // Left mounted (and unlocked) by the killed process: taken over, not refused.
+        ensure!(
+            datafs::mounts::is_mount_point(&root.join("data"))?,
+            "not left mounted"
+        );
+        node.start(&["--data-device", &img])?;
+        node.wait_home()?;
+        ensure!(
+            node.key_node_id()? == id,
+            "another node key after the restart"
+        );
+    }
+    stop(&mut node)?;
+    ensure!(
+        !datafs::mounts::is_mount_point(&root.join("data"))?,
+        "still mounted"
+    );
+    ensure!(
+        !datafs::mounts::is_mount_point(&root.join("datafs"))?,
+        "still mounted"
+    );
+    Ok(())
+}
