@@ -25,7 +25,9 @@
 //!
 //! Invariants:
 //! - Nothing but a zeroed device is formatted unless the caller says
-//!   [`FormatPolicy::Always`]; a device of another owner is refused by name.
+//!   [`FormatPolicy::Always`] (anything) or [`FormatPolicy::UnlessOwn`] (anything but the
+//!   owner's own file system); [`FormatPolicy::Never`] formats nothing. A device of
+//!   another owner is refused by name.
 //! - Node data is only ever written inside the encrypted directory, and only once the
 //!   key that unlocks it is the key the directory was made with (compared by the kernel's
 //!   key identifier); a wrong key is refused and removed from the kernel again.

@@ -27,6 +27,9 @@ pub enum FormatPolicy {
     /// Never format: the device must hold our file system already (a node whose data
     /// is known to be on it).
     Never,
+    /// Format anything but this owner's own file system: the operator asked to format a
+    /// device on a node's first start, and that start may be a resumed one.
+    UnlessOwn,
 }
 
 /// What to open and where.
@@ -108,6 +111,26 @@ fn close(fs_dir: &Path, data_dir: &Path, key_id: &KeyId) -> Result<(), Error> {
 /// encrypted directory was made with, and bind-mounts that directory on `data_dir`.
 /// Leftover mounts of a process killed while the volume was open are unmounted first.
 pub fn open(spec: &Spec<'_>, key: &DataKey) -> Result<Volume, Error> {
+    if spec.format != FormatPolicy::UnlessOwn {
+        return open_as(spec, key);
+    }
+    let kept = Spec {
+        format: FormatPolicy::IfEmpty,
+        ..*spec
+    };
+    match open_as(&kept, key) {
+        Err(Error::Foreign { .. } | Error::OtherOwner { .. } | Error::Marker { .. }) => {
+            let formatted = Spec {
+                format: FormatPolicy::Always,
+                ..*spec
+            };
+            open_as(&formatted, key)
+        }
+        other => other,
+    }
+}
+
+fn open_as(spec: &Spec<'_>, key: &DataKey) -> Result<Volume, Error> {
     if !fscrypt::kernel_supports_ext4_encryption() {
         return Err(Error::Unsupported);
     }
@@ -137,7 +160,7 @@ pub fn open(spec: &Spec<'_>, key: &DataKey) -> Result<Volume, Error> {
                 device: device.to_path_buf(),
             });
         }
-        (Content::Empty, FormatPolicy::IfEmpty) => true,
+        (Content::Empty, FormatPolicy::IfEmpty | FormatPolicy::UnlessOwn) => true,
         (Content::Ours, _) => false,
         (Content::Other(what), _) => {
             return Err(Error::Foreign {

@@ -460,3 +460,37 @@ fn never_formats_under_the_never_policy() {
     assert!(!v.formatted());
     v.close().unwrap();
 }
+
+#[test]
+fn unless_own_formats_everything_but_the_owners_file_system() {
+    if !usable() {
+        return;
+    }
+    let img = Image::new();
+    let out = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-L", "home"])
+        .arg(img.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v = img
+        .open(&owner("n1"), &key(1, 2), FormatPolicy::UnlessOwn)
+        .unwrap();
+    assert!(v.formatted(), "a foreign file system was kept");
+    fs::write(img.data_dir().join("f"), b"mine").unwrap();
+    v.close().unwrap();
+    // Its own: kept (a resumed first start).
+    let v = img
+        .open(&owner("n1"), &key(1, 2), FormatPolicy::UnlessOwn)
+        .unwrap();
+    assert!(!v.formatted());
+    assert_eq!(fs::read(img.data_dir().join("f")).unwrap(), b"mine");
+    v.close().unwrap();
+    // Another node's: formatted.
+    let v = img
+        .open(&owner("n2"), &key(3, 4), FormatPolicy::UnlessOwn)
+        .unwrap();
+    assert!(v.formatted());
+    assert!(!img.data_dir().join("f").exists());
+    v.close().unwrap();
+}

@@ -275,3 +275,63 @@ fn an_encrypted_worker_killed_while_mounted_restarts() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn a_foreign_device_needs_the_format_flag_and_a_bootstrap_refuses_the_flag() -> Result<()> {
+    if !usable() {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let cluster = Cluster::bootstrap(dir.path())?;
+    let img = image(&dir.path().join("w.img"))?;
+    let out = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-L", "home"])
+        .arg(&img)
+        .output()?;
+    ensure!(out.status.success(), "mkfs: {out:?}");
+    let _mounts = Mounts(dir.path().join("w/root"));
+    let params = cluster.register_params("w")?;
+    let params = params.to_str().context("utf-8")?;
+    let mut node = cluster.new_node("w")?;
+    node.start(&["--params", params, "--data-device", &img])?;
+    let status = node.proc().wait_exit(TIMEOUT)?;
+    let out = node.proc().output();
+    ensure!(!status.success(), "a foreign device was used:\n{out}");
+    ensure!(
+        out.contains("labelled \\\"home\\\"") && out.contains("--data-device-format"),
+        "{out}"
+    );
+    node.start(&[
+        "--params",
+        params,
+        "--data-device",
+        &img,
+        "--data-device-format",
+    ])?;
+    node.wait_state("Foreign")?;
+    stop(&mut node)?;
+
+    // The first node of a cluster cannot keep its cluster half anywhere but inside the
+    // data it unlocks: refused, with nothing written.
+    let mut first = Node::new(&dir.path().join("b"));
+    let bootstrap = first.bootstrap_params()?;
+    let img_b = image(&dir.path().join("b.img"))?;
+    first.start(&[
+        "--params",
+        bootstrap.to_str().unwrap(),
+        "--data-device",
+        &img_b,
+    ])?;
+    let status = first.proc().wait_exit(TIMEOUT)?;
+    let out = first.proc().output();
+    ensure!(!status.success(), "a bootstrap took --data-device");
+    ensure!(
+        out.contains("not available to a bootstrapping node"),
+        "{out}"
+    );
+    ensure!(
+        std::fs::read(&img_b)?.iter().all(|&b| b == 0),
+        "the refused bootstrap wrote its device"
+    );
+    Ok(())
+}

@@ -3,8 +3,9 @@
 //!
 //! ```text
 //!   no sealed configuration (registering):  ESP keys loaded or created (datakeys);
-//!                                           device formatted when empty (or when
-//!                                           --data-device-format on a fresh start);
+//!                                           device formatted when empty (with
+//!                                           --data-device-format: unless it is this
+//!                                           node's own);
 //!                                           RegisterNode hands the cluster its half
 //!   sealed (a member of a cluster):         DataUnlock.UnlockData with the join key, to
 //!                                           the curators in the directory (CA pinned from
@@ -78,8 +79,9 @@ pub async fn open(root: &Root, dev: &DataDevice, params: &Path) -> Result<datafs
             ),
         };
         let keys = datakeys::load_or_create(root)?;
-        let format = if dev.format && keys.created {
-            datafs::FormatPolicy::Always
+        // Never the node's own file system: a resumed first start keeps what it wrote.
+        let format = if dev.format {
+            datafs::FormatPolicy::UnlessOwn
         } else {
             datafs::FormatPolicy::IfEmpty
         };

@@ -36,8 +36,6 @@ pub struct Fresh {
     pub join: NodeKey,
     pub local: datafs::Half,
     pub cluster: datafs::Half,
-    /// Created by this call (not left by an interrupted start).
-    pub created: bool,
 }
 
 /// The join key in the ESP; refused by name when missing or unreadable.
@@ -82,7 +80,6 @@ pub fn load_or_create(root: &Root) -> Result<Fresh> {
             join,
             local,
             cluster,
-            created: true,
         });
     }
     if let Some(missing) = paths.iter().zip(&present).find(|(_, p)| !**p) {
@@ -97,7 +94,6 @@ pub fn load_or_create(root: &Root) -> Result<Fresh> {
         join: read_join_key(root)?,
         local: datafs::halffile::load(&local_half(root))?,
         cluster: read_pending(root)?.expect("present"),
-        created: false,
     })
 }
 
