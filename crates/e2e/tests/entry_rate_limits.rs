@@ -24,7 +24,7 @@ async fn a_burst_from_one_address_is_limited_while_another_address_registers() -
     let request = |address: String| api::RegisterNodeRequest {
         register_ticket: register.register_ticket.clone(),
         address,
-        labels: Default::default(),
+        ..Default::default()
     };
 
     // One key from one address, as fast as it goes: the same node registering over

@@ -53,6 +53,7 @@ async fn a_renewal_racing_a_decommission_leaves_no_valid_certificate() -> Result
             register_ticket: register.register_ticket.clone(),
             address: "127.0.0.1".into(),
             labels: Default::default(),
+            ..Default::default()
         })
         .await?
         .into_inner();

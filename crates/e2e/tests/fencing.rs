@@ -38,6 +38,7 @@ async fn register_loop(
                 register_ticket: register.register_ticket.clone(),
                 address: "127.0.0.1".into(),
                 labels: Default::default(),
+                ..Default::default()
             })
             .await;
         match answer {
@@ -271,6 +272,7 @@ async fn two_nodes_cannot_share_an_address() -> Result<()> {
             register_ticket: register.register_ticket.clone(),
             address: cluster.first.address.to_string(),
             labels: Default::default(),
+            ..Default::default()
         })
         .await
         .expect_err("a second node on the first node's address");
@@ -357,6 +359,7 @@ async fn a_commit_repeated_after_its_certificate_expired_gets_a_valid_one() -> R
             register_ticket: register.register_ticket.clone(),
             address: "127.0.0.1".into(),
             labels: Default::default(),
+            ..Default::default()
         })
         .await?
         .into_inner();

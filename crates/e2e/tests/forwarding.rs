@@ -70,7 +70,7 @@ async fn forty_waiting_registrations_do_not_block_forwarded_calls() -> Result<()
                 api::RegisterNodeRequest {
                     register_ticket: register.register_ticket.clone(),
                     address: format!("127.251.0.{}", n + 1),
-                    labels: Default::default(),
+                    ..Default::default()
                 },
             ),
         )

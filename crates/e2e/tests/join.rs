@@ -260,6 +260,7 @@ async fn every_registration_call_is_idempotent() -> Result<()> {
         register_ticket: register.register_ticket.clone(),
         address: "127.0.0.1".into(),
         labels: [("rack".to_string(), "r1".to_string())].into(),
+        ..Default::default()
     };
 
     // Register twice: one NEW node.

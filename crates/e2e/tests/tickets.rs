@@ -38,7 +38,7 @@ async fn register_new_key(
         .register_node(api::RegisterNodeRequest {
             register_ticket: register.register_ticket.clone(),
             address: unique_loopback().to_string(),
-            labels: Default::default(),
+            ..Default::default()
         })
         .await;
     Ok(match answer {

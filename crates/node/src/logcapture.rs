@@ -88,6 +88,12 @@ impl LogHub {
         Ok(())
     }
 
+    /// Stops writing the log file (lines stay in memory): the data file system it is on
+    /// is about to be unmounted.
+    pub fn detach_file(&self) {
+        self.lock().file = None;
+    }
+
     /// The last `n` lines matching `filter` (0: all) and the sequence after them.
     pub fn last(&self, n: usize, filter: &LineFilter) -> (Vec<LogLine>, u64) {
         let inner = self.lock();

@@ -63,6 +63,9 @@
 //!   set_curators    `polis-node set-curators`: the cluster directory replaced (root
 //!     │             locked, membership required); the node is not started
 //!     └──▶ preflight (lock_root)
+//!   datadev         --data-device: the ESP's keys, DataUnlock (waits, Split), the
+//!     │             encrypted data file system mounted on data/ (datafs)
+//!     └──▶ datakeys
 //!   preflight       every refusal before anything is written; the Plan
 //!     │ ──▶ decision    the start decision (pure)
 //!     │ ──▶ join        a member's identity, roles, directory, loaded and checked
@@ -79,6 +82,8 @@
 //!   staleview       which WatchNode update may be applied: never an older revision
 //!                   (pure rule; the newest applied one kept in the directory)
 //!   settings        Settings (from the flags)
+//!   datakeys        ESP files of a data device: local half, join key, pending
+//!                   cluster half; ROOT/datafs (on storage)
 //!   files           peer files, PEM, node key, directory, member.pb, quota.pb
 //!                   (on storage)
 //!   membership      Membership, BootstrapData, JoinData (pure data)
@@ -112,6 +117,7 @@
 mod cluster_state;
 mod crash;
 mod curator_client;
+mod datakeys;
 mod exporter;
 mod fatal;
 mod files;
@@ -127,6 +133,7 @@ mod values;
 
 // Start paths: once per start.
 mod bootstrap;
+mod datadev;
 mod decision;
 mod join;
 mod preflight;
@@ -192,6 +199,14 @@ struct Args {
     /// that does not belong to a cluster yet.
     #[arg(long)]
     params: Option<PathBuf>,
+    /// Keep ROOT/data on this device (a block device, or a file used through a loop
+    /// device), encrypted with a key split between this node's ESP and the cluster.
+    /// Formatted on the first start when empty. Registering nodes only, for now.
+    #[arg(long, value_name = "DEV")]
+    data_device: Option<PathBuf>,
+    /// Format the data device on the first start even though it holds something.
+    #[arg(long, requires = "data_device")]
+    data_device_format: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -358,6 +373,7 @@ struct Start {
     recover: Option<bool>,
     /// `Some(backup file)`: `polis-node restore`.
     restore: Option<PathBuf>,
+    data_device: Option<datadev::DataDevice>,
     args: Common,
 }
 
@@ -388,6 +404,7 @@ fn main() -> ExitCode {
             params: None,
             recover: Some(r.force),
             restore: None,
+            data_device: None,
             args: r.common,
         },
         Some(Command::Restore(r)) => Start {
@@ -396,6 +413,7 @@ fn main() -> ExitCode {
             params: None,
             recover: None,
             restore: Some(r.backup),
+            data_device: None,
             args: r.common,
         },
         None => Start {
@@ -404,6 +422,10 @@ fn main() -> ExitCode {
             params: parsed.params,
             recover: None,
             restore: None,
+            data_device: parsed.data_device.map(|device| datadev::DataDevice {
+                device,
+                format: parsed.data_device_format,
+            }),
             args: parsed.common,
         },
     };
@@ -458,7 +480,7 @@ async fn run(start: Start) -> Result<()> {
         heartbeat: Duration::from_millis(args.etcd_heartbeat_ms),
         election_timeout: Duration::from_millis(args.etcd_election_timeout_ms),
     };
-    let (_lock, address, plan, force_new_cluster) = match (start.recover, start.address) {
+    let (_lock, address, plan, force_new_cluster, volume) = match (start.recover, start.address) {
         (None, Some(address)) if start.restore.is_some() => {
             let flags = restore::RestoreFlags {
                 address,
@@ -467,7 +489,7 @@ async fn run(start: Start) -> Result<()> {
                 raft_timing,
             };
             let (lock, plan) = restore::restore(&root, &flags).await?;
-            (lock, address, plan, ForceNewCluster::default())
+            (lock, address, plan, ForceNewCluster::default(), None)
         }
         (Some(force), address) => {
             let flags = recover::RecoverFlags {
@@ -476,7 +498,7 @@ async fn run(start: Start) -> Result<()> {
                 force,
             };
             let (lock, address, plan) = recover::preflight(&root, &flags).await?;
-            (lock, address, plan, ForceNewCluster::armed())
+            (lock, address, plan, ForceNewCluster::armed(), None)
         }
         (None, address) => {
             let address = address.context("--address is required")?;
@@ -485,8 +507,23 @@ async fn run(start: Start) -> Result<()> {
                 params: start.params.clone(),
                 etcd_binary: args.etcd_binary.clone(),
             };
-            let (lock, plan) = preflight::preflight(&flags, &root)?;
-            (lock, address, plan, ForceNewCluster::default())
+            let (lock, plan, volume) = match &start.data_device {
+                None => {
+                    let (lock, plan) = preflight::preflight(&flags, &root)?;
+                    (lock, plan, None)
+                }
+                // The data is unlocked before the decision reads it.
+                Some(device) => {
+                    let lock = preflight::lock_checked(&flags, &root)?;
+                    let params = flags
+                        .params
+                        .clone()
+                        .unwrap_or_else(|| root.default_parameters());
+                    let volume = datadev::open(&root, device, &params).await?;
+                    (lock, preflight::decide_plan(&flags, &root)?, Some(volume))
+                }
+            };
+            (lock, address, plan, ForceNewCluster::default(), volume)
         }
     };
     root.prepare()?;
@@ -591,10 +628,20 @@ async fn run(start: Start) -> Result<()> {
     };
     supervisor.shutdown().await;
     tracing::info!("all runnables stopped");
+    if let Some(volume) = volume {
+        // Nothing uses the data any more: its key leaves the kernel, it is unmounted.
+        logcapture::hub().detach_file();
+        match tokio::task::spawn_blocking(move || volume.close()).await {
+            Ok(Ok(())) => tracing::info!("data device locked and unmounted"),
+            Ok(Err(e)) => tracing::error!("closing the data device: {e}"),
+            Err(e) => tracing::error!("closing the data device: {e}"),
+        }
+    }
     match outcome {
         Err(e) if e.downcast_ref::<LeftCluster>().is_some() => {
             // Every service has stopped: nothing uses the data any more.
             node_root.wipe_after_decommission(&e.to_string())?;
+            datakeys::erase(&node_root)?;
             tracing::info!("{e}: its data was wiped");
             eprintln!("polis-node: {e}; its data was wiped");
             Ok(())

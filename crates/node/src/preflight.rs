@@ -135,10 +135,16 @@ pub fn check_etcd_binary(path: &Path) -> Result<()> {
 /// Everything that can refuse the start, before anything is written (but the root lock,
 /// which the returned plan must be carried out under).
 pub fn preflight(flags: &Flags, root: &Root) -> Result<(RootLock, Plan)> {
+    let lock = lock_checked(flags, root)?;
+    Ok((lock, decide_plan(flags, root)?))
+}
+
+/// [`preflight`]'s checks and root lock without the decision: a data device is unlocked
+/// in between (`datadev`), then [`decide_plan`] reads what it holds.
+pub fn lock_checked(flags: &Flags, root: &Root) -> Result<RootLock> {
     check_address(flags.address)?;
     check_crash_points()?;
-    let lock = lock_root(root)?;
-    Ok((lock, decide_plan(flags, root)?))
+    lock_root(root)
 }
 
 /// The root lock (refused while another node runs on the root), then the refusal of a
@@ -161,7 +167,7 @@ pub fn lock_root(root: &Root) -> Result<RootLock> {
     Ok(lock)
 }
 
-fn decide_plan(flags: &Flags, root: &Root) -> Result<Plan> {
+pub fn decide_plan(flags: &Flags, root: &Root) -> Result<Plan> {
     let sealed_path = root.sealed_configuration();
     let params_path = flags
         .params

@@ -33,6 +33,7 @@ use proto::config::{
 
 use crate::cluster_state::ClusterState;
 use crate::crash::crash_point;
+use crate::datakeys;
 use crate::files::{parse_endpoints, read_node_key};
 use crate::membership::{JoinData, roles_from_names};
 use crate::retry::{Answer, Backoff, ProblemLog, call_until_answered, pause};
@@ -97,10 +98,13 @@ pub async fn register(
         Some(rpc::self_signed(&key).context("creating the self-signed registration certificate")?),
     )
     .context("loading the self-signed registration certificate")?;
+    let data = datakeys::registration(root)?;
     let request = api::RegisterNodeRequest {
         register_ticket: params.register_ticket.clone(),
         address: address.to_string(),
         labels: params.labels.clone(),
+        data_join_key: data.as_ref().map(|d| d.0.clone()).unwrap_or_default(),
+        data_cluster_half: data.map(|d| d.1).unwrap_or_default(),
     };
     let mut problems = ProblemLog::default();
     let mut backoff = Backoff::default();
@@ -222,6 +226,10 @@ pub async fn register(
     crash_point("register-sealed");
     tracing::info!(node_id, "joined the cluster; sealed configuration written");
     forget_ticket(root);
+    // The cluster keeps the cluster half of the data key since RegisterNode.
+    if let Err(e) = datakeys::forget_pending(root) {
+        tracing::warn!("{e:#}; it is removed on the next start");
+    }
     Ok(Some(JoinData {
         key,
         sealed,

@@ -6,6 +6,7 @@
 //!   <root>/esp/sealed_configuration.pb   written last; present = "join on start"
 //!   <root>/esp/directory.pb              known curator endpoints (ClusterDirectory)
 //!   <root>/esp/decommissioned            left when the node was decommissioned and wiped
+//!   <root>/esp/data-*, <root>/datafs/    --data-device only (see `datakeys`)
 //!   <root>/data/node/disowning           present while the node is being decommissioned
 //!   <root>/data/node/roles.pb            roles as last seen from the cluster (LocalRoles)
 //!   <root>/data/node/key.der             node Ed25519 key (PKCS#8)       0600

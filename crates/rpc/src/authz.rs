@@ -107,6 +107,7 @@ pub const METHODS: &[(&str, Permission)] = &[
     // A registering node has no certificate but a self-signed one for its key.
     ("/polis.api.Curator/RegisterNode", Permission::ProvenKey),
     ("/polis.api.Curator/CommitNode", Permission::ProvenKey),
+    ("/polis.api.DataUnlock/UnlockData", Permission::ProvenKey),
     // etcd upkeep: the curator leader asks a member's curator to defragment its own
     // etcd member; the handler also requires an UP ConsensusMember caller.
     (
@@ -300,6 +301,7 @@ mod tests {
         check("/polis.api.Curator/WatchNode", &["node"]);
         check("/polis.api.Curator/RegisterNode", &["self-signed"]);
         check("/polis.api.Curator/CommitNode", &["self-signed"]);
+        check("/polis.api.DataUnlock/UnlockData", &["self-signed"]);
         check("/polis.api.Backup/TakeBackup", &["owner"]);
         check("/polis.api.Backup/ListSnapshots", &["owner"]);
         check("/polis.api.Backup/FetchSnapshot", &["owner"]);
@@ -335,6 +337,7 @@ mod tests {
                 "/polis.api.Curator/RegisterNode",
                 "/polis.api.Curator/RenewCertificates",
                 "/polis.api.CuratorLocal/DefragmentMember",
+                "/polis.api.DataUnlock/UnlockData",
                 "/polis.api.Management/ApproveNode",
                 "/polis.api.Management/CreateRegisterTicket",
                 "/polis.api.Management/DecommissionNode",
@@ -370,6 +373,7 @@ mod tests {
                 "/polis.api.Curator/RegisterNode",
                 "/polis.api.CuratorLocal/GetCACertificate",
                 "/polis.api.CuratorLocal/GetCurrentLeader",
+                "/polis.api.DataUnlock/UnlockData",
             ]
         );
     }

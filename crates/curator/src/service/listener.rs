@@ -169,6 +169,9 @@ pub(super) async fn serve(
         ))
         .add_service(api::curator_server::CuratorServer::new(services.clone()))
         .add_service(api::backup_server::BackupServer::new(services.clone()))
+        .add_service(api::data_unlock_server::DataUnlockServer::new(
+            services.clone(),
+        ))
         .add_service(api::audit_server::AuditServer::new(services))
         .serve_with_incoming_shutdown(
             rpc::incoming(listener, tls),

@@ -30,7 +30,8 @@
 //!                    nodes (Curator), backup (Backup: a snapshot of this curator's
 //!                    own etcd member); node_info builds their NodeInfo answers;
 //!                    scheduled_api (snapshot listing, fetch, relay; the schedule)
-//!                    audit_log (Audit, and the writer behind rpc::AuditLayer)
+//!                    audit_log (Audit, and the writer behind rpc::AuditLayer);
+//!                    unlock (DataUnlock: a node's cluster half of its data key)
 //!   runnables        snapshot (`nodes`), crl, health, upkeep (etcd upkeep; also
 //!                    CuratorLocal.DefragmentMember's work), scheduled (scheduled
 //!                    snapshots; their files listed and located)
@@ -85,6 +86,7 @@ mod shared;
 mod snapshot;
 mod status;
 mod tickets;
+mod unlock;
 mod upkeep;
 
 use std::collections::HashMap;

@@ -36,7 +36,7 @@ use super::shared::{NodeSnapshot, Services, Shared};
 use super::status::{
     identity, node_update_status, record_address, record_key, self_signed_key, status_from,
 };
-use super::{issuance, membership, tickets};
+use super::{issuance, membership, tickets, unlock};
 use crate::error::NodeUpdateError;
 use crate::health::Tracker;
 use crate::lifecycle::{Event, TransitionError};
@@ -232,6 +232,7 @@ impl api::curator_server::Curator for Services {
             &[],
         )
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        unlock::check_registration(&r.data_join_key, &r.data_cluster_half)?;
         let leadership = self.0.leadership().await?;
         let existing = records::load_node(&self.0.curator, &id)
             .await
@@ -283,6 +284,11 @@ impl api::curator_server::Curator for Services {
                     "address {address} belongs to node {holder}; every node needs an address of its own"
                 )));
             }
+            if let Some(holder) = unlock::join_key_holder(self, &id, &r.data_join_key).await? {
+                return Err(Status::already_exists(format!(
+                    "this data join key belongs to node {holder}; every node needs its own"
+                )));
+            }
         }
         let new_record = || Node {
             id: id.clone(),
@@ -291,6 +297,8 @@ impl api::curator_server::Curator for Services {
             roles: None,
             address: address.to_string(),
             labels: labels.clone().into_iter().collect(),
+            data_join_key: r.data_join_key.clone(),
+            data_cluster_half: r.data_cluster_half.clone(),
             ..Default::default()
         };
         // A new key spends one use of its ticket in the transaction creating its record;

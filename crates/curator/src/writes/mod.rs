@@ -21,7 +21,7 @@ mod batch;
 use consensus::Namespaced;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use prost::Message;
-use proto::state::Node;
+use proto::state::{Node, NodeState};
 
 pub use batch::written_by;
 
@@ -123,6 +123,11 @@ pub async fn apply_event(
             Outcome::Enter(state) => {
                 let mut node = current.cloned().unwrap_or_else(&create);
                 node.state = state as i32;
+                if erases_data_key(state) {
+                    // Issue 18: the cluster half of the node's data key goes in the
+                    // same write that starts its end: a copy of its disk never unlocks.
+                    node.data_cluster_half.clear();
+                }
                 Ok(Some(node))
             }
         }
@@ -203,6 +208,14 @@ pub async fn create_node(
     Ok(Created::GuardFailed)
 }
 
+/// Whether entering `state` erases the cluster half of the node's data key.
+fn erases_data_key(state: NodeState) -> bool {
+    matches!(
+        state,
+        NodeState::Decommissioning | NodeState::Decommissioned
+    )
+}
+
 /// Deletes the record of `id` as the lifecycle allows (`Event::Delete`), leaving the
 /// record as it was under [`tombstone_key`]: one transaction guarded by leadership and
 /// by the record's revision, repeated when the record changed in between. Returns the
@@ -223,6 +236,12 @@ pub async fn delete_node(
             return Err(NodeUpdateError::NotFound(id.to_string()));
         };
         let node = decode_node(id, kv.value())?;
+        // The tombstone keeps the record without the cluster half of its data key.
+        let tombstone = Node {
+            data_cluster_half: Vec::new(),
+            ..node.clone()
+        }
+        .encode_to_vec();
         match transition(Some(node_state(&node)), Event::Delete).map_err(|source| {
             NodeUpdateError::Transition {
                 id: id.to_string(),
@@ -241,7 +260,7 @@ pub async fn delete_node(
             ])
             .and_then([
                 TxnOp::delete(key.clone(), None),
-                TxnOp::put(curator.key(&tombstone_key(id)), kv.value(), None),
+                TxnOp::put(curator.key(&tombstone_key(id)), tombstone.clone(), None),
             ])
             .or_else([TxnOp::get(leadership.key.clone(), None)]);
         let response = curator

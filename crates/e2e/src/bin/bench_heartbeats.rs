@@ -77,6 +77,7 @@ async fn enrol(setup: &Setup, n: usize) -> Result<SimNode> {
             register_ticket: setup.ticket.clone(),
             address: address.clone(),
             labels: Default::default(),
+            ..Default::default()
         })
         .await
         .context("RegisterNode")?

@@ -1,0 +1,157 @@
+//! DataUnlock: a node whose data is encrypted (issue 18) proves its join key and receives
+//! the cluster half of its data key, before its data (node key included) is readable.
+//!
+//! ```text
+//!   node (self-signed cert, join key) ── UnlockData ──▶ the record holding that join key
+//!        ◀── node ID, cluster half ─────────────────── unless DECOMMISSIONED/DECOMMISSIONING,
+//!                                                      erased, or no such record (deleted)
+//! ```
+//! The half leaves etcd only here, only to the holder of the join key. Records are read
+//! from etcd (not the snapshot), so an erase is never answered around.
+
+use proto::api;
+use proto::state::{Node, NodeState};
+use tonic::{Request, Response, Status};
+
+use super::shared::Services;
+use super::status::{self_signed_key, status_from};
+use crate::records;
+
+/// Why a join key gets no cluster half, or `None` when the record may be unlocked.
+pub(crate) fn unlock_refusal(node: &Node) -> Option<String> {
+    let state = records::node_state(node);
+    if matches!(
+        state,
+        NodeState::Decommissioned | NodeState::Decommissioning
+    ) {
+        return Some(format!(
+            "node {} is {}: its data stays locked",
+            node.id,
+            state.as_str_name()
+        ));
+    }
+    if node.data_cluster_half.is_empty() {
+        return Some(format!(
+            "node {} has no cluster half of a data key (erased, or never registered with an \
+             encrypted data device)",
+            node.id
+        ));
+    }
+    None
+}
+
+/// The longest cluster half a record takes (a datafs half is 41 bytes).
+const MAX_HALF_LEN: usize = 128;
+
+/// Checks RegisterNode's data fields: both or neither, a 32-byte key, a bounded half.
+pub(super) fn check_registration(join_key: &[u8], half: &[u8]) -> Result<(), Status> {
+    match (join_key.len(), half.len()) {
+        (0, 0) => Ok(()),
+        (32, 1..=MAX_HALF_LEN) => Ok(()),
+        (32, 0) | (0, _) => Err(Status::invalid_argument(
+            "a data join key and a data cluster half come together",
+        )),
+        (32, n) => Err(Status::invalid_argument(format!(
+            "the data cluster half is {n} bytes (at most {MAX_HALF_LEN})"
+        ))),
+        (n, _) => Err(Status::invalid_argument(format!(
+            "the data join key is {n} bytes, not a 32-byte Ed25519 public key"
+        ))),
+    }
+}
+
+/// The node (other than `id`) whose record holds `join_key` already, if any: a join key
+/// names one node, or UnlockData could answer the wrong one.
+pub(super) async fn join_key_holder(
+    services: &Services,
+    id: &str,
+    join_key: &[u8],
+) -> Result<Option<String>, Status> {
+    if join_key.is_empty() {
+        return Ok(None);
+    }
+    Ok(records::list_nodes(&services.0.curator)
+        .await
+        .map_err(status_from)?
+        .into_iter()
+        .find(|n| n.id != id && n.data_join_key == join_key)
+        .map(|n| n.id))
+}
+
+#[tonic::async_trait]
+impl api::data_unlock_server::DataUnlock for Services {
+    async fn unlock_data(
+        &self,
+        request: Request<api::UnlockDataRequest>,
+    ) -> Result<Response<api::UnlockDataResponse>, Status> {
+        let key = self_signed_key(&request)?;
+        let nodes = records::list_nodes(&self.0.curator)
+            .await
+            .map_err(status_from)?;
+        let Some(node) = nodes
+            .into_iter()
+            .find(|n| n.data_join_key.as_slice() == key.as_slice())
+        else {
+            tracing::warn!("data unlock refused: no record holds this join key");
+            return Err(Status::permission_denied(
+                "no node of this cluster holds this join key (deleted, or never registered \
+                 with an encrypted data device)",
+            ));
+        };
+        if let Some(why) = unlock_refusal(&node) {
+            tracing::warn!(node = node.id, "data unlock refused: {why}");
+            return Err(Status::permission_denied(why));
+        }
+        tracing::info!(
+            node = node.id,
+            "handed a node the cluster half of its data key"
+        );
+        Ok(Response::new(api::UnlockDataResponse {
+            node_id: node.id,
+            cluster_half: node.data_cluster_half,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(state: NodeState, half: &[u8]) -> Node {
+        Node {
+            id: "polis-x".into(),
+            state: state as i32,
+            data_join_key: vec![1; 32],
+            data_cluster_half: half.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn registration_fields_come_together_and_are_bounded() {
+        assert!(check_registration(&[], &[]).is_ok());
+        assert!(check_registration(&[1; 32], &[2; 41]).is_ok());
+        for (key, half) in [
+            (vec![1; 32], vec![]),
+            (vec![], vec![2; 41]),
+            (vec![1; 31], vec![2; 41]),
+            (vec![1; 32], vec![2; 129]),
+        ] {
+            let e = check_registration(&key, &half).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{key:?} {half:?}");
+        }
+    }
+
+    #[test]
+    fn only_live_records_with_a_half_unlock() {
+        for state in [NodeState::New, NodeState::Standby, NodeState::Up] {
+            assert_eq!(unlock_refusal(&node(state, &[7; 41])), None, "{state:?}");
+        }
+        for state in [NodeState::Decommissioning, NodeState::Decommissioned] {
+            let why = unlock_refusal(&node(state, &[7; 41])).expect("refused");
+            assert!(why.contains("stays locked"), "{why}");
+        }
+        let why = unlock_refusal(&node(NodeState::Up, &[])).expect("refused");
+        assert!(why.contains("no cluster half"), "{why}");
+    }
+}

@@ -1,0 +1,141 @@
+//! The ESP files of an encrypted data device (issue 18), beside the data they unlock:
+//!
+//! ```text
+//!   <root>/esp/data-local-half      local half of the data key (datafs encoding)   0600
+//!   <root>/esp/data-join-key.der    join key (Ed25519 PKCS#8): proves the node      0600
+//!                                   before its data (and node key) is unlocked
+//!   <root>/esp/data-cluster-half    the cluster half, only until the cluster keeps   0600
+//!                                   it (registration; removed once sealed)
+//!   <root>/datafs/                  where the data file system is mounted; its
+//!                                   encrypted directory is bind-mounted on data/
+//! ```
+//! A leaf: paths and files only (on `storage`); what to do with them is `datadev`'s.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result, bail};
+use identity::NodeKey;
+
+use crate::storage::{Root, write_atomic};
+
+pub fn local_half(root: &Root) -> PathBuf {
+    root.esp().join("data-local-half")
+}
+pub fn join_key(root: &Root) -> PathBuf {
+    root.esp().join("data-join-key.der")
+}
+pub fn pending_half(root: &Root) -> PathBuf {
+    root.esp().join("data-cluster-half")
+}
+pub fn fs_dir(root: &Root) -> PathBuf {
+    root.root.join("datafs")
+}
+
+/// The keys of a node that has not joined yet.
+pub struct Fresh {
+    pub join: NodeKey,
+    pub local: datafs::Half,
+    pub cluster: datafs::Half,
+}
+
+/// The join key in the ESP; refused by name when missing or unreadable.
+pub fn read_join_key(root: &Root) -> Result<NodeKey> {
+    let path = join_key(root);
+    let der = std::fs::read(&path).with_context(|| {
+        format!(
+            "reading the data device's join key {} (a missing or replaced ESP?)",
+            path.display()
+        )
+    })?;
+    NodeKey::from_pkcs8(&der)
+        .with_context(|| format!("the join key {} is corrupted", path.display()))
+}
+
+/// The cluster half kept until the cluster has it, if present.
+pub fn read_pending(root: &Root) -> Result<Option<datafs::Half>> {
+    let path = pending_half(root);
+    match std::fs::read(&path) {
+        Ok(bytes) => datafs::Half::decode(&bytes)
+            .map(Some)
+            .with_context(|| format!("the cluster half {} is unusable", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// The keys of a fresh node: all three created when none exists, all three read when
+/// an interrupted start left them; a partial set is refused, naming what is missing.
+pub fn load_or_create(root: &Root) -> Result<Fresh> {
+    let paths = [local_half(root), join_key(root), pending_half(root)];
+    let present: Vec<bool> = paths.iter().map(|p| p.exists()).collect();
+    if present.iter().all(|p| !p) {
+        let join = NodeKey::generate().context("generating the data join key")?;
+        let cluster = datafs::Half::generate().context("generating the cluster half")?;
+        // The cluster half and join key first: the local half's presence means "all
+        // three were written".
+        write_atomic(&pending_half(root), &cluster.encode()).context("saving the cluster half")?;
+        write_atomic(&join_key(root), join.pkcs8_der()).context("saving the data join key")?;
+        let local = datafs::halffile::create(&local_half(root))?;
+        return Ok(Fresh {
+            join,
+            local,
+            cluster,
+        });
+    }
+    if let Some(missing) = paths.iter().zip(&present).find(|(_, p)| !**p) {
+        bail!(
+            "{} is missing while other data device keys are in {}: the ESP is incomplete \
+             (restore it, or start over on a new root with --data-device-format)",
+            missing.0.display(),
+            root.esp().display()
+        );
+    }
+    Ok(Fresh {
+        join: read_join_key(root)?,
+        local: datafs::halffile::load(&local_half(root))?,
+        cluster: read_pending(root)?.expect("present"),
+    })
+}
+
+/// RegisterNode's data fields: the join key and the cluster half, when this node has an
+/// encrypted data device (its ESP holds both).
+pub fn registration(root: &Root) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+    if !join_key(root).exists() {
+        return Ok(None);
+    }
+    let Some(half) = read_pending(root)? else {
+        return Ok(None);
+    };
+    Ok(Some((
+        read_join_key(root)?.public_key().to_vec(),
+        half.encode(),
+    )))
+}
+
+/// Removes the cluster half from the ESP once the cluster keeps it (the node sealed).
+pub fn forget_pending(root: &Root) -> Result<()> {
+    let path = pending_half(root);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {
+            tracing::info!(
+                "the cluster keeps this node's cluster half now; removed it from the ESP"
+            );
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+    }
+}
+
+/// After a decommission: the ESP's keys go (without the cluster's half they are useless,
+/// but nothing of the node's data key is kept).
+pub fn erase(root: &Root) -> Result<()> {
+    for path in [local_half(root), join_key(root), pending_half(root)] {
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
+        }
+    }
+    Ok(())
+}
