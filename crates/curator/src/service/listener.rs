@@ -111,6 +111,8 @@ pub(super) async fn serve(
     }))
     .with_denials(super::audit_log::denials(audit_sink.clone()));
     let forward = rpc::ForwardLayer::new(forwarding(shared.clone()));
+    // Before forwarding (whose leader lookup reads etcd): no leader, no wait.
+    let quorum = super::quorum::QuorumLayer::new(shared.etcd_leader.clone());
     // Innermost: sees exactly the calls handled here, with their verified caller.
     let audit = rpc::server::AuditLayer::new(audit_sink);
     let services = Services(shared.clone());
@@ -128,6 +130,7 @@ pub(super) async fn serve(
         .trace_fn(move |_| span.clone())
         .layer(tower::util::option_layer(rpc_metrics))
         .layer(auth)
+        .layer(quorum)
         .layer(forward)
         .layer(audit)
         .add_service(api::curator_local_server::CuratorLocalServer::new(

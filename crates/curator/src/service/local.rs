@@ -9,6 +9,9 @@ use super::status::{identity, status_from};
 use super::{scheduled_api, upkeep};
 use crate::election;
 
+/// How long GetConsensusStatus waits for its linearizable read (it answers anyway).
+const QUORUM_READ_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[tonic::async_trait]
 impl api::curator_local_server::CuratorLocal for Services {
     type SnapshotsFetchLocalStream = scheduled_api::FileStream;
@@ -69,6 +72,12 @@ impl api::curator_local_server::CuratorLocal for Services {
         let status = client.status().await.map_err(|e| {
             Status::unavailable(format!("the local etcd member does not answer: {e}"))
         })?;
+        // A linearizable read first (only with a leader; bounded): the member list read
+        // after it holds every committed membership change.
+        let quorum_read = status.leader() != 0
+            && tokio::time::timeout(QUORUM_READ_BOUND, client.get("\0polis-quorum-read", None))
+                .await
+                .is_ok_and(|r| r.is_ok());
         let members = consensus::membership::members(&mut client)
             .await
             .map_err(|e| Status::unavailable(format!("listing etcd members: {e}")))?;
@@ -92,6 +101,7 @@ impl api::curator_local_server::CuratorLocal for Services {
             raft_index: status.raft_index(),
             raft_term: status.raft_term(),
             is_learner: status.is_learner(),
+            quorum_read,
             members: members
                 .into_iter()
                 .map(|m| api::ConsensusMember {
