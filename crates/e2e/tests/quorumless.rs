@@ -88,8 +88,7 @@ fn a_curator_without_quorum_answers_unavailable_fast() -> Result<()> {
             .await
         })
     };
-    let served = list_on_n0(&runtime)
-        .context("ListNodes on n0 before the cut timed out")??;
+    let served = list_on_n0(&runtime).context("ListNodes on n0 before the cut timed out")??;
     served.context("ListNodes on n0 before the cut")?;
 
     // Cut n0's etcd member off: freeze the other two members (polis-node and etcd).
@@ -139,7 +138,11 @@ fn a_curator_without_quorum_answers_unavailable_fast() -> Result<()> {
     let started = Instant::now();
     let n0_only = cluster.first.address.to_string();
     let (ok, _, err) = cluster.ctl(&["--endpoints", &n0_only, "node", "list"])?;
-    println!("polisctl with n0 alone failed in {:?}: {}", started.elapsed(), err.trim());
+    println!(
+        "polisctl with n0 alone failed in {:?}: {}",
+        started.elapsed(),
+        err.trim()
+    );
     assert!(!ok);
     assert!(err.contains("no leader"), "{err}");
     assert!(started.elapsed() <= 3 * TARGET, "{:?}", started.elapsed());
@@ -157,7 +160,10 @@ fn a_curator_without_quorum_answers_unavailable_fast() -> Result<()> {
             _ => std::thread::sleep(Duration::from_millis(100)),
         }
     }
-    println!("n0 with its etcd frozen refused after {:?}", refused_at.elapsed());
+    println!(
+        "n0 with its etcd frozen refused after {:?}",
+        refused_at.elapsed()
+    );
     let cut = Instant::now();
     let id_m2 = m2.key_node_id()?;
     let both = endpoints(&[&cluster.first, &m1]);
@@ -174,12 +180,19 @@ fn a_curator_without_quorum_answers_unavailable_fast() -> Result<()> {
         if ok {
             break;
         }
-        println!("polisctl [n0, m1] after {:?}: {}", cut.elapsed(), err.trim());
+        println!(
+            "polisctl [n0, m1] after {:?}: {}",
+            cut.elapsed(),
+            err.trim()
+        );
         anyhow::ensure!(Instant::now() < deadline, "never served by [n0, m1]: {err}");
     }
     let took = cut.elapsed();
     println!("{{\"write_through_others_ms\": {}}}", took.as_millis());
-    assert!(took <= 4 * TARGET, "the write through [n0, m1] took {took:?}");
+    assert!(
+        took <= 4 * TARGET,
+        "the write through [n0, m1] took {took:?}"
+    );
     drop(frozen);
     cluster.wait_members(&all, 3, 0)?;
     let node = cluster.node(&id_m2)?.context("m2's record")?;

@@ -209,7 +209,12 @@ async fn consensus_statuses(
 /// Resolves once etcd's member list, read with a quorum (see [`listing`]), no longer
 /// holds this node's member: only then may its etcd data go. Asks every [`ASK_AFTER`]
 /// meanwhile, saying once why it keeps the data. Never resolves when cancelled.
-pub async fn until_absent(ctx: &supervisor::Context, settings: &Settings, values: &NodeValues, own: &OwnMember) {
+pub async fn until_absent(
+    ctx: &supervisor::Context,
+    settings: &Settings,
+    values: &NodeValues,
+    own: &OwnMember,
+) {
     let mut said = None;
     loop {
         let answers = consensus_statuses(settings, values).await;
@@ -246,7 +251,12 @@ pub async fn until_absent(ctx: &supervisor::Context, settings: &Settings, values
 mod tests {
     use super::*;
 
-    fn answer(cluster: u64, raft_index: u64, quorum: bool, members: &[(u64, &str)]) -> api::GetConsensusStatusResponse {
+    fn answer(
+        cluster: u64,
+        raft_index: u64,
+        quorum: bool,
+        members: &[(u64, &str)],
+    ) -> api::GetConsensusStatusResponse {
         api::GetConsensusStatusResponse {
             cluster_id: cluster,
             leader_id: if quorum { 1 } else { 0 },
@@ -275,21 +285,42 @@ mod tests {
         let stale_without = answer(10, 3, false, &[(8, "polis-b")]);
         assert_eq!(listing(&own, &[]), Listing::Unknown);
         // A member without a leader (or whose quorum read failed) is no evidence.
-        assert_eq!(listing(&own, &[stale_without.clone()]), Listing::Unknown);
-        assert_eq!(listing(&own, &[with.clone(), stale_without]), Listing::Present { member: 7 });
-        assert_eq!(listing(&own, &[without.clone()]), Listing::Absent);
+        assert_eq!(
+            listing(&own, std::slice::from_ref(&stale_without)),
+            Listing::Unknown
+        );
+        assert_eq!(
+            listing(&own, &[with.clone(), stale_without]),
+            Listing::Present { member: 7 }
+        );
+        assert_eq!(
+            listing(&own, std::slice::from_ref(&without)),
+            Listing::Absent
+        );
         // The newest quorum read decides.
-        assert_eq!(listing(&own, &[with.clone(), without.clone()]), Listing::Absent);
+        assert_eq!(
+            listing(&own, &[with.clone(), without.clone()]),
+            Listing::Absent
+        );
         let newer_with = answer(10, 12, true, &[(7, "polis-me")]);
-        assert_eq!(listing(&own, &[without, newer_with]), Listing::Present { member: 7 });
+        assert_eq!(
+            listing(&own, &[without, newer_with]),
+            Listing::Present { member: 7 }
+        );
         // Another etcd cluster (restored) does not hold this member, whatever its IDs.
-        assert_eq!(listing(&own, &[answer(11, 5, true, &[(7, "polis-me")])]), Listing::Absent);
+        assert_eq!(
+            listing(&own, &[answer(11, 5, true, &[(7, "polis-me")])]),
+            Listing::Absent
+        );
         // Unrecorded (a learner never promoted): by name.
         let unrecorded = OwnMember {
             recorded: None,
             name: "polis-me".into(),
         };
-        assert_eq!(listing(&unrecorded, &[with]), Listing::Present { member: 7 });
+        assert_eq!(
+            listing(&unrecorded, &[with]),
+            Listing::Present { member: 7 }
+        );
         assert_eq!(
             listing(&unrecorded, &[answer(10, 5, true, &[(8, "polis-b")])]),
             Listing::Absent

@@ -109,7 +109,10 @@ pub async fn run(
         loop {
             if held && crate::crash::stale_hold() {
                 held = false;
-                tracing::warn!("holding the injected update for {:?}", crate::crash::STALE_HOLD);
+                tracing::warn!(
+                    "holding the injected update for {:?}",
+                    crate::crash::STALE_HOLD
+                );
                 if !pause(&ctx, crate::crash::STALE_HOLD).await {
                     return Ok(());
                 }

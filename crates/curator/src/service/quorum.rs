@@ -43,7 +43,10 @@ const QUORUM_FREE: &[&str] = &[
 ];
 
 /// The `quorum` runnable: keeps `shared.etcd_leader` current, logging each change once.
-pub(super) async fn run(ctx: supervisor::Context, shared: Arc<Shared>) -> supervisor::RunnableResult {
+pub(super) async fn run(
+    ctx: supervisor::Context,
+    shared: Arc<Shared>,
+) -> supervisor::RunnableResult {
     let mut client = shared.curator.client();
     ctx.signal_healthy();
     loop {
@@ -152,6 +155,9 @@ mod tests {
 
     type Request = http::Request<()>;
 
+    type Answer = Result<http::Response<tonic::body::Body>, Infallible>;
+    type Answering = Pin<Box<dyn Future<Output = Answer> + Send>>;
+
     /// An inner service that answers only once `release` is notified.
     fn service(
         release: Arc<tokio::sync::Notify>,
@@ -159,7 +165,7 @@ mod tests {
         Request,
         Response = http::Response<tonic::body::Body>,
         Error = Infallible,
-        Future = Pin<Box<dyn Future<Output = Result<http::Response<tonic::body::Body>, Infallible>> + Send>>,
+        Future = Answering,
     > + Clone
     + Send
     + 'static {
@@ -168,7 +174,7 @@ mod tests {
             Box::pin(async move {
                 release.notified().await;
                 Ok::<_, Infallible>(http::Response::new(tonic::body::Body::empty()))
-            }) as Pin<Box<dyn Future<Output = _> + Send>>
+            }) as Answering
         })
     }
 
@@ -190,7 +196,10 @@ mod tests {
         let svc = layer.layer(service(release.clone()));
 
         // Unknown yet (just started): served.
-        let call = tokio::spawn(svc.clone().oneshot(request("/polis.api.Management/ListNodes")));
+        let call = tokio::spawn(
+            svc.clone()
+                .oneshot(request("/polis.api.Management/ListNodes")),
+        );
         tokio::task::yield_now().await;
         release.notify_one();
         assert!(!refused(&call.await.unwrap().unwrap()));
