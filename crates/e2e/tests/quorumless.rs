@@ -199,3 +199,89 @@ fn a_curator_without_quorum_answers_unavailable_fast() -> Result<()> {
     assert!(node.to_string().contains("quorumless"), "{node}");
     Ok(())
 }
+
+/// How long a member started alone may take to answer `cluster status` about itself.
+const ALONE_BOUND: Duration = Duration::from_secs(30);
+
+/// After a full stop, one member of three started alone answers `cluster status` about
+/// its own etcd member (committed raft index, no leader; the others listed as
+/// unreachable) on its node's port, since its curator does not start without a quorum
+/// (nor does etcd serve clients); polisctl shows it with "quorum: NO" and exits 1. A second member started: a quorum, normal status.
+/// Before: its curator port refused connections and `cluster status` listed no member.
+#[test]
+fn a_member_started_alone_answers_cluster_status() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (mut cluster, mut m1, mut m2) = three_members(dir.path())?;
+    let all = endpoints(&[&cluster.first, &m1, &m2]);
+    let id_n0 = cluster.first.key_node_id()?;
+    let id_m1 = m1.key_node_id()?;
+    for node in [&mut cluster.first, &mut m1, &mut m2] {
+        node.proc().signal(libc::SIGTERM);
+        node.proc().wait_exit(TIMEOUT)?;
+    }
+    cluster.first.start(&[])?;
+    let started = Instant::now();
+    let answered = |status: &serde_json::Value, id: &str| {
+        status["members"]
+            .as_array()
+            .is_some_and(|ms| ms.iter().any(|m| m["node"] == id && m["answered"] == true))
+    };
+    let status = loop {
+        let (ok, status) = cluster.status(&all)?;
+        if answered(&status, &id_n0) {
+            assert!(!ok, "cluster status succeeded without a quorum: {status}");
+            break status;
+        }
+        anyhow::ensure!(
+            started.elapsed() < ALONE_BOUND,
+            "n0 alone never answered cluster status: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    println!(
+        "{{\"alone_status_ms\": {}}}\n{status}",
+        started.elapsed().as_millis()
+    );
+    assert_eq!(status["quorum"], false, "{status}");
+    let members = status["members"].as_array().context("members")?;
+    assert!(members.iter().all(|m| m["leader"] == false), "{status}");
+    // The other two: their curators and node ports do not answer.
+    let unreachable = status["unreachable"].as_array().context("unreachable")?;
+    for node in [&m1, &m2] {
+        let address = format!("{}:", node.address);
+        assert!(
+            unreachable
+                .iter()
+                .any(|u| u.as_str().is_some_and(|u| u.starts_with(&address))),
+            "{status}"
+        );
+    }
+    let n0 = members
+        .iter()
+        .find(|m| m["node"] == id_n0.as_str())
+        .context("n0 in the member list")?;
+    assert!(n0["raft_index"].as_u64().unwrap_or(0) > 0, "{status}");
+    // The table says so, and polisctl exits 1 naming why.
+    let (ok, out, err) = cluster.ctl(&["--endpoints", &all, "cluster", "status"])?;
+    println!("{out}{err}");
+    assert!(!ok);
+    assert!(out.contains("quorum: NO"), "{out}");
+    assert!(err.contains("no etcd quorum"), "{err}");
+
+    // A second member: a quorum again, normal status.
+    m1.start(&[])?;
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let (ok, status) = cluster.status(&all)?;
+        if ok && status["quorum"] == true && answered(&status, &id_n0) && answered(&status, &id_m1)
+        {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "no quorum with n0 and m1: {status}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}

@@ -92,6 +92,7 @@ use std::sync::{Arc, Mutex};
 
 use consensus::Namespaced;
 
+pub use local::member_status;
 pub use shared::{CuratorConfig, NodeSnapshot, Services, Shared, Snapshot, SnapshotSettings};
 
 use crate::election::{self, ElectionConfig, Role};
