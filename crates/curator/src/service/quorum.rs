@@ -4,6 +4,7 @@
 //! ```text
 //!   quorum runnable: etcd Status of the local member every POLL (bounded by
 //!   STATUS_BOUND; a member-local call, answered without quorum) ─▶ Shared::etcd_leader
+//!   (false: the member names no leader, or did not answer twice in a row)
 //!   QuorumLayer (outside ForwardLayer): etcd_leader false ─▶ Unavailable(NO_LEADER) now;
 //!     a call in progress when it turns false ─▶ Unavailable(NO_LEADER) then
 //!     (QUORUM_FREE methods pass: they are answered from the local member alone)
@@ -49,10 +50,19 @@ pub(super) async fn run(
 ) -> supervisor::RunnableResult {
     let mut client = shared.curator.client();
     ctx.signal_healthy();
+    let mut silent = 0;
     loop {
+        // "No leader" when the member says so, or when it did not answer twice in a
+        // row (one slow answer on a loaded host is no evidence).
         let leader = match tokio::time::timeout(STATUS_BOUND, client.status()).await {
-            Ok(Ok(status)) => status.leader() != 0,
-            Ok(Err(_)) | Err(_) => false,
+            Ok(Ok(status)) => {
+                silent = 0;
+                status.leader() != 0
+            }
+            Ok(Err(_)) | Err(_) => {
+                silent += 1;
+                silent < 2 && shared.etcd_leader.current() != Some(false)
+            }
         };
         let was = shared.etcd_leader.current();
         if shared
