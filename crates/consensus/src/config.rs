@@ -139,6 +139,11 @@ impl EtcdConfig {
             "--peer-client-cert-auth".to_string(),
             format!("--listen-client-urls={client_url}"),
             format!("--advertise-client-urls={client_url}"),
+            // Answers before the client socket does (see `selfreport`).
+            format!(
+                "--listen-metrics-urls=unix://{}",
+                crate::selfreport::METRICS_SOCKET_NAME
+            ),
             format!("--heartbeat-interval={}", self.timing.heartbeat.as_millis()),
             format!(
                 "--election-timeout={}",

@@ -24,6 +24,9 @@
 //! - Maintenance (`maintenance`): the local member's sizes, alarms, compaction,
 //!   defragmentation (bounded on its own, it may outlast the request bound); the
 //!   curator decides when.
+//! - Self-report (`selfreport`): etcd's metrics on a second unix socket next to the
+//!   client one (`metrics.sock:0`), answered before etcd serves clients (which takes a
+//!   quorum after a restart): leader or not, committed index, database size.
 //! - Consensus users see etcd through [`Namespaced`] clients: `namespaced:<user>/`.
 //! - Every etcd request from the client this crate hands out is bounded
 //!   ([`client::REQUEST_TIMEOUT`]), except the calls that wait by design (campaign, lock,
@@ -37,6 +40,7 @@ pub mod config;
 pub mod maintenance;
 pub mod membership;
 pub mod process;
+pub mod selfreport;
 
 use std::path::PathBuf;
 use std::process::ExitStatus;

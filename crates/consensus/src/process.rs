@@ -45,7 +45,8 @@ pub fn preflight(config: &EtcdConfig) -> Result<(), ConsensusError> {
             });
         }
     }
-    let socket = config.socket_path();
+    // The metrics socket's name is the longer one (see `selfreport`).
+    let socket = config.run_dir.join(crate::selfreport::METRICS_SOCKET_NAME);
     if socket.as_os_str().len() > MAX_SOCKET_PATH {
         return Err(ConsensusError::SocketPathTooLong { path: socket });
     }
@@ -118,11 +119,16 @@ fn prepare_run_dir(run_dir: &Path) -> Result<(), ConsensusError> {
     std::fs::set_permissions(run_dir, std::fs::Permissions::from_mode(0o700))
         .map_err(io(format!("setting permissions of {}", run_dir.display())))?;
     // A socket left behind by a killed etcd makes the next one fail to bind.
-    let socket = run_dir.join(crate::config::CLIENT_SOCKET_NAME);
-    match std::fs::remove_file(&socket) {
-        Ok(()) => tracing::info!("removed stale etcd socket {}", socket.display()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(format!("removing stale socket {}", socket.display()))(e)),
+    for name in [
+        crate::config::CLIENT_SOCKET_NAME,
+        crate::selfreport::METRICS_SOCKET_NAME,
+    ] {
+        let socket = run_dir.join(name);
+        match std::fs::remove_file(&socket) {
+            Ok(()) => tracing::info!("removed stale etcd socket {}", socket.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(format!("removing stale socket {}", socket.display()))(e)),
+        }
     }
     Ok(())
 }

@@ -73,6 +73,8 @@
 //! - Node health is judged by the leader from heartbeats with hysteresis (`health`,
 //!   pure); the verdict is written into the record only when it changes, and a new
 //!   leader reports the stored verdict until it has watched for one timeout itself.
+//! - A curator whose own etcd member has no leader refuses every call that needs the
+//!   cluster at once (`service::quorum`), instead of letting it wait out etcd's bounds.
 //! - etcd upkeep is the leader's (`service::upkeep`): it defragments one member at a
 //!   time through that member's own curator (each curator reaches only its own etcd),
 //!   the etcd leader last, never while a member catches up (`upkeep`, pure); under

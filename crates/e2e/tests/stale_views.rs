@@ -248,3 +248,58 @@ fn stale_views() -> Result<()> {
     );
     Ok(())
 }
+
+/// A voter told "no role" in an update the revision check cannot order (the test hook's
+/// `unordered` mode names another etcd cluster, and rolefetch holds it for a few
+/// seconds) does not wipe its etcd data on that word alone: etcd's member list, read with
+/// a quorum through the curators, still lists its member, so it keeps etcd running and
+/// its data, and keeps consensus when the role comes back with the next update.
+/// Before (the role server wiped on the role's going): m1 logged "left consensus: etcd
+/// data and peer credentials removed" within the hold.
+#[test]
+fn a_curators_word_alone_wipes_no_etcd_data() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cluster = Cluster::bootstrap(dir.path())?;
+    let params = cluster.register_params("nodes")?;
+    let (mut m1, id_m1) = cluster.add_worker("m1", &params)?;
+    let (mut m2, id_m2) = cluster.add_worker("m2", &params)?;
+    for id in [&id_m1, &id_m2] {
+        cluster.ctl_retry(&["node", "add-role", id, "ConsensusMember"])?;
+    }
+    let all = endpoints(&[&cluster.first, &m1, &m2]);
+    cluster.wait_members(&all, 3, 0)?;
+    m1.wait_for_curator()?;
+    m2.wait_for_curator()?;
+
+    m1.proc().signal(libc::SIGTERM);
+    m1.proc().wait_exit(TIMEOUT)?;
+    let m1_root = m1.root.clone();
+    m1.start_with_env(&[], &[("POLIS_TEST_STALE_NO_ROLE", "unordered")])?;
+    m1.proc()
+        .wait_for_line(TIMEOUT, |l| l.contains("stale-update hook armed"))?;
+    let verdict = m1.proc().wait_for_line(TIMEOUT, |l| {
+        l.contains("etcd still lists this node's member") || l.contains("left consensus")
+    })?;
+    println!("m1: {verdict}");
+    assert!(
+        verdict.contains("etcd still lists"),
+        "m1 wiped its etcd data on a curator's word: {verdict}"
+    );
+    m1.proc()
+        .wait_for_line(TIMEOUT, |l| l.contains("the ConsensusMember role is back"))?;
+    cluster.wait_members(&all, 3, 0)?;
+    m1.wait_for_curator()?;
+    cluster.wait_node(&id_m1, "UP", Some("HEALTHY"))?;
+    for line in m1.proc().output().lines() {
+        assert!(
+            !line.contains("left consensus") && !line.contains("stopping etcd and the curator"),
+            "m1 acted on an unconfirmed 'no role': {line}"
+        );
+    }
+    let etcd_data = m1_root.join("data").join("etcd").join("data");
+    assert!(
+        std::fs::read_dir(&etcd_data)?.next().is_some(),
+        "m1's etcd data is gone"
+    );
+    Ok(())
+}

@@ -18,7 +18,8 @@
 //! A learner answers no linearizable reads, so readiness is a local read and "voter" is
 //! a separate wait: a linearizable read succeeds once the leader promoted it.
 //!
-//! The `root.role.controlplane` runnable: it publishes `NodeValues::services` and makes
+//! The `root.role.controlplane` runnable: it publishes `NodeValues::services` (and
+//! `NodeValues::local_etcd` once etcd serves, before any quorum) and makes
 //! the node Home once; may not change roles or the curator list (rolefetch does), nor
 //! start or stop itself (the role server does).
 
@@ -43,7 +44,7 @@ use crate::rejoin;
 use crate::retry::{Answer, call_until_answered, pause};
 use crate::settings::Settings;
 use crate::storage::{Root, read_file, read_proto, write_proto};
-use crate::values::{NodeValues, RunningServices, apply_contact};
+use crate::values::{LocalEtcd, NodeValues, RunningServices, apply_contact};
 
 /// How this start brings up the local etcd member.
 enum EtcdStart {
@@ -254,7 +255,7 @@ pub async fn run(
     let quota = recorded_quota(&settings.root)?;
     let config = etcd_config(&settings, &node_id, &start, quota);
     let forcing = config.force_new_cluster;
-    let _services = ServicesStop(values.services.clone());
+    let _services = ServicesStop(values.services.clone(), values.local_etcd.clone());
     let status = event::Value::<Status>::new();
     let etcd_status = status.clone();
     let force = settings.force_new_cluster.clone();
@@ -295,6 +296,11 @@ pub async fn run(
         );
     }
     set_services(&values, true, false);
+    // From now on, with or without a quorum, the log port answers about this member.
+    values.local_etcd.set(Some(LocalEtcd {
+        client: running.client.clone(),
+        quota_backend_bytes: quota,
+    }));
     if !matches!(start, EtcdStart::Bootstrap) {
         match wait_voter(&ctx, &running, &settings, &values).await? {
             VoterWait::Voter => {}
@@ -412,11 +418,15 @@ fn set_services(values: &NodeValues, etcd_member: bool, curator: bool) {
 
 /// Reports the control plane's services as stopped when the control plane runnable
 /// ends (stopped with the role, cancelled, or failed and about to restart).
-struct ServicesStop(event::Value<RunningServices>);
+struct ServicesStop(
+    event::Value<RunningServices>,
+    event::Value<Option<LocalEtcd>>,
+);
 
 impl Drop for ServicesStop {
     fn drop(&mut self) {
         self.0.set(RunningServices::default());
+        self.1.set(None);
     }
 }
 

@@ -36,15 +36,24 @@ pub fn crash_point(_step: &str) {}
 /// Names the stale-update variable (see [`stale_update`]).
 pub const STALE_UPDATE_VARIABLE: &str = "POLIS_TEST_STALE_NO_ROLE";
 
+/// The `POLIS_TEST_STALE_NO_ROLE` value that makes the stale update unordered.
+pub const UNORDERED: &str = "unordered";
+
 /// Test hook for stale views, compiled in only with the `crash-points` feature: when
 /// `POLIS_TEST_STALE_NO_ROLE` is set, rolefetch takes this update first on every node
 /// watch, as a curator with an old view would send it: state UP, no role, record
 /// revision 1 (older than anything a node applied once it was UP), no etcd cluster named.
+/// With the value `unordered` it names another etcd cluster (1), so that the revision
+/// check cannot order it and the node applies it, and rolefetch holds it for
+/// [`STALE_HOLD`] before it reads on: the "no role" reaches the role server, which must
+/// not wipe etcd data on it (etcd still lists the member).
 #[cfg(feature = "crash-points")]
 pub fn stale_update() -> Option<proto::api::WatchNodeUpdate> {
-    std::env::var_os(STALE_UPDATE_VARIABLE).map(|_| proto::api::WatchNodeUpdate {
+    let value = std::env::var_os(STALE_UPDATE_VARIABLE)?;
+    Some(proto::api::WatchNodeUpdate {
         state: proto::api::NodeState::Up as i32,
         record_revision: 1,
+        record_etcd_cluster: if value == UNORDERED { 1 } else { 0 },
         ..Default::default()
     })
 }
@@ -53,6 +62,15 @@ pub fn stale_update() -> Option<proto::api::WatchNodeUpdate> {
 #[inline(always)]
 pub fn stale_update() -> Option<proto::api::WatchNodeUpdate> {
     None
+}
+
+/// How long rolefetch holds an unordered stale update (see [`stale_update`]).
+pub const STALE_HOLD: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// Whether rolefetch holds the injected update before reading on (see [`stale_update`]).
+pub fn stale_hold() -> bool {
+    cfg!(feature = "crash-points")
+        && std::env::var_os(STALE_UPDATE_VARIABLE).is_some_and(|v| v == UNORDERED)
 }
 
 /// Checked in preflight: a crash point that was asked for is armed (and says so, the

@@ -1,7 +1,9 @@
 //! The `root.role.logs` runnable: once the node is Home, serves this node's own log lines (NodeLogs) over mTLS
 //! on `<address>:7836` (`rpc::NODE_LOGS_PORT`), with the node certificate, to owner
 //! certificates only (the rpc permission table; CA, validity, CRL and kind checked by
-//! `rpc::AuthLayer` as on the curator).
+//! `rpc::AuthLayer` as on the curator). On the same port, CuratorLocal.GetConsensusStatus
+//! answers from this node's own etcd member while it runs, with or without a quorum
+//! (`NodeValues::local_etcd`): `cluster status` about a member whose curator cannot start.
 //!
 //! ```text
 //!   hub (logcapture) ──last N──▶ stream
@@ -10,7 +12,7 @@
 //! ```
 //! Memory per reader is bounded (a batch and the channel) whatever the rate of lines;
 //! a slow reader loses lines, never holds them.
-//! May not change anything: it only reads the hub.
+//! May not change anything: it only reads the hub (and the local etcd member's status).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -22,10 +24,11 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::cluster_state::ClusterState;
+use crate::files::recorded_membership;
 use crate::logcapture::hub;
 use crate::logring::{LineFilter, LogLine};
 use crate::settings::Settings;
-use crate::storage::read_file;
+use crate::storage::{read_file, read_proto};
 use crate::values::NodeValues;
 
 /// Lines read from the ring at once by a follower.
@@ -111,18 +114,142 @@ impl api::node_logs_server::NodeLogs for Logs {
     }
 }
 
-/// Serves NodeLogs until cancelled.
+/// CuratorLocal on the log port: only GetConsensusStatus, from this node's own etcd
+/// member while it runs — so that a member without a quorum, whose curator does not
+/// start, still answers `cluster status` about itself (owner and node certificates, as
+/// on the curator; polisctl asks here when a curator port does not answer).
+struct MemberStatus {
+    settings: Settings,
+    values: NodeValues,
+    node_id: String,
+}
+
+impl MemberStatus {
+    /// The member's own account from etcd's metrics (`consensus::selfreport`): no
+    /// leader named, its raft index, itself as the only member it can vouch for.
+    async fn self_report(&self) -> Result<api::GetConsensusStatusResponse, Status> {
+        let run_dir = self.settings.root.consensus_run_dir();
+        let report = tokio::time::timeout(
+            SELF_REPORT_BOUND,
+            consensus::selfreport::self_report(&run_dir),
+        )
+        .await
+        .map_err(|_| Status::unavailable("this node's etcd member does not answer"))?
+        .map_err(|_| Status::unavailable("this node's etcd member does not run"))?;
+        let root = &self.settings.root;
+        let sealed: Option<proto::config::SealedConfiguration> =
+            read_proto(&root.sealed_configuration(), "sealed configuration").ok();
+        let recorded = recorded_membership(root, sealed.as_ref())
+            .map_err(|e| Status::internal(format!("{e:#}")))?
+            .unwrap_or_default();
+        Ok(api::GetConsensusStatusResponse {
+            node_id: self.node_id.clone(),
+            member_id: recorded.etcd_member_id,
+            cluster_id: recorded.etcd_cluster_id,
+            leader_id: 0,
+            raft_index: report.raft_index,
+            members: vec![api::ConsensusMember {
+                id: recorded.etcd_member_id,
+                name: self.node_id.clone(),
+                peer_urls: vec![consensus::config::peer_url(
+                    self.settings.address,
+                    consensus::config::PEER_PORT,
+                )],
+                is_learner: false,
+            }],
+            db_size: report.db_size,
+            db_size_in_use: report.db_size_in_use,
+            ..Default::default()
+        })
+    }
+}
+
+/// How long the metrics of a member that does not serve clients may take.
+const SELF_REPORT_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn curator_only() -> Status {
+    Status::unimplemented(format!(
+        "served by the curator (port {}), not on the node's own port",
+        rpc::CURATOR_PORT
+    ))
+}
+
+#[tonic::async_trait]
+impl api::curator_local_server::CuratorLocal for MemberStatus {
+    type SnapshotsFetchLocalStream =
+        Pin<Box<dyn Stream<Item = Result<api::SnapshotFileChunk, Status>> + Send>>;
+
+    async fn get_current_leader(
+        &self,
+        _: Request<api::GetCurrentLeaderRequest>,
+    ) -> Result<Response<api::GetCurrentLeaderResponse>, Status> {
+        Err(curator_only())
+    }
+
+    async fn get_ca_certificate(
+        &self,
+        _: Request<api::GetCaCertificateRequest>,
+    ) -> Result<Response<api::GetCaCertificateResponse>, Status> {
+        Err(curator_only())
+    }
+
+    async fn get_consensus_status(
+        &self,
+        _: Request<api::GetConsensusStatusRequest>,
+    ) -> Result<Response<api::GetConsensusStatusResponse>, Status> {
+        let Some(Some(local)) = self.values.local_etcd.current() else {
+            // etcd may run without serving clients yet (it takes a quorum after a
+            // restart): its metrics still answer.
+            return self.self_report().await.map(Response::new);
+        };
+        let mut client = local.client;
+        let answer =
+            curator::service::member_status(&mut client, &self.node_id, local.quota_backend_bytes)
+                .await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn defragment_member(
+        &self,
+        _: Request<api::DefragmentMemberRequest>,
+    ) -> Result<Response<api::DefragmentMemberResponse>, Status> {
+        Err(curator_only())
+    }
+
+    async fn snapshots_list_local(
+        &self,
+        _: Request<api::SnapshotsListLocalRequest>,
+    ) -> Result<Response<api::SnapshotsListLocalResponse>, Status> {
+        Err(curator_only())
+    }
+
+    async fn snapshots_fetch_local(
+        &self,
+        _: Request<api::SnapshotsFetchLocalRequest>,
+    ) -> Result<Response<Self::SnapshotsFetchLocalStream>, Status> {
+        Err(curator_only())
+    }
+}
+
+/// Serves NodeLogs (and a member's own consensus status) until cancelled.
 pub async fn run(
     ctx: supervisor::Context,
     settings: Settings,
     values: NodeValues,
 ) -> supervisor::RunnableResult {
-    // The node certificate exists once the node is Home (a bootstrap writes it late).
-    let mut state = values.cluster_state.watch();
-    tokio::select! {
-        s = state.get_matching(|s| matches!(s, ClusterState::Home | ClusterState::Split)) => { s?; }
-        _ = ctx.cancelled() => return Ok(()),
+    // The node certificate exists once the node is Home (a bootstrap writes it late); a
+    // node that restarts has it before (and may not get Home without a quorum).
+    if !settings.root.node_certificate().exists() {
+        let mut state = values.cluster_state.watch();
+        tokio::select! {
+            s = state.get_matching(|s| matches!(s, ClusterState::Home | ClusterState::Split)) => { s?; }
+            _ = ctx.cancelled() => return Ok(()),
+        }
     }
+    let node_id = match values.membership.current() {
+        Some(m) => m.key().node_id(),
+        None => return Err("the log server started before the node's membership".into()),
+    };
     let credentials = values.credentials.slot(&settings.root)?;
     let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
     let tls = rpc::tls::server_config_from(&credentials)?;
@@ -143,6 +270,13 @@ pub async fn run(
         .trace_fn(move |_| span.clone())
         .layer(auth)
         .add_service(api::node_logs_server::NodeLogsServer::new(Logs))
+        .add_service(api::curator_local_server::CuratorLocalServer::new(
+            MemberStatus {
+                settings: settings.clone(),
+                values,
+                node_id,
+            },
+        ))
         .serve_with_incoming_shutdown(
             rpc::incoming(listener, tls),
             ctx.cancellation_token().cancelled_owned(),

@@ -555,6 +555,7 @@ async fn run(start: Start) -> Result<()> {
         credentials: Default::default(),
         services: event::Value::new(),
         applied_view: event::Value::new(),
+        local_etcd: event::Value::new(),
     };
     values.services.set(Default::default());
     values.cluster_state.set(ClusterState::Unknown);

@@ -108,8 +108,20 @@ pub async fn run(
         backoff.reset();
         // Test builds may feed a stale update first (see `crash::stale_update`).
         let mut injected = crate::crash::stale_update();
+        let mut held = false;
         loop {
+            if held && crate::crash::stale_hold() {
+                held = false;
+                tracing::warn!(
+                    "holding the injected update for {:?}",
+                    crate::crash::STALE_HOLD
+                );
+                if !pause(&ctx, crate::crash::STALE_HOLD).await {
+                    return Ok(());
+                }
+            }
             let update = if let Some(stale) = injected.take() {
+                held = true;
                 Ok(Some(stale))
             } else {
                 tokio::select! {

@@ -25,7 +25,9 @@
 //! Roles are live: rolefetch saves the roles the cluster gives this node
 //! (`data/node/roles.pb`) and publishes them (`NodeValues::roles`); the role server
 //! starts the control plane when ConsensusMember appears and stops it — then wipes the
-//! node's etcd data and peer credentials — when it goes (`supervisor::Stoppable`).
+//! node's etcd data and peer credentials — when it goes (`supervisor::Stoppable`), but
+//! only once etcd's member list, read with a quorum, confirms that this node's member
+//! is gone (`rejoin::until_absent`): until then etcd keeps running and its data stays.
 //!
 //! It only orchestrates: the runnables live in their own modules (`controlplane`,
 //! `rolefetch`, `heartbeat`, `renew`), the client in `curator_client`; nothing imports
@@ -33,10 +35,30 @@
 
 use crate::curator_client::load_saved_crl;
 use crate::fatal::FatalSender;
-use crate::files::{forget_consensus, has_etcd_data};
+use crate::files::{forget_consensus, has_etcd_data, recorded_membership};
+use crate::rejoin::{self, OwnMember};
 use crate::settings::Settings;
+use crate::storage::read_proto;
 use crate::values::NodeValues;
 use crate::{heartbeat, renew, rolefetch};
+
+/// This node's etcd member as its root records it (see `rejoin::OwnMember`).
+fn own_member(settings: &Settings, values: &NodeValues) -> anyhow::Result<OwnMember> {
+    let sealed_path = settings.root.sealed_configuration();
+    let sealed: Option<proto::config::SealedConfiguration> = if sealed_path.exists() {
+        Some(read_proto(&sealed_path, "sealed configuration")?)
+    } else {
+        None
+    };
+    let recorded = recorded_membership(&settings.root, sealed.as_ref())?
+        .map(|m| (m.etcd_cluster_id, m.etcd_member_id));
+    let name = values
+        .membership
+        .current()
+        .map(|m| m.key().node_id())
+        .unwrap_or_default();
+    Ok(OwnMember { recorded, name })
+}
 
 /// The `root.role` runnable: waits until the node belongs to a cluster, then runs
 /// rolefetch, heartbeat and renew, and the control plane while the roles call for it.
@@ -80,10 +102,14 @@ pub async fn run(
     // The control plane follows the ConsensusMember role, live.
     let mut controlplane: Option<supervisor::Stoppable> = None;
     let mut roles = values.roles.watch();
+    let mut came_back = None;
     loop {
-        let current = tokio::select! {
-            r = roles.get() => r?,
-            _ = ctx.cancelled() => return Ok(()),
+        let current = match came_back.take() {
+            Some(r) => r,
+            None => tokio::select! {
+                r = roles.get() => r?,
+                _ = ctx.cancelled() => return Ok(()),
+            },
         };
         match (current.consensus_member, controlplane.is_some()) {
             (true, false) => {
@@ -94,6 +120,20 @@ pub async fn run(
                 })?);
             }
             (false, running) => {
+                if running || has_etcd_data(&settings.root) {
+                    // The role's going is a curator's word: etcd's own member list, read
+                    // with a quorum, must no longer hold this node's member (`rejoin`).
+                    let own = own_member(&settings, &values)?;
+                    tokio::select! {
+                        () = rejoin::until_absent(&ctx, &settings, &values, &own) => {}
+                        r = roles.get_matching(|r| r.consensus_member) => {
+                            tracing::info!("the ConsensusMember role is back: keeping consensus");
+                            came_back = Some(r?);
+                            continue;
+                        }
+                        _ = ctx.cancelled() => return Ok(()),
+                    }
+                }
                 if let Some(plane) = controlplane.take() {
                     tracing::info!(
                         "the ConsensusMember role was taken away: stopping etcd and the curator"

@@ -35,6 +35,17 @@ pub struct NodeValues {
     /// The newest WatchNode update applied (see `crate::staleview`); loaded from the
     /// directory by rolefetch at its start.
     pub applied_view: event::Value<AppliedView>,
+    /// A client of this node's own etcd member while it runs (set by the control plane
+    /// once etcd serves, before any quorum): the log port answers GetConsensusStatus
+    /// from it (see `crate::logserver`). `None` when it does not run.
+    pub local_etcd: event::Value<Option<LocalEtcd>>,
+}
+
+/// A client of the local etcd member, and the backend quota it runs with.
+#[derive(Clone)]
+pub struct LocalEtcd {
+    pub client: etcd_client::Client,
+    pub quota_backend_bytes: u64,
 }
 
 /// The node's credentials, shared by every user in the process: loaded from the root on

@@ -140,6 +140,8 @@ pub(super) async fn serve(
     }))
     .with_denials(super::audit_log::denials(audit_sink.clone()));
     let forward = rpc::ForwardLayer::new(forwarding(shared.clone()));
+    // Before forwarding (whose leader lookup reads etcd): no leader, no wait.
+    let quorum = super::quorum::QuorumLayer::new(shared.etcd_leader.clone());
     // Innermost: sees exactly the calls handled here, with their verified caller.
     let audit = rpc::server::AuditLayer::new(audit_sink);
     let services = Services(shared.clone());
@@ -158,6 +160,7 @@ pub(super) async fn serve(
         .layer(tower::util::option_layer(rpc_metrics))
         .layer(rpc::server::RateLayer::new(config.entry_rate))
         .layer(auth)
+        .layer(quorum)
         .layer(forward)
         .layer(audit)
         .add_service(api::curator_local_server::CuratorLocalServer::new(

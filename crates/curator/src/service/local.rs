@@ -9,6 +9,9 @@ use super::status::{identity, status_from};
 use super::{scheduled_api, upkeep};
 use crate::election;
 
+/// How long GetConsensusStatus waits for its linearizable read (it answers anyway).
+const QUORUM_READ_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[tonic::async_trait]
 impl api::curator_local_server::CuratorLocal for Services {
     type SnapshotsFetchLocalStream = scheduled_api::FileStream;
@@ -66,18 +69,12 @@ impl api::curator_local_server::CuratorLocal for Services {
         _: Request<api::GetConsensusStatusRequest>,
     ) -> Result<Response<api::GetConsensusStatusResponse>, Status> {
         let mut client = self.0.curator.client();
-        let status = client.status().await.map_err(|e| {
-            Status::unavailable(format!("the local etcd member does not answer: {e}"))
-        })?;
-        let members = consensus::membership::members(&mut client)
-            .await
-            .map_err(|e| Status::unavailable(format!("listing etcd members: {e}")))?;
-        // etcd upkeep: the cluster's alarms as this member knows them (empty if it
-        // cannot say: the status above is what matters to a quorum check).
-        let alarms = consensus::maintenance::alarms(&mut client)
-            .await
-            .unwrap_or_default();
-        let header = status.header();
+        let status = member_status(
+            &mut client,
+            &self.0.config.node_id,
+            self.0.config.etcd_quota_bytes,
+        )
+        .await?;
         let scheduled = self
             .0
             .scheduled
@@ -85,34 +82,9 @@ impl api::curator_local_server::CuratorLocal for Services {
             .expect("scheduled outcome lock")
             .clone();
         Ok(Response::new(api::GetConsensusStatusResponse {
-            node_id: self.0.config.node_id.clone(),
-            member_id: header.map(|h| h.member_id()).unwrap_or_default(),
-            cluster_id: header.map(|h| h.cluster_id()).unwrap_or_default(),
-            leader_id: status.leader(),
-            raft_index: status.raft_index(),
-            raft_term: status.raft_term(),
-            is_learner: status.is_learner(),
-            members: members
-                .into_iter()
-                .map(|m| api::ConsensusMember {
-                    id: m.id,
-                    name: m.name,
-                    peer_urls: m.peer_urls,
-                    is_learner: m.is_learner,
-                })
-                .collect(),
-            db_size: status.db_size(),
-            db_size_in_use: status.raft_used_db_size(),
-            quota_backend_bytes: self.0.config.etcd_quota_bytes,
-            alarms: alarms
-                .into_iter()
-                .map(|a| api::ConsensusAlarm {
-                    member_id: a.member_id,
-                    alarm: a.kind.name().to_string(),
-                })
-                .collect(),
             snapshot_last_success_unix_ms: scheduled.last_success_unix_ms,
             snapshot_last_error: scheduled.last_error,
+            ..status
         }))
     }
 
@@ -124,4 +96,63 @@ impl api::curator_local_server::CuratorLocal for Services {
         let answer = upkeep::defragment_own(&self.0, &caller, request.get_ref().member_id).await?;
         Ok(Response::new(answer))
     }
+}
+
+/// What the local etcd member (`client`) says of itself and its cluster, answered
+/// without a quorum: GetConsensusStatus, here and on a member's own port while its
+/// curator cannot run (`polis-node`'s log port; no scheduled-snapshot fields there).
+pub async fn member_status(
+    client: &mut etcd_client::Client,
+    node_id: &str,
+    quota_backend_bytes: u64,
+) -> Result<api::GetConsensusStatusResponse, Status> {
+    let status = tokio::time::timeout(QUORUM_READ_BOUND, client.status())
+        .await
+        .map_err(|_| Status::unavailable("the local etcd member does not answer"))?
+        .map_err(|e| Status::unavailable(format!("the local etcd member does not answer: {e}")))?;
+    // A linearizable read first (only with a leader; bounded): the member list read
+    // after it holds every committed membership change.
+    let quorum_read = status.leader() != 0
+        && tokio::time::timeout(QUORUM_READ_BOUND, client.get("\0polis-quorum-read", None))
+            .await
+            .is_ok_and(|r| r.is_ok());
+    let members = consensus::membership::members(client)
+        .await
+        .map_err(|e| Status::unavailable(format!("listing etcd members: {e}")))?;
+    // etcd upkeep: the cluster's alarms as this member knows them (empty if it cannot
+    // say: the status above is what matters to a quorum check).
+    let alarms = consensus::maintenance::alarms(client)
+        .await
+        .unwrap_or_default();
+    let header = status.header();
+    Ok(api::GetConsensusStatusResponse {
+        node_id: node_id.to_string(),
+        member_id: header.map(|h| h.member_id()).unwrap_or_default(),
+        cluster_id: header.map(|h| h.cluster_id()).unwrap_or_default(),
+        leader_id: status.leader(),
+        raft_index: status.raft_index(),
+        raft_term: status.raft_term(),
+        is_learner: status.is_learner(),
+        quorum_read,
+        members: members
+            .into_iter()
+            .map(|m| api::ConsensusMember {
+                id: m.id,
+                name: m.name,
+                peer_urls: m.peer_urls,
+                is_learner: m.is_learner,
+            })
+            .collect(),
+        db_size: status.db_size(),
+        db_size_in_use: status.raft_used_db_size(),
+        quota_backend_bytes,
+        alarms: alarms
+            .into_iter()
+            .map(|a| api::ConsensusAlarm {
+                member_id: a.member_id,
+                alarm: a.kind.name().to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    })
 }

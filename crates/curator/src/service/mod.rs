@@ -6,6 +6,8 @@
 //!   root.role.controlplane.curator (run, here)
 //!   ├── election     campaign → Role (Follower | Leader(Leadership))
 //!   ├── nodes        one etcd watch on nodes/ → Shared::nodes (snapshot per change)
+//!   ├── quorum       the local etcd member's leader, looked at every 200 ms →
+//!   │                Shared::etcd_leader (without one: calls refused, `quorum`)
 //!   ├── crl          one etcd watch on the cluster CRL → Shared::crl (see `crl`)
 //!   ├── decommission leader: finishes DECOMMISSIONING nodes (see `decommission`)
 //!   ├── certificates every issued certificate, refreshed → Shared::certificates
@@ -17,7 +19,7 @@
 //!   │                ROOT/data/snapshots, pruned past the count kept (`scheduled`)
 //!   ├── curator-certificate  the curator certificate served (issued at start when
 //!   │                missing; renewed when due; see `curator_certificate`)
-//!   └── listener     TLS + AuthLayer → local | aaa | management | nodes (Curator service)
+//!   └── listener     TLS + AuthLayer → QuorumLayer → local | aaa | management | nodes (Curator service)
 //!                    | backup | audit_log; AuditLayer → audit_log's writer
 //! ```
 //!
@@ -32,7 +34,8 @@
 //!                    scheduled_api (snapshot listing, fetch, relay; the schedule)
 //!                    audit_log (Audit, and the writer behind rpc::AuditLayer);
 //!                    unlock (DataUnlock: a node's cluster half of its data key)
-//!   runnables        snapshot (`nodes`), crl, health, upkeep (etcd upkeep; also
+//!   runnables        snapshot (`nodes`), quorum (also its layer), crl, health, upkeep
+//!                    (etcd upkeep; also
 //!                    CuratorLocal.DefragmentMember's work), scheduled (scheduled
 //!                    snapshots; their files listed and located)
 //!   tickets          register tickets: Management's ticket calls, RegisterNode's
@@ -80,6 +83,7 @@ mod management;
 mod membership;
 mod node_info;
 mod nodes;
+mod quorum;
 mod scheduled;
 mod scheduled_api;
 mod shared;
@@ -94,6 +98,7 @@ use std::sync::{Arc, Mutex};
 
 use consensus::Namespaced;
 
+pub use local::member_status;
 pub use shared::{CuratorConfig, NodeSnapshot, Services, Shared, Snapshot, SnapshotSettings};
 
 use crate::election::{self, ElectionConfig, Role};
@@ -115,6 +120,7 @@ pub async fn run(
         health: Mutex::new(HealthBook::default()),
         nodes: event::Value::new(),
         nodes_live: event::Value::new(),
+        etcd_leader: event::Value::new(),
         membership: Arc::new(tokio::sync::Mutex::new(())),
         crl: event::Value::new(),
         crl_slot: rpc::CrlSlot::new(),
@@ -145,6 +151,9 @@ pub async fn run(
             Ok(())
         }
     })?;
+
+    let quorum_shared = shared.clone();
+    ctx.run("quorum", move |ctx| quorum::run(ctx, quorum_shared.clone()))?;
 
     let nodes_shared = shared.clone();
     ctx.run("nodes", move |ctx| snapshot::run(ctx, nodes_shared.clone()))?;

@@ -104,6 +104,10 @@ pub struct Shared {
     /// Whether that watch runs: when this curator's etcd member stops serving (e.g. it
     /// was removed from consensus) the snapshot is stale, and streams fed by it end.
     pub(super) nodes_live: event::Value<bool>,
+    /// Whether this curator's own etcd member has a leader (the `quorum` runnable;
+    /// unset until first looked at). Without one, calls that need the cluster are
+    /// refused at once (`quorum::QuorumLayer`).
+    pub(super) etcd_leader: event::Value<bool>,
     /// Held while etcd membership changes: etcd 3.4 has at most one learner, so a join
     /// holds it until its learner is promoted, and joins and removals queue behind it.
     pub(super) membership: Arc<tokio::sync::Mutex<()>>,

@@ -1,5 +1,7 @@
 //! `cluster status`, and the voters as the curators' own etcd members report them (for
-//! `cluster launch`). Asks every curator it can find, so it answers without a quorum.
+//! `cluster launch`). Asks every curator it can find, so it answers without a quorum;
+//! a member whose curator does not answer (it starts only with a quorum) is asked on its
+//! node's port (7836), where polis-node answers about its own etcd member.
 //! May not decide the quorum itself (`consensus_summary`) nor format (`render::status`).
 
 use std::net::SocketAddr;
@@ -126,8 +128,28 @@ pub(crate) async fn consensus_status(
                 .map(|r| r.into_inner())
                 .map_err(|s| s.message().to_string())
         };
-        match tokio::time::timeout(std::time::Duration::from_secs(5), answer).await {
-            Ok(Ok(a)) => {
+        let answer = match tokio::time::timeout(std::time::Duration::from_secs(5), answer).await {
+            Ok(Ok(a)) => Ok(a),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err("no answer within 5 s".to_string()),
+        };
+        // A member whose curator cannot run (no quorum since it started) answers about
+        // its own etcd member on its node's port.
+        let answer = match answer {
+            Ok(a) => Ok(a),
+            Err(e) => match member_status(&session, endpoint).await {
+                Ok(a) => {
+                    unreachable.push(format!(
+                        "{endpoint}: {e} (its node answered for its etcd member on port {})",
+                        rpc::NODE_LOGS_PORT
+                    ));
+                    Ok(a)
+                }
+                Err(node) => Err(format!("{e}; its node's port: {node}")),
+            },
+        };
+        match answer {
+            Ok(a) => {
                 // Every member runs a curator on its peer address.
                 for m in &a.members {
                     for url in &m.peer_urls {
@@ -138,8 +160,7 @@ pub(crate) async fn consensus_status(
                 }
                 answers.push(a);
             }
-            Ok(Err(e)) => unreachable.push(format!("{endpoint}: {e}")),
-            Err(_) => unreachable.push(format!("{endpoint}: no answer within 5 s")),
+            Err(e) => unreachable.push(format!("{endpoint}: {e}")),
         }
     }
     let (members, quorum) = summarize(&answers);
@@ -158,4 +179,33 @@ pub(crate) async fn consensus_status(
         })
         .collect();
     Ok((members, quorum, unreachable, alarms(&answers), snapshots))
+}
+
+/// GetConsensusStatus on the node port of the member at `curator`'s address (any node
+/// certificate of the cluster for that address), bounded.
+async fn member_status(
+    session: &crate::session::OwnerSession,
+    curator: SocketAddr,
+) -> Result<api::GetConsensusStatusResponse, String> {
+    let endpoint = SocketAddr::new(curator.ip(), rpc::NODE_LOGS_PORT);
+    let trust = match session.trust() {
+        rpc::ServerTrust::ClusterCa { ca, crl } => rpc::ServerTrust::ClusterMember {
+            ca: ca.clone(),
+            crl: crl.clone(),
+        },
+        other => other.clone(),
+    };
+    let answer = async {
+        let channel = rpc::connect(endpoint, &trust, Some(&session.credentials()))
+            .await
+            .map_err(|e| e.to_string())?;
+        api::curator_local_client::CuratorLocalClient::new(channel)
+            .get_consensus_status(api::GetConsensusStatusRequest {})
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| s.message().to_string())
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), answer)
+        .await
+        .map_err(|_| "no answer within 5 s".to_string())?
 }

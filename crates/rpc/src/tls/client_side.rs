@@ -37,6 +37,11 @@ pub enum ServerTrust {
         crl: CrlSlot,
         node_id: String,
     },
+    /// As `ClusterCa`, but the server may be any node of the cluster (its node
+    /// certificate, for the address dialed, like every server certificate): for what a
+    /// consensus member answers about itself on its own port while its curator cannot
+    /// run (`cluster status` without a quorum), when the caller does not know its ID.
+    ClusterMember { ca: Vec<u8>, crl: CrlSlot },
     /// Accept any server certificate: only for fetching the CA to pin (trust on first
     /// use, confirmed by the operator through its fingerprint).
     FirstUse,
@@ -66,6 +71,7 @@ impl ServerCertVerifier for AcceptAnyServer {
 enum ExpectedServer {
     Curator,
     Node(String),
+    AnyNode,
 }
 
 /// A CA-checked server certificate (`inner`: chain, name, validity, CRL) that must
@@ -94,6 +100,15 @@ fn why_not_a_curator(end_entity: &[u8]) -> Option<String> {
                 .into(),
         ),
     }
+}
+
+/// Why a server certificate that verified is no node certificate (`None`: it is one).
+fn why_not_a_node(end_entity: &[u8]) -> Option<String> {
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(end_entity) else {
+        return Some("the server's certificate does not parse".into());
+    };
+    (pki::CertificateKind::of(&cert) != Some(pki::CertificateKind::Node))
+        .then(|| "the server's certificate is not a node certificate".into())
 }
 
 /// Why a server certificate that verified is still not node `node_id`'s own node
@@ -138,6 +153,9 @@ impl ServerCertVerifier for CuratorOnly {
             }
             ExpectedServer::Node(id) => {
                 why_not_the_node(end_entity, id).map(|r| Arc::new(NotTheNode(r)) as _)
+            }
+            ExpectedServer::AnyNode => {
+                why_not_a_node(end_entity).map(|r| Arc::new(NotTheNode(r)) as _)
             }
         };
         match refusal {
@@ -257,6 +275,9 @@ pub fn client_config_from(
                 crl.current(),
                 ExpectedServer::Node(node_id.clone()),
             )?),
+        ServerTrust::ClusterMember { ca, crl } => builder
+            .dangerous()
+            .with_custom_certificate_verifier(checked(ca, crl.current(), ExpectedServer::AnyNode)?),
         ServerTrust::FirstUse => builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AcceptAnyServer {

@@ -130,6 +130,25 @@ async fn a_node_service_is_accepted_only_from_that_node() {
     assert!(refused.contains("not a node certificate"), "{refused}");
 }
 
+/// A member answering about itself without a quorum: any node of the cluster, by its
+/// node certificate (for the address dialed); a curator certificate is refused.
+#[tokio::test]
+async fn a_cluster_member_is_any_node_certificate() {
+    let (ca, crl, _) = cluster();
+    let key = identity::NodeKey::generate().unwrap();
+    let slot = CrlSlot::new();
+    assert!(slot.offer(&ca.cert_der, &crl).unwrap());
+    let trust = ServerTrust::ClusterMember {
+        ca: ca.cert_der.clone(),
+        crl: slot,
+    };
+    let (node, _) = serving(&ca, &key, CertificateKind::Node);
+    handshake(&node, &trust).await.expect("a node certificate");
+    let (curator, _) = serving(&ca, &key, CertificateKind::Curator);
+    let refused = handshake(&curator, &trust).await.unwrap_err();
+    assert!(refused.contains("not a node certificate"), "{refused}");
+}
+
 #[tokio::test]
 async fn a_revoked_server_is_refused_by_clients_holding_the_crl() {
     let (ca, empty_crl, _) = cluster();
