@@ -37,10 +37,19 @@ const STATUS_BOUND: Duration = Duration::from_millis(700);
 pub const NO_LEADER: &str = "this curator's etcd member has no leader (it cannot reach a quorum \
                              of the etcd members); ask another curator";
 
-/// Methods answered from the local etcd member alone, with or without a leader.
+/// Methods answered from the local etcd member or the node's own files alone, with or
+/// without a leader: status, the CA, local maintenance, and every backup and snapshot
+/// call — a backup without quorum (of this member's state, marked so) and the scheduled
+/// snapshots are exactly what recovery from a lost majority needs.
 const QUORUM_FREE: &[&str] = &[
     "/polis.api.CuratorLocal/GetConsensusStatus",
     "/polis.api.CuratorLocal/GetCACertificate",
+    "/polis.api.CuratorLocal/DefragmentMember",
+    "/polis.api.CuratorLocal/SnapshotsListLocal",
+    "/polis.api.CuratorLocal/SnapshotsFetchLocal",
+    "/polis.api.Backup/TakeBackup",
+    "/polis.api.Backup/ListSnapshots",
+    "/polis.api.Backup/FetchSnapshot",
 ];
 
 /// The `quorum` runnable: keeps `shared.etcd_leader` current, logging each change once.
@@ -195,6 +204,16 @@ mod tests {
     fn refused(response: &http::Response<tonic::body::Body>) -> bool {
         tonic::Status::from_header_map(response.headers())
             .is_some_and(|s| s.code() == tonic::Code::Unavailable && s.message() == NO_LEADER)
+    }
+
+    #[test]
+    fn every_quorum_free_method_exists() {
+        for method in QUORUM_FREE {
+            assert!(
+                rpc::authz::METHODS.iter().any(|(m, _)| m == method),
+                "{method} is no method of the API"
+            );
+        }
     }
 
     #[tokio::test]
