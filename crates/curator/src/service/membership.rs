@@ -32,7 +32,7 @@ use tonic::Status;
 
 use super::shared::Shared;
 use super::status::{etcd_status, node_update_status, status_from};
-use super::{etcd_members, issuance};
+use super::{etcd_members, fence, issuance};
 use crate::election::Leadership;
 use crate::error::NodeUpdateError;
 use crate::{layout, records, writes};
@@ -114,8 +114,6 @@ pub(super) async fn join(
         .ok_or_else(|| Status::not_found(format!("node {id} has no record")))?;
     may_join(&node)?;
     let node = &node;
-    // Proof that this curator leads: only the leader changes etcd membership.
-    let _ = leadership;
     let mut client = shared.curator.client();
     let members = etcd_members::list(&mut client).await?;
     // This node asking again (a lost reply, a restart before its etcd ran): its learner
@@ -154,6 +152,10 @@ pub(super) async fn join(
                     }
                 }
                 let url = etcd_members::peer_url(&node)?;
+                crate::pause::pause_point(MEMBERSHIP_PAUSE, &node.id).await;
+                // The add cannot be part of a guarded transaction: right before it,
+                // this curator still leads and the record still grants the role.
+                confirm_join(shared, leadership, &node.id).await?;
                 let (added, all) = when_accepted("adding the etcd learner", || {
                     let mut client = client.clone();
                     let url = url.clone();
@@ -165,6 +167,21 @@ pub(super) async fn join(
                     member = format!("{:x}", added.id),
                     "added etcd learner"
                 );
+                if let Err(refused) =
+                    record_joined_member(shared, leadership, &node.id, added.id).await
+                {
+                    // Deposed, or the role was taken meanwhile: undo the add (else the
+                    // leader's reconciler removes the learner no record stands for).
+                    let undone = etcd::remove(&mut client, added.id).await;
+                    tracing::warn!(
+                        node = node.id,
+                        member = format!("{:x}", added.id),
+                        undone = undone.is_ok(),
+                        "the added learner could not be recorded: {}",
+                        refused.message()
+                    );
+                    return Err(refused);
+                }
                 (added, all, Some(guard))
             }
         }
@@ -229,28 +246,55 @@ pub(super) async fn join(
     })
 }
 
-/// Takes the ConsensusMember role from node `id`: refused when the remaining voters
-/// could not keep a quorum; otherwise the etcd member is removed first — while the node
-/// still runs it and can vote the change through — then its peer and curator
-/// certificates are revoked and, last, the record loses the role (which makes the node stop etcd and
-/// wipe its data). Every step is idempotent: after a failure, running it again finishes
-/// the job. A node without the role is left alone (no etcd member is removed on its
-/// behalf). Returns the record.
+/// Takes the ConsensusMember role from node `id` (UpdateNodeRoles remove, decommission):
+/// records the removal as a durable intent ([`request_removal`]: refused when the
+/// remaining voters could not keep a quorum) and carries it out
+/// ([`carry_out_removal`]). Interrupted (a timeout, this leader gone), the leader's
+/// `reconciler` finishes it. A node without the role is left alone (no etcd member is
+/// removed on its behalf). Returns the record.
 pub(super) async fn remove_role(
     shared: &Arc<Shared>,
     leadership: &Leadership,
     id: &str,
 ) -> Result<Node, Status> {
     let _guard = shared.membership.clone().lock_owned().await;
+    let node = request_removal(shared, leadership, id).await?;
+    if !removal_pending(&node) {
+        return Ok(node);
+    }
+    carry_out_removal(shared, leadership, id).await
+}
+
+/// Whether `node` holds the ConsensusMember role.
+pub(super) fn has_role(node: &Node) -> bool {
+    node.roles
+        .as_ref()
+        .is_some_and(|r| r.consensus_member.is_some())
+}
+
+/// Whether the removal of `node`'s ConsensusMember role was accepted and is not
+/// finished yet.
+pub(super) fn removal_pending(node: &Node) -> bool {
+    node.roles
+        .as_ref()
+        .and_then(|r| r.consensus_member.as_ref())
+        .is_some_and(|c| c.removal_pending)
+}
+
+/// Records that node `id`'s role is to be removed, after the quorum check, with a
+/// leadership-guarded write that also records its etcd member's ID (so that the
+/// removal finds the member by ID, whoever resumes it). A record without the role, or
+/// with the removal already pending, is returned as it is.
+async fn request_removal(
+    shared: &Arc<Shared>,
+    leadership: &Leadership,
+    id: &str,
+) -> Result<Node, Status> {
     let node = records::load_node(&shared.curator, id)
         .await
         .map_err(status_from)?
         .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))?;
-    if node
-        .roles
-        .as_ref()
-        .is_none_or(|r| r.consensus_member.is_none())
-    {
+    if !has_role(&node) || removal_pending(&node) {
         // Not a holder (or an earlier removal finished, the role going last): nothing
         // in etcd is this node's to remove, whatever member its address may match.
         return Ok(node);
@@ -260,10 +304,74 @@ pub(super) async fn remove_role(
     let member = etcd_members::member_of(&members, &node).cloned();
     if let Some(member) = &member {
         check_removal(shared, &members, member, id).await?;
+    }
+    let recorded = writes::modify_node(&shared.curator, leadership, id, |current| {
+        let mut node = current
+            .cloned()
+            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
+        let Some(role) = node
+            .roles
+            .as_mut()
+            .and_then(|r| r.consensus_member.as_mut())
+            .filter(|c| !c.removal_pending)
+        else {
+            return Ok(None);
+        };
+        role.removal_pending = true;
+        if let Some(member) = &member {
+            role.member_id = member.id;
+        }
+        Ok(Some(node))
+    })
+    .await
+    .map_err(node_update_status)?;
+    if recorded.is_some() {
+        tracing::info!(
+            node = id,
+            member = member.as_ref().map(|m| format!("{:x}", m.id)),
+            "removal of the ConsensusMember role recorded"
+        );
+    }
+    records::load_node(&shared.curator, id)
+        .await
+        .map_err(status_from)?
+        .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))
+}
+
+/// Carries out the recorded removal of node `id`'s role (the caller holds the
+/// membership lock; a record without a pending removal is returned as it is). Each
+/// step may be repeated, so whoever leads next simply runs this again:
+/// 1. the etcd member (found by its recorded ID) is removed first — while the node
+///    still runs it and can vote the change through; before that the quorum is checked
+///    again, and a removal that is no longer safe is withdrawn (the role stays);
+/// 2. its peer and curator certificates are revoked;
+/// 3. the record loses the role (the node then stops etcd and wipes its data);
+/// 4. the certificates are revoked once more: one recorded in between was recorded
+///    under the guard of the record that still held the role (see `fence`); after the
+///    role is gone none can be.
+pub(super) async fn carry_out_removal(
+    shared: &Arc<Shared>,
+    leadership: &Leadership,
+    id: &str,
+) -> Result<Node, Status> {
+    let node = records::load_node(&shared.curator, id)
+        .await
+        .map_err(status_from)?
+        .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))?;
+    if !removal_pending(&node) {
+        return Ok(node);
+    }
+    let mut client = shared.curator.client();
+    let members = etcd_members::list(&mut client).await?;
+    if let Some(member) = etcd_members::member_of(&members, &node).cloned() {
+        if let Err(refused) = check_removal(shared, &members, &member, id).await {
+            withdraw_removal(shared, leadership, id).await?;
+            return Err(refused);
+        }
         if id == shared.config.node_id {
             // This curator's own etcd member would vanish under the request: hand the
-            // leadership over (the next curator wins at once) and let the caller retry
-            // there.
+            // leadership over (the next curator wins at once and finishes the removal)
+            // and let the caller retry there.
             let _ = client.lease_revoke(leadership.lease).await;
             tracing::info!(
                 "asked to remove this curator's own node from consensus: leadership handed over"
@@ -282,17 +390,18 @@ pub(super) async fn remove_role(
             member = format!("{:x}", member.id),
             "removed etcd member"
         );
+        crate::pause::pause_point(MEMBERSHIP_PAUSE, id).await;
     }
-    // Before the role goes (an interrupted removal is resumed while the role is
-    // still recorded) and once more after: a certificate recorded in between was
-    // recorded under the guard of the record that still held the role (see `fence`);
-    // after the role is gone none can be.
     revoke_member_certificates(shared, &client, id).await?;
     let node = writes::modify_node(&shared.curator, leadership, id, |current| {
         let mut node = current
             .cloned()
             .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
-        let Some(roles) = node.roles.as_mut().filter(|r| r.consensus_member.is_some()) else {
+        let Some(roles) = node
+            .roles
+            .as_mut()
+            .filter(|r| r.consensus_member.as_ref().is_some_and(|c| c.removal_pending))
+        else {
             return Ok(None);
         };
         roles.consensus_member = None;
@@ -302,8 +411,41 @@ pub(super) async fn remove_role(
     .map_err(node_update_status)?
     .unwrap_or(node);
     revoke_member_certificates(shared, &client, id).await?;
+    tracing::info!(node = id, "the ConsensusMember role is removed");
     Ok(node)
 }
+
+/// Withdraws a pending removal whose etcd member is still there (nothing was done yet)
+/// but may no longer leave.
+async fn withdraw_removal(shared: &Shared, leadership: &Leadership, id: &str) -> Result<(), Status> {
+    writes::modify_node(&shared.curator, leadership, id, |current| {
+        let mut node = current
+            .cloned()
+            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
+        let Some(role) = node
+            .roles
+            .as_mut()
+            .and_then(|r| r.consensus_member.as_mut())
+            .filter(|c| c.removal_pending)
+        else {
+            return Ok(None);
+        };
+        role.removal_pending = false;
+        Ok(Some(node))
+    })
+    .await
+    .map_err(node_update_status)?;
+    tracing::warn!(
+        node = id,
+        "removal of the ConsensusMember role withdrawn: it would cost the quorum now"
+    );
+    Ok(())
+}
+
+/// The pause point (test builds) right after a membership change reached etcd and
+/// before it is recorded: after a removal's `member_remove`, and before a join's
+/// `member_add` (after its fenced check).
+const MEMBERSHIP_PAUSE: &str = "membership-etcd-change";
 
 /// Revokes node `id`'s etcd peer certificates and curator certificates.
 async fn revoke_member_certificates(
@@ -481,6 +623,113 @@ pub(super) fn may_join(node: &Node) -> Result<(), Status> {
             "node {} does not hold the ConsensusMember role",
             node.id
         )));
+    }
+    if removal_pending(node) {
+        return Err(Status::failed_precondition(format!(
+            "node {}: its ConsensusMember role is being removed",
+            node.id
+        )));
+    }
+    Ok(())
+}
+
+/// Right before a join's `member_add`: one transaction guarded by `leadership` that
+/// compares node `id`'s record with the one checked ([`may_join`]); refused unless this
+/// curator still leads and the record is unchanged.
+async fn confirm_join(shared: &Shared, leadership: &Leadership, id: &str) -> Result<(), Status> {
+    let checked = fence::check(
+        shared,
+        id,
+        |n| may_join(n).is_ok(),
+        "it may not join consensus (not UP, no ConsensusMember role, or its removal pending)",
+    )
+    .await?;
+    let confirmed = crate::election::leader_txn(
+        &shared.curator,
+        leadership,
+        etcd_client::Txn::new().when([checked.guard]),
+    )
+    .await
+    .map_err(status_from)?;
+    if !confirmed.succeeded() {
+        return Err(Status::aborted(format!(
+            "the record of node {id} changed while it joined; ask again"
+        )));
+    }
+    Ok(())
+}
+
+/// Records the learner a join just added in node `id`'s role, guarded by
+/// `leadership`; refused when the record no longer grants the role (taken, or its
+/// removal pending).
+async fn record_joined_member(
+    shared: &Shared,
+    leadership: &Leadership,
+    id: &str,
+    member_id: u64,
+) -> Result<(), Status> {
+    let mut granted = true;
+    writes::modify_node(&shared.curator, leadership, id, |current| {
+        let mut node = current
+            .cloned()
+            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
+        granted = may_join(&node).is_ok();
+        let role = node
+            .roles
+            .as_mut()
+            .and_then(|r| r.consensus_member.as_mut())
+            .filter(|_| granted);
+        match role {
+            Some(role) if role.member_id != member_id => role.member_id = member_id,
+            _ => return Ok(None),
+        }
+        Ok(Some(node))
+    })
+    .await
+    .map_err(node_update_status)?;
+    if !granted {
+        return Err(Status::failed_precondition(format!(
+            "node {id} lost its ConsensusMember role while it joined"
+        )));
+    }
+    Ok(())
+}
+
+/// Removes every etcd learner that no node record holding the ConsensusMember role
+/// stands for (found by recorded ID, name, or the peer URL of one never started): left
+/// by a deposed leader's join that raced the role's removal. Members are listed before
+/// the records are read, so a learner added after the listing is not judged; leadership
+/// is confirmed right before each removal. Voters are never removed here.
+pub(super) async fn remove_orphan_learners(
+    shared: &Shared,
+    leadership: &Leadership,
+) -> Result<(), Status> {
+    let mut client = shared.curator.client();
+    let members = etcd_members::list(&mut client).await?;
+    if !members.iter().any(|m| m.is_learner) {
+        return Ok(());
+    }
+    let nodes = records::list_nodes(&shared.curator)
+        .await
+        .map_err(status_from)?;
+    let owned: std::collections::HashSet<u64> = nodes
+        .iter()
+        .filter(|n| has_role(n))
+        .filter_map(|n| etcd_members::member_of(&members, n))
+        .map(|m| m.id)
+        .collect();
+    for orphan in members.iter().filter(|m| m.is_learner && !owned.contains(&m.id)) {
+        crate::election::leader_txn(&shared.curator, leadership, etcd_client::Txn::new())
+            .await
+            .map_err(status_from)?;
+        etcd::remove(&mut client, orphan.id)
+            .await
+            .map_err(|e| etcd_status("removing an etcd learner no node holds", e))?;
+        tracing::warn!(
+            member = format!("{:x}", orphan.id),
+            name = orphan.name,
+            "removed an etcd learner no node record holds the ConsensusMember role for"
+        );
     }
     Ok(())
 }

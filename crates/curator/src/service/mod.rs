@@ -8,6 +8,8 @@
 //!   ├── nodes        one etcd watch on nodes/ → Shared::nodes (snapshot per change)
 //!   ├── crl          one etcd watch on the cluster CRL → Shared::crl (see `crl`)
 //!   ├── decommission leader: finishes DECOMMISSIONING nodes (see `decommission`)
+//!   ├── membership   leader: carries out recorded role removals (resumed after a
+//!   │                failover), removes learners no record stands for (`reconciler`)
 //!   ├── certificates every issued certificate, refreshed → Shared::certificates
 //!   │                (expiry warnings in NodeInfo; see `certificates`)
 //!   ├── health       leader: heartbeat verdicts (crate::health) → Node.health on change
@@ -35,6 +37,8 @@
 //!                    CuratorLocal.DefragmentMember's work), scheduled (scheduled
 //!                    snapshots; their files listed and located)
 //!   decommission     DecommissionNode, DeleteNode and the `decommission` runnable
+//!   reconciler       the `membership` runnable: recorded membership intents carried
+//!                    out by the leader, orphaned learners removed
 //!   membership       every etcd membership change: join (learner, promotion), the
 //!                    role given and taken, the quorum probe
 //!   issuance         every certificate the curator issues to callers
@@ -77,6 +81,7 @@ mod management;
 mod membership;
 mod node_info;
 mod nodes;
+mod reconciler;
 mod scheduled;
 mod scheduled_api;
 mod shared;
@@ -150,6 +155,11 @@ pub async fn run(
     let decommission_shared = shared.clone();
     ctx.run("decommission", move |ctx| {
         decommission::run(ctx, decommission_shared.clone())
+    })?;
+
+    let membership_shared = shared.clone();
+    ctx.run("membership", move |ctx| {
+        reconciler::run(ctx, membership_shared.clone())
     })?;
 
     let certificates_shared = shared.clone();
