@@ -1,26 +1,37 @@
 //! Every change of etcd membership, made by the leader: a node joining (learner added,
-//! then promoted), the ConsensusMember role given and taken, and the quorum probe that
-//! decides whether a member may leave.
+//! then promoted), the ConsensusMember role given and taken, the quorum probe that
+//! decides whether a member may leave, and the steps the leader's `reconciler` runs.
 //!
 //! ```text
 //!   UpdateNodeRoles add ─▶ add_role: record gains the role (the node then asks to join)
 //!   JoinConsensus (node with role ConsensusMember, no etcd data) ─▶ join
 //!     its learner exists already ─▶ answer again (no queueing), promotion resumed
-//!     else: membership lock ─▶ role re-checked ─▶ member_add(learner) ─▶ peer
-//!           certificate (issuance) ─▶ answer the node
+//!     else: membership lock ─▶ role re-checked ─▶ confirm_join: one txn guarded by the
+//!           leadership comparing the record checked (still leads, role still granted,
+//!           no removal pending) ─▶ member_add(learner) ─▶ member ID recorded, guarded
+//!           (refused: the learner removed again) ─▶ peer certificate (issuance) ─▶
+//!           answer the node
 //!           └─ task: promote as soon as etcd accepts, then release the lock
 //!   UpdateNodeRoles remove, decommission ─▶ remove_role
-//!     membership lock ─▶ plan_removal (quorum; members' curators asked) ─▶ own node?
-//!     hand leadership over ─▶ member_remove (while the node still votes) ─▶ revoke peer
-//!     certificates ─▶ record without the role (the node then stops etcd, wipes data)
+//!     request_removal: plan_removal (quorum; members' curators asked) ─▶ record
+//!     `removal_pending` (+ the member's ID), guarded: the durable intent
+//!     ─▶ membership lock ─▶ carry_out_removal (also the reconciler's, after a failover):
+//!     quorum re-checked (refused: intent withdrawn) ─▶ own node? hand leadership over
+//!     ─▶ member_remove by recorded ID (while the node still votes) ─▶ revoke peer and
+//!     curator certificates ─▶ record without the role (the node then stops etcd,
+//!     wipes data) ─▶ revoke again
+//!   reconciler ─▶ remove_orphan_learners: a learner no record with the role stands
+//!     for (a deposed leader's add) is removed
 //!   DecommissionNode ─▶ may_leave: the same quorum check, up front
 //! ```
-//! The lock serializes membership changes within this leader; etcd's own rules (one
-//! learner at a time, no change within 5 s of reconnecting) cover a change of leader in
-//! between, and changes it refuses for now are retried for a while.
+//! The lock serializes membership changes within this leader; across leaders the
+//! record fences them (every write is guarded by the leadership, a join confirms the
+//! record and the leadership right before its add), etcd's own rules (one learner at a
+//! time, no change within 5 s of reconnecting) cover the rest, and changes it refuses
+//! for now are retried for a while. Every step may be repeated.
 //!
-//! Above `issuance` (a joining member's peer certificate) and below the handlers and
-//! `decommission`: may not import them.
+//! Above `issuance` (a joining member's peer certificate) and `fence` (the record
+//! guard), below the handlers, `decommission` and `reconciler`: may not import them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -155,7 +166,14 @@ pub(super) async fn join(
                 crate::pause::pause_point(MEMBERSHIP_PAUSE, &node.id).await;
                 // The add cannot be part of a guarded transaction: right before it,
                 // this curator still leads and the record still grants the role.
-                confirm_join(shared, leadership, &node.id).await?;
+                if let Err(refused) = confirm_join(shared, leadership, &node.id).await {
+                    tracing::warn!(
+                        node = node.id,
+                        "join refused right before adding its learner: {}",
+                        refused.message()
+                    );
+                    return Err(refused);
+                }
                 let (added, all) = when_accepted("adding the etcd learner", || {
                     let mut client = client.clone();
                     let url = url.clone();
@@ -257,11 +275,14 @@ pub(super) async fn remove_role(
     leadership: &Leadership,
     id: &str,
 ) -> Result<Node, Status> {
-    let _guard = shared.membership.clone().lock_owned().await;
+    // Recorded before the lock is taken: a join waiting on this leader (it holds the
+    // lock from before its learner is added until the promotion) then finds the record
+    // changed and adds nothing.
     let node = request_removal(shared, leadership, id).await?;
     if !removal_pending(&node) {
         return Ok(node);
     }
+    let _guard = shared.membership.clone().lock_owned().await;
     carry_out_removal(shared, leadership, id).await
 }
 
