@@ -1,5 +1,5 @@
 //! Membership changes as durable intents (issue 16), with real polis-node and etcd
-//! processes on 127.x addresses: four consensus members and a worker, every node
+//! processes on 127.x addresses: four consensus members, every node
 //! started with the curator's test hook `POLIS_PAUSE_AT=membership-etcd-change:<ms>`
 //! (built with `--features node/crash-points`), which pauses a leader right after a
 //! role removal's `member_remove` and right before a join's `member_add`.
@@ -8,17 +8,20 @@
 //!   polisctl that asked killed too: the next leader finishes the removal by itself
 //!   (the role gone from the record, the node out of consensus, its data wiped, not
 //!   crash-looping), two voters serving.
-//! - A leader paused before adding a joining worker's learner is deposed (its
-//!   polis-node frozen), the role is removed at the new leader, and the old leader
-//!   continues: no learner is left behind.
+//! - A leader paused before adding a joining node's learner (the node played by the
+//!   test, its JoinConsensus call kept open) is deposed (its polis-node frozen), the
+//!   role is removed at the new leader, and the old leader continues: it refuses the
+//!   join and no learner is left behind.
 //!
 //! One cluster for the whole file: the cases run in turn on it.
 
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use e2e::{Cluster, Node, Proc, TIMEOUT, endpoints, wait_until};
+use proto::api;
 
 /// Long enough to act on (the test acts at once on the pause line), short enough
 /// that the joins of the members, each paused once, stay quick.
@@ -27,13 +30,28 @@ const PAUSE: (&str, &str) = ("POLIS_PAUSE_AT", "membership-etcd-change:5000");
 /// Starts a node with `params` and the pause hook, approves it, waits until UP.
 fn add_node(cluster: &Cluster, name: &str, params: &Path) -> Result<(Node, String)> {
     let mut node = cluster.new_node(name)?;
-    node.start_with_env(&["--params", params.to_str().context("utf-8 path")?], &[PAUSE])?;
+    node.start_with_env(
+        &["--params", params.to_str().context("utf-8 path")?],
+        &[PAUSE],
+    )?;
     node.wait_state("Foreign")?;
     let id = node.key_node_id()?;
     cluster.ctl_retry(&["node", "approve", &id])?;
     node.wait_home()?;
     cluster.wait_node(&id, "UP", None)?;
     Ok((node, id))
+}
+
+/// Waits until `node` logs, after its first `seen` lines, that it paused at the pause
+/// point for node `id`.
+fn wait_for_pause(node: &mut Node, seen: usize, id: &str) -> Result<()> {
+    wait_until("the pause point", TIMEOUT, || {
+        node.proc()
+            .output()
+            .lines()
+            .skip(seen)
+            .any(|l| l.contains("pause point reached") && l.contains(id))
+    })
 }
 
 /// Whether node `id`'s record holds the ConsensusMember role (asked at `at`).
@@ -85,7 +103,12 @@ fn membership_intents() -> Result<()> {
         node_args: Vec::new(),
     };
     let first_endpoint = cluster.first.address.to_string();
-    cluster.ctl_retry(&["--endpoints", &first_endpoint, "takeownership", "--accept-ca"])?;
+    cluster.ctl_retry(&[
+        "--endpoints",
+        &first_endpoint,
+        "takeownership",
+        "--accept-ca",
+    ])?;
     let mut cluster = cluster;
     let params = cluster.register_params("nodes")?;
     // members[0] stands for cluster.first (moved back in at the end).
@@ -96,12 +119,13 @@ fn membership_intents() -> Result<()> {
         others.push(node);
         ids.push(id);
     }
-    let (mut worker, id_w) = add_node(&cluster, "w", &params)?;
     for id in &ids[1..] {
         cluster.ctl_retry(&["node", "add-role", id, "ConsensusMember"])?;
     }
     let all = {
-        let refs: Vec<&Node> = std::iter::once(&cluster.first).chain(others.iter()).collect();
+        let refs: Vec<&Node> = std::iter::once(&cluster.first)
+            .chain(others.iter())
+            .collect();
         endpoints(&refs)
     };
     cluster.wait_members(&all, 4, 0)?;
@@ -144,14 +168,19 @@ fn membership_intents() -> Result<()> {
         &ids[victim],
         "ConsensusMember",
     ]);
-    let remove = Proc::spawn("polisctl", ctl, &dir.path().join("remove-role.log"))?;
     let victim_id = ids[victim].clone();
-    member(&mut cluster.first, &mut others, leader)
+    let seen = member(&mut cluster.first, &mut others, leader)
         .proc()
-        .wait_for_line(TIMEOUT, |l| {
-            l.contains("pause point reached") && l.contains(&victim_id)
-        })
-        .context("the leader to pause after removing the etcd member")?;
+        .output()
+        .lines()
+        .count();
+    let remove = Proc::spawn("polisctl", ctl, &dir.path().join("remove-role.log"))?;
+    wait_for_pause(
+        member(&mut cluster.first, &mut others, leader),
+        seen,
+        &victim_id,
+    )
+    .context("the leader to pause after removing the etcd member")?;
     drop(remove);
     let dead = member(&mut cluster.first, &mut others, leader);
     dead.proc().signal(libc::SIGKILL);
@@ -165,7 +194,7 @@ fn membership_intents() -> Result<()> {
         .wait_for_line(TIMEOUT, |l| l.contains("left consensus"))
         .context("the removed node to leave consensus")?;
     wait_until("the removed node's etcd data to be gone", TIMEOUT, || {
-        !removed.root.join("data/etcd/member.pb").exists()
+        !removed.root.join("data/etcd/data").exists()
     })?;
     assert!(
         removed.proc().child.try_wait()?.is_none(),
@@ -176,7 +205,9 @@ fn membership_intents() -> Result<()> {
         cluster.status(&survivors_at).is_ok_and(|(ok, status)| {
             let members = status["members"].as_array().cloned().unwrap_or_default();
             ok && members.len() == 3
-                && members.iter().all(|m| m["role"] == "voter" && m["node"] != victim_id.as_str())
+                && members
+                    .iter()
+                    .all(|m| m["role"] == "voter" && m["node"] != victim_id.as_str())
                 && members.iter().filter(|m| m["answered"] == true).count() == 2
         })
     })?;
@@ -193,7 +224,8 @@ fn membership_intents() -> Result<()> {
     // Case 2: a deposed leader's JoinConsensus, after the role was removed at the new
     // leader, leaves no learner.
     // Before: the join ignored its proof of leadership and added the learner anyway.
-    let leader_address = member(&mut cluster.first, &mut others, voters[0]).curator_leader_address()?;
+    let leader_address =
+        member(&mut cluster.first, &mut others, voters[0]).curator_leader_address()?;
     let deposed = addresses
         .iter()
         .position(|a| *a == leader_address)
@@ -204,45 +236,108 @@ fn membership_intents() -> Result<()> {
         .map(|i| addresses[*i].to_string())
         .collect::<Vec<_>>()
         .join(",");
-    cluster.ctl_retry(&["--endpoints", &voters_at, "node", "add-role", &id_w, "ConsensusMember"])?;
-    let old_leader = member(&mut cluster.first, &mut others, deposed);
-    old_leader
+    // The joining node is played by this test (a registered, approved, committed key
+    // that runs no etcd), so that its JoinConsensus call stays open while its leader
+    // is frozen: the handler is not cancelled by a caller that gave up.
+    let register = e2e::read_register_params(&params)?;
+    let trust = rpc::ServerTrust::PinnedCa(register.ca_certificate.clone());
+    let key = identity::NodeKey::generate()?;
+    let id_j = key.node_id();
+    let at_deposed = SocketAddr::new(addresses[deposed], rpc::CURATOR_PORT);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let (_updates, certificate) = runtime.block_on(async {
+        let channel = rpc::connect(at_deposed, &trust, Some(&rpc::self_signed(&key)?)).await?;
+        let mut curator = api::curator_client::CuratorClient::new(channel);
+        let mut updates = curator
+            .register_node(api::RegisterNodeRequest {
+                register_ticket: register.register_ticket.clone(),
+                address: e2e::unique_loopback().to_string(),
+                labels: Default::default(),
+            })
+            .await?
+            .into_inner();
+        updates.message().await?.context("NEW")?;
+        tokio::task::block_in_place(|| cluster.ctl_retry(&["node", "approve", &id_j]))?;
+        let certificate = curator
+            .commit_node(api::CommitNodeRequest {})
+            .await?
+            .into_inner()
+            .node_certificate;
+        anyhow::Ok((updates, certificate))
+    })?;
+    cluster.ctl_retry(&[
+        "--endpoints",
+        &voters_at,
+        "node",
+        "add-role",
+        &id_j,
+        "ConsensusMember",
+    ])?;
+    let credentials = rpc::Credentials {
+        certificate,
+        key_pkcs8: key.pkcs8_der().to_vec(),
+    };
+    let channel = runtime.block_on(rpc::connect(at_deposed, &trust, Some(&credentials)))?;
+    let seen = member(&mut cluster.first, &mut others, deposed)
         .proc()
-        .wait_for_line(TIMEOUT, |l| l.contains("pause point reached") && l.contains(&id_w))
-        .context("the leader to pause before adding the worker's learner")?;
-    let seen = old_leader.proc().output().lines().count();
+        .output()
+        .lines()
+        .count();
+    let join = runtime.spawn(async move {
+        api::curator_client::CuratorClient::new(channel)
+            .join_consensus(api::JoinConsensusRequest {})
+            .await
+    });
+    let old_leader = member(&mut cluster.first, &mut others, deposed);
+    wait_for_pause(old_leader, seen, &id_j)
+        .context("the leader to pause before adding the joining node's learner")?;
     let pid = old_leader.proc().pid();
     // SAFETY: kill(2) on a process this test started.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
-    let removal = cluster.ctl_retry(&[
-        "--endpoints",
-        &rest_at,
-        "node",
-        "remove-role",
-        &id_w,
-        "ConsensusMember",
-    ]);
+    let asked = member(
+        &mut cluster.first,
+        &mut others,
+        *voters
+            .iter()
+            .find(|i| **i != deposed)
+            .context("another voter")?,
+    );
+    let moved = wait_until("another curator to lead", TIMEOUT, || {
+        asked
+            .curator_leader_address()
+            .is_ok_and(|a| a != addresses[deposed])
+    });
+    let removal = moved.and_then(|()| {
+        cluster.ctl_retry(&[
+            "--endpoints",
+            &rest_at,
+            "node",
+            "remove-role",
+            &id_j,
+            "ConsensusMember",
+        ])
+    });
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     removal?;
-    let old_leader = member(&mut cluster.first, &mut others, deposed);
-    old_leader
-        .proc()
-        .wait_for_line(TIMEOUT, |l| {
-            l.contains(&id_w) && (l.contains("added etcd learner") || l.contains("join refused"))
-        })
-        .context("the deposed leader's join to end")?;
-    let after: Vec<String> = old_leader.proc().output().lines().skip(seen).map(str::to_string).collect();
-    println!("deposed leader after the pause: {}", after.iter().filter(|l| l.contains(&id_w)).cloned().collect::<Vec<_>>().join("\n"));
+    let answer = runtime.block_on(join)?;
+    println!(
+        "the deposed leader answered the join: {:?}",
+        answer.as_ref().map(|r| r.get_ref().member_id)
+    );
     wait_until("no learner left behind", TIMEOUT / 2, || {
         members(&cluster, &voters_at).is_ok_and(|m| {
-            m.len() == 3 && m.iter().all(|(role, node)| role == "voter" && node != &id_w)
+            m.len() == 3
+                && m.iter()
+                    .all(|(role, node)| role == "voter" && node != &id_j)
         })
     })?;
-    if holds_role(&cluster, &voters_at, &id_w)? {
-        bail!("the worker still holds the role");
+    if holds_role(&cluster, &voters_at, &id_j)? {
+        bail!("the joining node still holds the role");
     }
     cluster.wait_members(&voters_at, 3, 0)?;
-    assert!(worker.proc().child.try_wait()?.is_none(), "the worker keeps running");
     Ok(())
 }

@@ -30,8 +30,7 @@
 //! time, no change within 5 s of reconnecting) cover the rest, and changes it refuses
 //! for now are retried for a while. Every step may be repeated.
 //!
-//! Above `issuance` (a joining member's peer certificate) and `fence` (the record
-//! guard), below the handlers, `decommission` and `reconciler`: may not import them.
+//! Above `issuance` (a joining member's peer certificate), below the handlers, `decommission` and `reconciler`: may not import them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,7 +42,7 @@ use tonic::Status;
 
 use super::shared::Shared;
 use super::status::{etcd_status, node_update_status, status_from};
-use super::{etcd_members, fence, issuance};
+use super::{etcd_members, issuance};
 use crate::election::Leadership;
 use crate::error::NodeUpdateError;
 use crate::{layout, records, writes};
@@ -418,11 +417,11 @@ pub(super) async fn carry_out_removal(
         let mut node = current
             .cloned()
             .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
-        let Some(roles) = node
-            .roles
-            .as_mut()
-            .filter(|r| r.consensus_member.as_ref().is_some_and(|c| c.removal_pending))
-        else {
+        let Some(roles) = node.roles.as_mut().filter(|r| {
+            r.consensus_member
+                .as_ref()
+                .is_some_and(|c| c.removal_pending)
+        }) else {
             return Ok(None);
         };
         roles.consensus_member = None;
@@ -438,7 +437,11 @@ pub(super) async fn carry_out_removal(
 
 /// Withdraws a pending removal whose etcd member is still there (nothing was done yet)
 /// but may no longer leave.
-async fn withdraw_removal(shared: &Shared, leadership: &Leadership, id: &str) -> Result<(), Status> {
+async fn withdraw_removal(
+    shared: &Shared,
+    leadership: &Leadership,
+    id: &str,
+) -> Result<(), Status> {
     writes::modify_node(&shared.curator, leadership, id, |current| {
         let mut node = current
             .cloned()
@@ -658,17 +661,24 @@ pub(super) fn may_join(node: &Node) -> Result<(), Status> {
 /// compares node `id`'s record with the one checked ([`may_join`]); refused unless this
 /// curator still leads and the record is unchanged.
 async fn confirm_join(shared: &Shared, leadership: &Leadership, id: &str) -> Result<(), Status> {
-    let checked = fence::check(
-        shared,
-        id,
-        |n| may_join(n).is_ok(),
-        "it may not join consensus (not UP, no ConsensusMember role, or its removal pending)",
-    )
-    .await?;
+    let key = shared.curator.key(&layout::node_key(id));
+    let response = shared
+        .curator
+        .client()
+        .get(key.clone(), None)
+        .await
+        .map_err(|e| Status::unavailable(format!("reading the record of node {id}: {e}")))?;
+    let kv = response
+        .kvs()
+        .first()
+        .ok_or_else(|| Status::not_found(format!("node {id} has no record")))?;
+    may_join(&records::decode_node(id, kv.value()).map_err(status_from)?)?;
+    let unchanged =
+        etcd_client::Compare::mod_revision(key, etcd_client::CompareOp::Equal, kv.mod_revision());
     let confirmed = crate::election::leader_txn(
         &shared.curator,
         leadership,
-        etcd_client::Txn::new().when([checked.guard]),
+        etcd_client::Txn::new().when([unchanged]),
     )
     .await
     .map_err(status_from)?;
@@ -739,7 +749,10 @@ pub(super) async fn remove_orphan_learners(
         .filter_map(|n| etcd_members::member_of(&members, n))
         .map(|m| m.id)
         .collect();
-    for orphan in members.iter().filter(|m| m.is_learner && !owned.contains(&m.id)) {
+    for orphan in members
+        .iter()
+        .filter(|m| m.is_learner && !owned.contains(&m.id))
+    {
         crate::election::leader_txn(&shared.curator, leadership, etcd_client::Txn::new())
             .await
             .map_err(status_from)?;
