@@ -39,8 +39,10 @@
 //!   decommission     DecommissionNode, DeleteNode and the `decommission` runnable
 //!   reconciler       the `membership` runnable: recorded membership intents carried
 //!                    out by the leader, orphaned learners removed
-//!   membership       every etcd membership change: join (learner, promotion), the
-//!                    role given and taken, the quorum probe
+//!   removal          the role taken as a durable intent: recorded, carried out
+//!                    (by the request or the reconciler), orphaned learners removed
+//!   membership       etcd membership: join (learner, promotion, fenced), the role
+//!                    given, the quorum probe, the retries every change goes through
 //!   issuance         every certificate the curator issues to callers
 //!   curator_certificate  the curator certificate this curator serves with (issued
 //!                    for its own node key; only on a ConsensusMember record)
@@ -82,6 +84,7 @@ mod membership;
 mod node_info;
 mod nodes;
 mod reconciler;
+mod removal;
 mod scheduled;
 mod scheduled_api;
 mod shared;

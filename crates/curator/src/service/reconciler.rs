@@ -4,22 +4,23 @@
 //! ```text
 //!   while this curator leads (again after every change of leader):
 //!     every record whose ConsensusMember removal is pending (node snapshot)
-//!       ─▶ membership lock ─▶ membership::carry_out_removal (member removed by its
+//!       ─▶ membership lock ─▶ removal::carry_out_removal (member removed by its
 //!          recorded ID, certificates revoked, role cleared, revoked again)
 //!     etcd learners no record with the role stands for (a deposed leader's join)
-//!       ─▶ membership::remove_orphan_learners
+//!       ─▶ removal::remove_orphan_learners
 //!   on a change of leadership or of the node snapshot, every RECONCILE_EVERY, and
 //!   RETRY_AFTER after a step that failed
 //! ```
 //! Every step is idempotent, so the next leader simply runs them again.
 //!
-//! Above `membership` (the steps): may not import the handlers or `decommission`.
+//! Above `removal` (the steps) and `membership`: may not import the handlers or
+//! `decommission`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::membership;
 use super::shared::Shared;
+use super::{membership, removal};
 use crate::election::{Leadership, Role};
 
 /// How often the leader looks for orphaned learners without another reason to.
@@ -46,7 +47,7 @@ async fn reconcile(shared: &Arc<Shared>, leadership: &Leadership) -> Result<(), 
     let _guard = shared.membership.clone().lock_owned().await;
     let mut problem = None;
     for id in pending {
-        match membership::carry_out_removal(shared, leadership, &id).await {
+        match removal::carry_out_removal(shared, leadership, &id).await {
             Ok(_) => tracing::info!(node = id, "reconciler: finished a recorded role removal"),
             Err(status) => {
                 problem.get_or_insert(format!(
@@ -56,7 +57,7 @@ async fn reconcile(shared: &Arc<Shared>, leadership: &Leadership) -> Result<(), 
             }
         }
     }
-    if let Err(status) = membership::remove_orphan_learners(shared, leadership).await {
+    if let Err(status) = removal::remove_orphan_learners(shared, leadership).await {
         problem.get_or_insert(format!("orphaned learners: {}", status.message()));
     }
     problem.map_or(Ok(()), Err)
