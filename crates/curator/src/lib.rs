@@ -56,8 +56,12 @@
 //! - etcd membership changes (a learner added and promoted, a member removed) are made
 //!   by the leader one at a time (`service::membership`); a removal that would
 //!   leave the remaining voters without a healthy majority (asked of each member's
-//!   curator) is refused. A leader asked to remove its own node hands leadership over
-//!   first, so the removal is made by a curator whose etcd stays.
+//!   curator) is refused. A removal is a durable intent in the node record, carried
+//!   out by the request or the leader's reconciler and resumed by the next leader
+//!   (`service::removal`, `service::reconciler`); a join's learner is added only
+//!   right after a guarded confirmation of leadership and record. A leader asked to
+//!   remove its own node hands leadership over first, so the removal is made by a
+//!   curator whose etcd stays.
 //! - A campaigning curator revokes the lease of a leader whose endpoint refuses
 //!   connections (its process is gone); guarded writes make this safe even when wrong.
 //! - Every certificate a curator issues is issued through `service::issuance` (node,

@@ -271,6 +271,7 @@ pub async fn finish(
             roles: Some(NodeRoles {
                 consensus_member: Some(ConsensusMemberRole {
                     member_id: running.member_id,
+                    removal_pending: false,
                 }),
             }),
             address: address.to_string(),

@@ -344,6 +344,7 @@ async fn write_cluster_state(
         roles: Some(NodeRoles {
             consensus_member: Some(ConsensusMemberRole {
                 member_id: running.member_id,
+                removal_pending: false,
             }),
         }),
         address: flags.address.to_string(),

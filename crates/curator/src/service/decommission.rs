@@ -7,7 +7,7 @@
 //!     nothing changes) ─▶ record DECOMMISSIONING
 //!   decommission runnable (leader; every DECOMMISSIONING record in the node snapshot,
 //!   again after a failover)
-//!     consensus member? ─▶ membership::remove_role (etcd member removed, peer
+//!     consensus member? ─▶ removal::remove_role (etcd member removed, peer
 //!     certificates revoked, role gone: the node stops etcd and the curator)
 //!     ─▶ node certificates revoked (cluster CRL) ─▶ record DECOMMISSIONED
 //!   the node (if running) sees DECOMMISSIONING (Disowning), its services stop as its
@@ -20,7 +20,7 @@
 //! Every step is idempotent, so the runnable simply repeats what is left after a failure
 //! or a change of leader; what holds a node up is shown in its `decommission_progress`.
 //!
-//! Above `membership` (the node leaves consensus through it): may not import the
+//! Above `removal` (the node leaves consensus through it): may not import the
 //! handlers.
 
 use std::sync::Arc;
@@ -29,9 +29,9 @@ use std::time::Duration;
 use proto::state::{Node, NodeState};
 use tonic::Status;
 
-use super::membership;
 use super::shared::Shared;
 use super::status::{node_update_status, status_from};
+use super::{membership, removal};
 use crate::election::{Leadership, Role};
 use crate::error::NodeUpdateError;
 use crate::lifecycle::Event;
@@ -184,7 +184,7 @@ async fn revoke_certificates(shared: &Shared, id: &str) -> Result<usize, Status>
 async fn finish(shared: &Arc<Shared>, leadership: &Leadership, node: &Node) -> Result<(), Status> {
     let id = node.id.as_str();
     if has_consensus_role(node) {
-        membership::remove_role(shared, leadership, id).await?;
+        removal::remove_role(shared, leadership, id).await?;
         tracing::info!(node = id, "decommission: the node left consensus");
     }
     let revoked = revoke_certificates(shared, id).await?;

@@ -77,7 +77,10 @@ mod tests {
             id: id.into(),
             address: address.into(),
             roles: member_id.map(|member_id| NodeRoles {
-                consensus_member: Some(ConsensusMemberRole { member_id }),
+                consensus_member: Some(ConsensusMemberRole {
+                    member_id,
+                    ..Default::default()
+                }),
             }),
             ..Default::default()
         }

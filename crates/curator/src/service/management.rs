@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 
 use super::shared::Services;
 use super::status::{check_node_id, identity, node_update_status, status_from};
-use super::{certificates, decommission, membership, tickets};
+use super::{certificates, decommission, membership, removal, tickets};
 use crate::error::NodeUpdateError;
 use crate::lifecycle::Event;
 use crate::{layout, owner, records, writes};
@@ -211,7 +211,7 @@ impl api::management_server::Management for Services {
         let node = if add {
             membership::add_role(&self.0, &leadership, &r.id).await?
         } else if remove {
-            membership::remove_role(&self.0, &leadership, &r.id).await?
+            removal::remove_role(&self.0, &leadership, &r.id).await?
         } else {
             records::load_node(&self.0.curator, &r.id)
                 .await

@@ -1,26 +1,36 @@
 //! Every change of etcd membership, made by the leader: a node joining (learner added,
-//! then promoted), the ConsensusMember role given and taken, and the quorum probe that
-//! decides whether a member may leave.
+//! then promoted), the ConsensusMember role given and taken, the quorum probe that
+//! decides whether a member may leave, and the steps the leader's `reconciler` runs.
 //!
 //! ```text
 //!   UpdateNodeRoles add ─▶ add_role: record gains the role (the node then asks to join)
 //!   JoinConsensus (node with role ConsensusMember, no etcd data) ─▶ join
 //!     its learner exists already ─▶ answer again (no queueing), promotion resumed
-//!     else: membership lock ─▶ role re-checked ─▶ member_add(learner) ─▶ peer
-//!           certificate (issuance) ─▶ answer the node
+//!     else: membership lock ─▶ role re-checked ─▶ confirm_join: one txn guarded by the
+//!           leadership comparing the record checked (still leads, role still granted,
+//!           no removal pending) ─▶ member_add(learner) ─▶ member ID recorded, guarded
+//!           (refused: the learner removed again) ─▶ peer certificate (issuance) ─▶
+//!           answer the node
 //!           └─ task: promote as soon as etcd accepts, then release the lock
 //!   UpdateNodeRoles remove, decommission ─▶ remove_role
-//!     membership lock ─▶ plan_removal (quorum; members' curators asked) ─▶ own node?
-//!     hand leadership over ─▶ member_remove (while the node still votes) ─▶ revoke peer
-//!     certificates ─▶ record without the role (the node then stops etcd, wipes data)
+//!     request_removal: plan_removal (quorum; members' curators asked) ─▶ record
+//!     `removal_pending` (+ the member's ID), guarded: the durable intent
+//!     ─▶ membership lock ─▶ carry_out_removal (also the reconciler's, after a failover):
+//!     quorum re-checked (refused: intent withdrawn) ─▶ own node? hand leadership over
+//!     ─▶ member_remove by recorded ID (while the node still votes) ─▶ revoke peer and
+//!     curator certificates ─▶ record without the role (the node then stops etcd,
+//!     wipes data) ─▶ revoke again
+//!   reconciler ─▶ remove_orphan_learners: a learner no record with the role stands
+//!     for (a deposed leader's add) is removed
 //!   DecommissionNode ─▶ may_leave: the same quorum check, up front
 //! ```
-//! The lock serializes membership changes within this leader; etcd's own rules (one
-//! learner at a time, no change within 5 s of reconnecting) cover a change of leader in
-//! between, and changes it refuses for now are retried for a while.
+//! The lock serializes membership changes within this leader; across leaders the
+//! record fences them (every write is guarded by the leadership, a join confirms the
+//! record and the leadership right before its add), etcd's own rules (one learner at a
+//! time, no change within 5 s of reconnecting) cover the rest, and changes it refuses
+//! for now are retried for a while. Every step may be repeated.
 //!
-//! Above `issuance` (a joining member's peer certificate) and below the handlers and
-//! `decommission`: may not import them.
+//! Above `issuance` (a joining member's peer certificate), below the handlers, `decommission` and `reconciler`: may not import them.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,7 +58,7 @@ const ADD_PATIENCE: Duration = Duration::from_secs(20);
 
 /// Runs a membership change, retrying while etcd says the cluster is not ready for it
 /// yet (its strict reconfiguration check, or a learner still pending).
-async fn when_accepted<T, F, Fut>(what: &str, mut change: F) -> Result<T, Status>
+pub(super) async fn when_accepted<T, F, Fut>(what: &str, mut change: F) -> Result<T, Status>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, consensus::ConsensusError>>,
@@ -114,8 +124,6 @@ pub(super) async fn join(
         .ok_or_else(|| Status::not_found(format!("node {id} has no record")))?;
     may_join(&node)?;
     let node = &node;
-    // Proof that this curator leads: only the leader changes etcd membership.
-    let _ = leadership;
     let mut client = shared.curator.client();
     let members = etcd_members::list(&mut client).await?;
     // This node asking again (a lost reply, a restart before its etcd ran): its learner
@@ -154,6 +162,17 @@ pub(super) async fn join(
                     }
                 }
                 let url = etcd_members::peer_url(&node)?;
+                crate::pause::pause_point(MEMBERSHIP_PAUSE, &node.id).await;
+                // The add cannot be part of a guarded transaction: right before it,
+                // this curator still leads and the record still grants the role.
+                if let Err(refused) = confirm_join(shared, leadership, &node.id).await {
+                    tracing::warn!(
+                        node = node.id,
+                        "join refused right before adding its learner: {}",
+                        refused.message()
+                    );
+                    return Err(refused);
+                }
                 let (added, all) = when_accepted("adding the etcd learner", || {
                     let mut client = client.clone();
                     let url = url.clone();
@@ -165,6 +184,21 @@ pub(super) async fn join(
                     member = format!("{:x}", added.id),
                     "added etcd learner"
                 );
+                if let Err(refused) =
+                    record_joined_member(shared, leadership, &node.id, added.id).await
+                {
+                    // Deposed, or the role was taken meanwhile: undo the add (else the
+                    // leader's reconciler removes the learner no record stands for).
+                    let undone = etcd::remove(&mut client, added.id).await;
+                    tracing::warn!(
+                        node = node.id,
+                        member = format!("{:x}", added.id),
+                        undone = undone.is_ok(),
+                        "the added learner could not be recorded: {}",
+                        refused.message()
+                    );
+                    return Err(refused);
+                }
                 (added, all, Some(guard))
             }
         }
@@ -229,127 +263,31 @@ pub(super) async fn join(
     })
 }
 
-/// Takes the ConsensusMember role from node `id`: refused when the remaining voters
-/// could not keep a quorum; otherwise the etcd member is removed first — while the node
-/// still runs it and can vote the change through — then its peer and curator
-/// certificates are revoked and, last, the record loses the role (which makes the node stop etcd and
-/// wipe its data). Every step is idempotent: after a failure, running it again finishes
-/// the job. A node without the role is left alone (no etcd member is removed on its
-/// behalf). Returns the record.
-pub(super) async fn remove_role(
-    shared: &Arc<Shared>,
-    leadership: &Leadership,
-    id: &str,
-) -> Result<Node, Status> {
-    let _guard = shared.membership.clone().lock_owned().await;
-    let node = records::load_node(&shared.curator, id)
-        .await
-        .map_err(status_from)?
-        .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))?;
-    if node
-        .roles
+/// Whether `node` holds the ConsensusMember role.
+pub(super) fn has_role(node: &Node) -> bool {
+    node.roles
         .as_ref()
-        .is_none_or(|r| r.consensus_member.is_none())
-    {
-        // Not a holder (or an earlier removal finished, the role going last): nothing
-        // in etcd is this node's to remove, whatever member its address may match.
-        return Ok(node);
-    }
-    let mut client = shared.curator.client();
-    let members = etcd_members::list(&mut client).await?;
-    let member = etcd_members::member_of(&members, &node).cloned();
-    if let Some(member) = &member {
-        check_removal(shared, &members, member, id).await?;
-        if id == shared.config.node_id {
-            // This curator's own etcd member would vanish under the request: hand the
-            // leadership over (the next curator wins at once) and let the caller retry
-            // there.
-            let _ = client.lease_revoke(leadership.lease).await;
-            tracing::info!(
-                "asked to remove this curator's own node from consensus: leadership handed over"
-            );
-            return Err(Status::unavailable(
-                "this curator's own node is leaving consensus; leadership was handed over, retry",
-            ));
-        }
-        when_accepted("removing the etcd member", || {
-            let mut client = client.clone();
-            async move { etcd::remove(&mut client, member.id).await }
-        })
-        .await?;
-        tracing::info!(
-            node = id,
-            member = format!("{:x}", member.id),
-            "removed etcd member"
-        );
-    }
-    // Before the role goes (an interrupted removal is resumed while the role is
-    // still recorded) and once more after: a certificate recorded in between was
-    // recorded under the guard of the record that still held the role (see `fence`);
-    // after the role is gone none can be.
-    revoke_member_certificates(shared, &client, id).await?;
-    let node = writes::modify_node(&shared.curator, leadership, id, |current| {
-        let mut node = current
-            .cloned()
-            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
-        let Some(roles) = node.roles.as_mut().filter(|r| r.consensus_member.is_some()) else {
-            return Ok(None);
-        };
-        roles.consensus_member = None;
-        Ok(Some(node))
-    })
-    .await
-    .map_err(node_update_status)?
-    .unwrap_or(node);
-    revoke_member_certificates(shared, &client, id).await?;
-    Ok(node)
+        .is_some_and(|r| r.consensus_member.is_some())
 }
 
-/// Revokes node `id`'s etcd peer certificates and curator certificates.
-async fn revoke_member_certificates(
-    shared: &Shared,
-    client: &etcd_client::Client,
-    id: &str,
-) -> Result<(), Status> {
-    let peer_pki = layout::etcd_pki(client.clone());
-    if let Some(peer_ca) = peer_pki
-        .load_ca()
-        .await
-        .map_err(|e| etcd_status("loading the etcd peer CA", e))?
-    {
-        let revoked = peer_pki
-            .revoke_issued(&peer_ca, &layout::peer_certificate_prefix(id))
-            .await
-            .map_err(|e| etcd_status("revoking the etcd peer certificates", e))?;
-        tracing::info!(
-            node = id,
-            revoked,
-            "revoked the node's etcd peer certificates"
-        );
-    }
-    let cluster_pki = layout::cluster_pki(&shared.curator);
-    if let Some(ca) = cluster_pki
-        .load_ca()
-        .await
-        .map_err(|e| etcd_status("loading the cluster CA", e))?
-    {
-        let revoked = cluster_pki
-            .revoke_issued(&ca, &layout::curator_certificate_prefix(id))
-            .await
-            .map_err(|e| etcd_status("revoking the curator certificates", e))?;
-        tracing::info!(
-            node = id,
-            revoked,
-            "revoked the node's curator certificates"
-        );
-    }
-    Ok(())
+/// Whether the removal of `node`'s ConsensusMember role was accepted and is not
+/// finished yet.
+pub(super) fn removal_pending(node: &Node) -> bool {
+    node.roles
+        .as_ref()
+        .and_then(|r| r.consensus_member.as_ref())
+        .is_some_and(|c| c.removal_pending)
 }
+
+/// The pause point (test builds) right after a membership change reached etcd and
+/// before it is recorded: after a removal's `member_remove`, and before a join's
+/// `member_add` (after its fenced check).
+pub(super) const MEMBERSHIP_PAUSE: &str = "membership-etcd-change";
 
 /// Refuses the removal of `member` (node `id`) when the remaining voters could not keep
 /// a quorum (see `consensus::membership::plan_removal`; members' curators are asked
 /// whether their etcd member is healthy).
-async fn check_removal(
+pub(super) async fn check_removal(
     shared: &Arc<Shared>,
     members: &[Member],
     member: &Member,
@@ -480,6 +418,81 @@ pub(super) fn may_join(node: &Node) -> Result<(), Status> {
         return Err(Status::failed_precondition(format!(
             "node {} does not hold the ConsensusMember role",
             node.id
+        )));
+    }
+    if removal_pending(node) {
+        return Err(Status::failed_precondition(format!(
+            "node {}: its ConsensusMember role is being removed",
+            node.id
+        )));
+    }
+    Ok(())
+}
+
+/// Right before a join's `member_add`: one transaction guarded by `leadership` that
+/// compares node `id`'s record with the one checked ([`may_join`]); refused unless this
+/// curator still leads and the record is unchanged.
+async fn confirm_join(shared: &Shared, leadership: &Leadership, id: &str) -> Result<(), Status> {
+    let key = shared.curator.key(&layout::node_key(id));
+    let response = shared
+        .curator
+        .client()
+        .get(key.clone(), None)
+        .await
+        .map_err(|e| Status::unavailable(format!("reading the record of node {id}: {e}")))?;
+    let kv = response
+        .kvs()
+        .first()
+        .ok_or_else(|| Status::not_found(format!("node {id} has no record")))?;
+    may_join(&records::decode_node(id, kv.value()).map_err(status_from)?)?;
+    let unchanged =
+        etcd_client::Compare::mod_revision(key, etcd_client::CompareOp::Equal, kv.mod_revision());
+    let confirmed = crate::election::leader_txn(
+        &shared.curator,
+        leadership,
+        etcd_client::Txn::new().when([unchanged]),
+    )
+    .await
+    .map_err(status_from)?;
+    if !confirmed.succeeded() {
+        return Err(Status::aborted(format!(
+            "the record of node {id} changed while it joined; ask again"
+        )));
+    }
+    Ok(())
+}
+
+/// Records the learner a join just added in node `id`'s role, guarded by
+/// `leadership`; refused when the record no longer grants the role (taken, or its
+/// removal pending).
+async fn record_joined_member(
+    shared: &Shared,
+    leadership: &Leadership,
+    id: &str,
+    member_id: u64,
+) -> Result<(), Status> {
+    let mut granted = true;
+    writes::modify_node(&shared.curator, leadership, id, |current| {
+        let mut node = current
+            .cloned()
+            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
+        granted = may_join(&node).is_ok();
+        let role = node
+            .roles
+            .as_mut()
+            .and_then(|r| r.consensus_member.as_mut())
+            .filter(|_| granted);
+        match role {
+            Some(role) if role.member_id != member_id => role.member_id = member_id,
+            _ => return Ok(None),
+        }
+        Ok(Some(node))
+    })
+    .await
+    .map_err(node_update_status)?;
+    if !granted {
+        return Err(Status::failed_precondition(format!(
+            "node {id} lost its ConsensusMember role while it joined"
         )));
     }
     Ok(())

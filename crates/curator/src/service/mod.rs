@@ -10,6 +10,8 @@
 //!   │                Shared::etcd_leader (without one: calls refused, `quorum`)
 //!   ├── crl          one etcd watch on the cluster CRL → Shared::crl (see `crl`)
 //!   ├── decommission leader: finishes DECOMMISSIONING nodes (see `decommission`)
+//!   ├── membership   leader: carries out recorded role removals (resumed after a
+//!   │                failover), removes learners no record stands for (`reconciler`)
 //!   ├── certificates every issued certificate, refreshed → Shared::certificates
 //!   │                (expiry warnings in NodeInfo; see `certificates`)
 //!   ├── health       leader: heartbeat verdicts (crate::health) → Node.health on change
@@ -41,8 +43,12 @@
 //!   tickets          register tickets: Management's ticket calls, RegisterNode's
 //!                    record creation spending one use
 //!   decommission     DecommissionNode, DeleteNode and the `decommission` runnable
-//!   membership       every etcd membership change: join (learner, promotion), the
-//!                    role given and taken, the quorum probe
+//!   reconciler       the `membership` runnable: recorded membership intents carried
+//!                    out by the leader, orphaned learners removed
+//!   removal          the role taken as a durable intent: recorded, carried out
+//!                    (by the request or the reconciler), orphaned learners removed
+//!   membership       etcd membership: join (learner, promotion, fenced), the role
+//!                    given, the quorum probe, the retries every change goes through
 //!   issuance         every certificate the curator issues to callers
 //!   curator_certificate  the curator certificate this curator serves with (issued
 //!                    for its own node key; only on a ConsensusMember record)
@@ -84,6 +90,8 @@ mod membership;
 mod node_info;
 mod nodes;
 mod quorum;
+mod reconciler;
+mod removal;
 mod scheduled;
 mod scheduled_api;
 mod shared;
@@ -164,6 +172,11 @@ pub async fn run(
     let decommission_shared = shared.clone();
     ctx.run("decommission", move |ctx| {
         decommission::run(ctx, decommission_shared.clone())
+    })?;
+
+    let membership_shared = shared.clone();
+    ctx.run("membership", move |ctx| {
+        reconciler::run(ctx, membership_shared.clone())
     })?;
 
     let certificates_shared = shared.clone();
