@@ -1,0 +1,268 @@
+//! A cluster whose nodes run in the namespaces of a [`Partition`]: three consensus
+//! members (n0, m1, m2) and optionally one worker, the owner talking from the hub; the
+//! curator leader, label writes through chosen members, and "back" (voter answering and
+//! HEALTHY) after a heal — what `tests/partitions.rs` and `bench-partition` measure.
+//!
+//! The top of the harness, beside `cluster`: uses the cluster, nodes and the partition.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use proto::api;
+
+use crate::cluster::Cluster;
+use crate::node::Node;
+use crate::partition::{HubGuard, Partition};
+use crate::wait::TIMEOUT;
+
+/// The member names, in slot order; `w` is the worker when there is one.
+pub const MEMBERS: [&str; 3] = ["n0", "m1", "m2"];
+
+/// Nodes in namespaces; the creating thread talks from the hub while this lives.
+pub struct PartitionedCluster {
+    pub cluster: Cluster,
+    /// m1, m2, then the worker if any (n0 is `cluster.first`).
+    pub others: Vec<Node>,
+    /// Node IDs in slot order (n0, m1, m2, worker).
+    pub ids: Vec<String>,
+    pub owner: rpc::CuratorClient,
+    pub runtime: tokio::runtime::Runtime,
+    // Dropped after the nodes above are killed: the thread leaves the hub, then the
+    // namespaces go.
+    hub: HubGuard,
+    pub partition: Partition,
+}
+
+impl PartitionedCluster {
+    /// Creates the namespaces (an error when they cannot be: no privileges), bootstraps
+    /// n0, adds m1 and m2 as consensus members and, with `worker`, a worker `w`. Every
+    /// node gets `node_args`.
+    pub fn create(dir: &Path, worker: bool, node_args: &[&str]) -> Result<PartitionedCluster> {
+        let mut names = MEMBERS.to_vec();
+        if worker {
+            names.push("w");
+        }
+        let partition = Partition::create(&names).context("creating network namespaces")?;
+        let hub = partition.enter_hub()?;
+        let place = |node: &mut Node, name: &str| -> Result<()> {
+            let slot = partition.slot(name)?;
+            node.address = slot.address;
+            node.netns = Some(slot.netns.clone());
+            Ok(())
+        };
+        std::fs::create_dir_all(dir.join("n0"))?;
+        let mut first = Node::new(&dir.join("n0"));
+        first.extra_args = node_args.iter().map(|a| a.to_string()).collect();
+        place(&mut first, "n0")?;
+        let cluster = Cluster::bootstrap_from(dir, first, &[])?;
+        let params = cluster.register_params("join")?;
+        let params = params.to_str().context("utf-8 path")?.to_string();
+        let mut ids = vec![cluster.first.key_node_id()?];
+        let mut others = Vec::new();
+        for name in &names[1..] {
+            let mut node = cluster.new_node(name)?;
+            place(&mut node, name)?;
+            node.start(&["--params", &params])?;
+            node.wait_state("Foreign")?;
+            let id = node.key_node_id()?;
+            cluster.ctl_retry(&["node", "approve", &id])?;
+            node.wait_home()?;
+            cluster.wait_node(&id, "UP", None)?;
+            if *name != "w" {
+                cluster.ctl_retry(&["node", "add-role", &id, "ConsensusMember"])?;
+                node.wait_for_curator()?;
+            }
+            ids.push(id);
+            others.push(node);
+        }
+        let owner = cluster.owner_client()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let pc = PartitionedCluster {
+            cluster,
+            others,
+            ids,
+            owner,
+            runtime,
+            hub,
+            partition,
+        };
+        pc.wait_back(TIMEOUT)?;
+        Ok(pc)
+    }
+
+    /// The node in slot `i` (0: n0).
+    pub fn node(&mut self, i: usize) -> &mut Node {
+        match i {
+            0 => &mut self.cluster.first,
+            i => &mut self.others[i - 1],
+        }
+    }
+
+    /// Address of the node in slot `i`.
+    pub fn address(&self, i: usize) -> IpAddr {
+        self.partition.slots[i].address
+    }
+
+    /// The members' addresses, comma-separated (polisctl's `--endpoints`).
+    pub fn member_endpoints(&self) -> String {
+        (0..MEMBERS.len())
+            .map(|i| self.address(i).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The slot of the curator leader, as the first member in `ask` that answers says.
+    pub fn leader(&self, ask: &[usize]) -> Result<usize> {
+        let mut last = None;
+        for &i in ask {
+            let answer = self.runtime.block_on(async {
+                let at = SocketAddr::new(self.address(i), rpc::CURATOR_PORT);
+                let channel = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    rpc::connect(at, &rpc::ServerTrust::FirstUse, None),
+                )
+                .await??;
+                let mut client = api::curator_local_client::CuratorLocalClient::new(channel);
+                let call = client.get_current_leader(api::GetCurrentLeaderRequest {});
+                let answer = tokio::time::timeout(Duration::from_secs(2), call).await??;
+                anyhow::Ok(answer.into_inner().leader_endpoint)
+            });
+            match answer {
+                Ok(endpoint) if !endpoint.is_empty() => {
+                    let ip = endpoint.parse::<SocketAddr>()?.ip();
+                    return (0..self.partition.slots.len())
+                        .find(|j| self.address(*j) == ip)
+                        .with_context(|| format!("the leader {endpoint} is no node here"));
+                }
+                other => last = Some(other),
+            }
+        }
+        bail!("no curator named a leader: {last:?}")
+    }
+
+    /// One label write on node `target` through the members in `via`, bounded by
+    /// `within`: whether it was acknowledged.
+    pub fn write(&self, via: &[usize], target: usize, value: &str, within: Duration) -> bool {
+        let endpoints = via
+            .iter()
+            .map(|i| SocketAddr::new(self.address(*i), rpc::CURATOR_PORT))
+            .collect();
+        self.owner.set_endpoints(endpoints);
+        let request = api::UpdateNodeLabelsRequest {
+            id: self.ids[target].clone(),
+            upsert: [("partition".to_string(), value.to_string())].into(),
+            delete: vec![],
+        };
+        let served = self.runtime.block_on(async {
+            tokio::time::timeout(
+                within,
+                self.owner.call(|channel| {
+                    let request = request.clone();
+                    async move {
+                        api::management_client::ManagementClient::new(channel)
+                            .update_node_labels(request)
+                            .await
+                    }
+                }),
+            )
+            .await
+        });
+        matches!(served, Ok(Ok(_)))
+    }
+
+    /// Writes through `via` until one is acknowledged; the time from `since` to then.
+    pub fn first_write(&self, via: &[usize], target: usize, since: Instant) -> Result<Duration> {
+        let mut n = 0u64;
+        while since.elapsed() < TIMEOUT {
+            n += 1;
+            if self.write(via, target, &format!("probe-{n}"), Duration::from_secs(2)) {
+                return Ok(since.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        bail!("no write through {via:?} was acknowledged within {TIMEOUT:?}")
+    }
+
+    /// The `partition` label of node `target`, read through the members in `via`.
+    pub fn label(&self, via: &[usize], target: usize) -> Result<Option<String>> {
+        let endpoints = via
+            .iter()
+            .map(|i| SocketAddr::new(self.address(*i), rpc::CURATOR_PORT))
+            .collect();
+        self.owner.set_endpoints(endpoints);
+        let id = self.ids[target].clone();
+        let nodes = self.runtime.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                self.owner.call(|channel| async move {
+                    api::management_client::ManagementClient::new(channel)
+                        .list_nodes(api::ListNodesRequest::default())
+                        .await
+                }),
+            )
+            .await
+        })??;
+        Ok(nodes
+            .nodes
+            .into_iter()
+            .find(|n| n.id == id)
+            .and_then(|n| n.labels.get("partition").cloned()))
+    }
+
+    /// Whether every member answers as a voter, a quorum holds and every node is UP
+    /// and HEALTHY, as polisctl sees it from the hub.
+    pub fn is_back(&self) -> bool {
+        let endpoints = self.member_endpoints();
+        let Ok((ok, status)) = self.cluster.status(&endpoints) else {
+            return false;
+        };
+        let members = status["members"].as_array().cloned().unwrap_or_default();
+        let voters = members
+            .iter()
+            .filter(|m| m["role"] == "voter" && m["answered"] == true)
+            .count();
+        if !ok || voters != MEMBERS.len() {
+            return false;
+        }
+        let Ok((ok, out, _)) =
+            self.cluster
+                .ctl(&["--endpoints", &endpoints, "node", "list", "-o", "json"])
+        else {
+            return false;
+        };
+        let Ok(serde_json::Value::Array(nodes)) = serde_json::from_str(&out) else {
+            return false;
+        };
+        ok && self.ids.iter().all(|id| {
+            nodes
+                .iter()
+                .any(|n| n["id"] == *id && n["state"] == "UP" && n["health"] == "HEALTHY")
+        })
+    }
+
+    /// Waits until [`PartitionedCluster::is_back`]; how long that took.
+    pub fn wait_back(&self, within: Duration) -> Result<Duration> {
+        let start = Instant::now();
+        while !self.is_back() {
+            if start.elapsed() > within {
+                bail!("the cluster was not back (3 voters, all HEALTHY) within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(start.elapsed())
+    }
+}
+
+impl Drop for PartitionedCluster {
+    fn drop(&mut self) {
+        // Kill the nodes while their namespaces still exist (fields drop afterwards).
+        for node in std::iter::once(&mut self.cluster.first).chain(self.others.iter_mut()) {
+            node.proc = None;
+        }
+        let _ = &self.hub;
+    }
+}
