@@ -150,7 +150,11 @@ impl Partition {
     pub fn cut_outgoing(&self, name: &str) -> Result<()> {
         let slot = self.slot(name)?;
         let rules = "table inet polis_cut {\n  chain out {\n    type filter hook output priority 0; policy accept;\n    oifname \"eth0\" drop\n  }\n}\n";
-        run("ip", &["netns", "exec", &slot.netns, "nft", "-f", "-"], Some(rules))
+        run(
+            "ip",
+            &["netns", "exec", &slot.netns, "nft", "-f", "-"],
+            Some(rules),
+        )
     }
 
     /// Heals every cut of slot `name` (both-way and one-way).

@@ -27,7 +27,9 @@ pub struct PartitionedCluster {
     pub others: Vec<Node>,
     /// Node IDs in slot order (n0, m1, m2, worker).
     pub ids: Vec<String>,
-    pub owner: rpc::CuratorClient,
+    /// The owner's clients, one per set of members it may call (see `write`).
+    owners:
+        std::sync::Mutex<std::collections::HashMap<Vec<usize>, std::sync::Arc<rpc::CuratorClient>>>,
     pub runtime: tokio::runtime::Runtime,
     // Dropped after the nodes above are killed: the thread leaves the hub, then the
     // namespaces go.
@@ -77,7 +79,6 @@ impl PartitionedCluster {
             ids.push(id);
             others.push(node);
         }
-        let owner = cluster.owner_client()?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -85,7 +86,7 @@ impl PartitionedCluster {
             cluster,
             others,
             ids,
-            owner,
+            owners: Default::default(),
             runtime,
             hub,
             partition,
@@ -144,14 +145,63 @@ impl PartitionedCluster {
         bail!("no curator named a leader: {last:?}")
     }
 
+    /// The owner's client that calls only the members in `via` (a client keeps
+    /// calling the curator it reached last, so each set has its own).
+    fn owner(&self, via: &[usize]) -> Result<std::sync::Arc<rpc::CuratorClient>> {
+        let mut owners = self.owners.lock().expect("owners lock");
+        if let Some(owner) = owners.get(via) {
+            return Ok(owner.clone());
+        }
+        let owner = std::sync::Arc::new(self.cluster.owner_client()?);
+        owner.set_endpoints(
+            via.iter()
+                .map(|i| SocketAddr::new(self.address(*i), rpc::CURATOR_PORT))
+                .collect(),
+        );
+        owners.insert(via.to_vec(), owner.clone());
+        Ok(owner)
+    }
+
+    /// A label write on node `target` by polisctl run inside slot `from`'s namespace,
+    /// sent only to that node's curator and killed after `within`: whether polisctl
+    /// reported success.
+    pub fn write_from_inside(
+        &self,
+        from: usize,
+        target: usize,
+        value: &str,
+        within: Duration,
+    ) -> Result<bool> {
+        let config = self.cluster.config.to_str().context("utf-8 path")?;
+        let status = std::process::Command::new("timeout")
+            .args(["-s", "KILL", &format!("{}", within.as_secs_f64())])
+            .args(["ip", "netns", "exec", &self.partition.slots[from].netns])
+            .arg(crate::process::bin("polisctl"))
+            .args([
+                "--config",
+                config,
+                "--endpoints",
+                &self.address(from).to_string(),
+            ])
+            .args([
+                "node",
+                "label",
+                &self.ids[target],
+                &format!("partition={value}"),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .context("running polisctl inside a namespace")?;
+        Ok(status.success())
+    }
+
     /// One label write on node `target` through the members in `via`, bounded by
     /// `within`: whether it was acknowledged.
     pub fn write(&self, via: &[usize], target: usize, value: &str, within: Duration) -> bool {
-        let endpoints = via
-            .iter()
-            .map(|i| SocketAddr::new(self.address(*i), rpc::CURATOR_PORT))
-            .collect();
-        self.owner.set_endpoints(endpoints);
+        let Ok(owner) = self.owner(via) else {
+            return false;
+        };
         let request = api::UpdateNodeLabelsRequest {
             id: self.ids[target].clone(),
             upsert: [("partition".to_string(), value.to_string())].into(),
@@ -160,7 +210,7 @@ impl PartitionedCluster {
         let served = self.runtime.block_on(async {
             tokio::time::timeout(
                 within,
-                self.owner.call(|channel| {
+                owner.call(|channel| {
                     let request = request.clone();
                     async move {
                         api::management_client::ManagementClient::new(channel)
@@ -189,16 +239,12 @@ impl PartitionedCluster {
 
     /// The `partition` label of node `target`, read through the members in `via`.
     pub fn label(&self, via: &[usize], target: usize) -> Result<Option<String>> {
-        let endpoints = via
-            .iter()
-            .map(|i| SocketAddr::new(self.address(*i), rpc::CURATOR_PORT))
-            .collect();
-        self.owner.set_endpoints(endpoints);
+        let owner = self.owner(via)?;
         let id = self.ids[target].clone();
         let nodes = self.runtime.block_on(async {
             tokio::time::timeout(
                 Duration::from_secs(5),
-                self.owner.call(|channel| async move {
+                owner.call(|channel| async move {
                     api::management_client::ManagementClient::new(channel)
                         .list_nodes(api::ListNodesRequest::default())
                         .await
