@@ -123,13 +123,13 @@ impl PartitionedCluster {
             let answer = self.runtime.block_on(async {
                 let at = SocketAddr::new(self.address(i), rpc::CURATOR_PORT);
                 let channel = tokio::time::timeout(
-                    Duration::from_secs(2),
+                    Duration::from_secs(1),
                     rpc::connect(at, &rpc::ServerTrust::FirstUse, None),
                 )
                 .await??;
                 let mut client = api::curator_local_client::CuratorLocalClient::new(channel);
                 let call = client.get_current_leader(api::GetCurrentLeaderRequest {});
-                let answer = tokio::time::timeout(Duration::from_secs(2), call).await??;
+                let answer = tokio::time::timeout(Duration::from_secs(1), call).await??;
                 anyhow::Ok(answer.into_inner().leader_endpoint)
             });
             match answer {
@@ -237,8 +237,20 @@ impl PartitionedCluster {
         bail!("no write through {via:?} was acknowledged within {TIMEOUT:?}")
     }
 
+    /// The health of node `target` (e.g. "HEALTHY"), as the members in `via` list it.
+    pub fn health(&self, via: &[usize], target: usize) -> Result<String> {
+        let info = self.info(via, target)?;
+        let health = api::NodeHealth::try_from(info.health).context("unknown health")?;
+        Ok(health.as_str_name().trim_start_matches("NODE_HEALTH_").to_string())
+    }
+
     /// The `partition` label of node `target`, read through the members in `via`.
     pub fn label(&self, via: &[usize], target: usize) -> Result<Option<String>> {
+        Ok(self.info(via, target)?.labels.get("partition").cloned())
+    }
+
+    /// Node `target` as the members in `via` list it.
+    fn info(&self, via: &[usize], target: usize) -> Result<api::NodeInfo> {
         let owner = self.owner(via)?;
         let id = self.ids[target].clone();
         let nodes = self.runtime.block_on(async {
@@ -252,28 +264,31 @@ impl PartitionedCluster {
             )
             .await
         })??;
-        Ok(nodes
+        nodes
             .nodes
             .into_iter()
             .find(|n| n.id == id)
-            .and_then(|n| n.labels.get("partition").cloned()))
+            .with_context(|| format!("node {id} is not listed"))
     }
 
-    /// Whether every member answers as a voter, a quorum holds and every node is UP
-    /// and HEALTHY, as polisctl sees it from the hub.
+    /// Whether every member is back: its etcd serves a linearizable read through its own
+    /// socket (a voter connected to a leader), its curator names a leader within 1 s,
+    /// and every node is UP and HEALTHY in the list the curators serve.
     pub fn is_back(&self) -> bool {
-        let endpoints = self.member_endpoints();
-        let Ok((ok, status)) = self.cluster.status(&endpoints) else {
-            return false;
-        };
-        let members = status["members"].as_array().cloned().unwrap_or_default();
-        let voters = members
-            .iter()
-            .filter(|m| m["role"] == "voter" && m["answered"] == true)
-            .count();
-        if !ok || voters != MEMBERS.len() {
+        let members = 0..MEMBERS.len();
+        let voters = members.clone().all(|i| {
+            let socket = self.member_socket(i);
+            std::process::Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .arg(format!("--endpoints=unix://{}", socket.display()))
+                .args(["--command-timeout=1s", "get", "--consistency=l", "partition-probe"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+        if !voters || !members.clone().all(|i| self.leader(&[i]).is_ok()) {
             return false;
         }
+        let endpoints = self.member_endpoints();
         let Ok((ok, out, _)) =
             self.cluster
                 .ctl(&["--endpoints", &endpoints, "node", "list", "-o", "json"])
@@ -288,6 +303,13 @@ impl PartitionedCluster {
                 .iter()
                 .any(|n| n["id"] == *id && n["state"] == "UP" && n["health"] == "HEALTHY")
         })
+    }
+
+    fn member_socket(&self, i: usize) -> std::path::PathBuf {
+        match i {
+            0 => self.cluster.first.socket(),
+            i => self.others[i - 1].socket(),
+        }
     }
 
     /// Waits until [`PartitionedCluster::is_back`]; how long that took.

@@ -8,7 +8,7 @@
 //! - a follower cut and healed 3× (5 s / 5 s) while writes run through the others → no
 //!   gap over 2 s in acknowledged writes, and the curator leader does not move;
 //! - after each heal the cluster is back (3 voters answering, every node HEALTHY) within
-//!   2× the 5 s goal.
+//!   2× the 5 s goal, also after a cut long enough to time the node out.
 //!
 //! Skips (saying so) only when network namespaces cannot be created.
 
@@ -142,6 +142,25 @@ fn follower_flaps(pc: &mut PartitionedCluster, rounds: usize) -> Result<()> {
     Ok(())
 }
 
+/// A follower cut off past the heartbeat timeout (HEARTBEAT_TIMEOUT in the list the
+/// others serve), healed: how long until it is back.
+fn long_cut_then_heal(pc: &mut PartitionedCluster) -> Result<Duration> {
+    let leader = pc.leader(&[0, 1, 2])?;
+    let follower = other(&[leader]);
+    let name = MEMBERS[follower];
+    let rest: Vec<usize> = (0..MEMBERS.len()).filter(|i| *i != follower).collect();
+    pc.partition.cut(name)?;
+    let cut = Instant::now();
+    e2e::wait_until("the cut-off node timed out", Duration::from_secs(60), || {
+        pc.health(&rest, follower).is_ok_and(|h| h == "HEARTBEAT_TIMEOUT")
+    })?;
+    println!("{name} cut off → HEARTBEAT_TIMEOUT after {:?}", cut.elapsed());
+    pc.partition.heal(name)?;
+    let back = pc.wait_back(Duration::from_secs(60))?;
+    println!("{name} healed → back (3 voters, HEALTHY) in {back:?}");
+    Ok(back)
+}
+
 #[test]
 fn leader_host_cut_fails_over_follower_flaps_without_a_gap_healed_node_returns() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -150,6 +169,8 @@ fn leader_host_cut_fails_over_follower_flaps_without_a_gap_healed_node_returns()
     };
     leader_host_cut(&mut pc).context("leader host cut")?;
     follower_flaps(&mut pc, 3).context("follower flapping")?;
+    let back = long_cut_then_heal(&mut pc).context("long cut")?;
+    assert!(back <= BACK_GOAL * 2, "back after {back:?} (goal {BACK_GOAL:?})");
     // No namespace outlives the cluster.
     let hub = pc.partition.hub.clone();
     drop(pc);
