@@ -286,10 +286,7 @@ impl Silence {
     /// Records one reading; true once the evidence suffices.
     fn observe(&mut self, lease: i64, remaining: i64, granted: i64, now: Instant) -> bool {
         if lease != self.lease {
-            *self = Silence {
-                lease,
-                since: None,
-            };
+            *self = Silence { lease, since: None };
         }
         if !unrenewed(remaining, granted) {
             self.since = None;
@@ -317,16 +314,14 @@ async fn revoke_dead_leader(curator: Namespaced, own_endpoint: String) -> Curato
     loop {
         tokio::time::sleep(LIVENESS_PERIOD).await;
         let mut client = curator.client();
-        let leader = match tokio::time::timeout(
-            LIVENESS_PERIOD * 5,
-            client.leader(curator.key(ELECTION)),
-        )
-        .await
-        {
-            Ok(Ok(r)) => r.kv().map(|kv| (kv.lease(), kv.value().to_vec())),
-            // No leader yet, or etcd is electing its own: nothing to judge now.
-            _ => None,
-        };
+        let leader =
+            match tokio::time::timeout(LIVENESS_PERIOD * 5, client.leader(curator.key(ELECTION)))
+                .await
+            {
+                Ok(Ok(r)) => r.kv().map(|kv| (kv.lease(), kv.value().to_vec())),
+                // No leader yet, or etcd is electing its own: nothing to judge now.
+                _ => None,
+            };
         let Some((lease, value)) = leader else {
             silence.clear();
             continue;
@@ -339,19 +334,13 @@ async fn revoke_dead_leader(curator: Namespaced, own_endpoint: String) -> Curato
             continue;
         }
         let reading =
-            tokio::time::timeout(LIVENESS_PERIOD * 5, client.lease_time_to_live(lease, None))
-                .await;
+            tokio::time::timeout(LIVENESS_PERIOD * 5, client.lease_time_to_live(lease, None)).await;
         let Ok(Ok(reading)) = reading else {
             // Our member cannot ask the etcd leader: no evidence either way.
             silence.clear();
             continue;
         };
-        if !silence.observe(
-            lease,
-            reading.ttl(),
-            reading.granted_ttl(),
-            Instant::now(),
-        ) {
+        if !silence.observe(lease, reading.ttl(), reading.granted_ttl(), Instant::now()) {
             continue;
         }
         tracing::warn!(
@@ -425,7 +414,10 @@ mod tests {
     #[test]
     fn a_renewing_leader_reads_granted_minus_one() {
         assert!(!unrenewed(2, 3));
-        assert!(unrenewed(3, 3), "extended by an etcd leader change, not renewed");
+        assert!(
+            unrenewed(3, 3),
+            "extended by an etcd leader change, not renewed"
+        );
         assert!(unrenewed(4, 3));
         assert!(unrenewed(1, 3), "over a second without renewal");
         assert!(unrenewed(0, 3));

@@ -241,7 +241,10 @@ impl PartitionedCluster {
     pub fn health(&self, via: &[usize], target: usize) -> Result<String> {
         let info = self.info(via, target)?;
         let health = api::NodeHealth::try_from(info.health).context("unknown health")?;
-        Ok(health.as_str_name().trim_start_matches("NODE_HEALTH_").to_string())
+        Ok(health
+            .as_str_name()
+            .trim_start_matches("NODE_HEALTH_")
+            .to_string())
     }
 
     /// The `partition` label of node `target`, read through the members in `via`.
@@ -281,7 +284,12 @@ impl PartitionedCluster {
             std::process::Command::new("etcdctl")
                 .env("ETCDCTL_API", "3")
                 .arg(format!("--endpoints=unix://{}", socket.display()))
-                .args(["--command-timeout=1s", "get", "--consistency=l", "partition-probe"])
+                .args([
+                    "--command-timeout=1s",
+                    "get",
+                    "--consistency=l",
+                    "partition-probe",
+                ])
                 .output()
                 .is_ok_and(|o| o.status.success())
         });
@@ -310,6 +318,75 @@ impl PartitionedCluster {
             0 => self.cluster.first.socket(),
             i => self.others[i - 1].socket(),
         }
+    }
+
+    /// Cuts slot `flapper` off `rounds` times (`cut` long, then healed for `healed`)
+    /// while one thread writes labels on node `target` through the members in `via`,
+    /// one write after another (each bounded at 3 s): (acknowledged writes, longest time
+    /// between two acknowledgements, counting from the start and to the end).
+    pub fn flap_while_writing(
+        &self,
+        flapper: usize,
+        via: &[usize],
+        target: usize,
+        rounds: usize,
+        (cut, healed): (Duration, Duration),
+    ) -> Result<(usize, Duration)> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let name = &self.partition.slots[flapper].name;
+        let stop = AtomicBool::new(false);
+        let acks = std::thread::scope(|scope| -> Result<Vec<Instant>> {
+            // Inherits the hub namespace from this thread.
+            let writer = scope.spawn(|| {
+                let mut acks = vec![Instant::now()];
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let value = format!("flap-{n}");
+                    if self.write(via, target, &value, Duration::from_secs(3)) {
+                        acks.push(Instant::now());
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                acks.push(Instant::now());
+                acks
+            });
+            let flapping = (|| -> Result<()> {
+                for _ in 0..rounds {
+                    self.partition.cut(name)?;
+                    std::thread::sleep(cut);
+                    self.partition.heal(name)?;
+                    std::thread::sleep(healed);
+                }
+                Ok(())
+            })();
+            stop.store(true, Ordering::Relaxed);
+            let acks = writer.join().expect("the writer thread panicked");
+            flapping?;
+            Ok(acks)
+        })?;
+        let max_gap = acks
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or_default();
+        Ok((acks.len() - 2, max_gap))
+    }
+
+    /// Cuts slot `node` off (both ways) until the members in `rest` list it as
+    /// HEARTBEAT_TIMEOUT, then heals it: (cut → timed out, heal → back).
+    pub fn cut_until_timed_out(&self, node: usize, rest: &[usize]) -> Result<(Duration, Duration)> {
+        let name = &self.partition.slots[node].name;
+        self.partition.cut(name)?;
+        let cut = Instant::now();
+        let timed_out = crate::wait::wait_until("the cut-off node timed out", TIMEOUT, || {
+            self.health(rest, node)
+                .is_ok_and(|h| h == "HEARTBEAT_TIMEOUT")
+        });
+        let timeout = cut.elapsed();
+        self.partition.heal(name)?;
+        timed_out?;
+        Ok((timeout, self.wait_back(TIMEOUT)?))
     }
 
     /// Waits until [`PartitionedCluster::is_back`]; how long that took.

@@ -13,8 +13,6 @@
 //! Skips (saying so) only when network namespaces cannot be created.
 
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -82,51 +80,10 @@ fn follower_flaps(pc: &mut PartitionedCluster, rounds: usize) -> Result<()> {
     let flapper = other(&[leader]);
     let steady = other(&[leader, flapper]);
     let name = MEMBERS[flapper];
-    let stop = Arc::new(AtomicBool::new(false));
-    let acks = std::thread::scope(|scope| -> Result<Vec<Instant>> {
-        let writer = {
-            let stop = stop.clone();
-            let pc = &*pc;
-            // Inherits the hub namespace from this thread.
-            scope.spawn(move || {
-                let mut acks = vec![Instant::now()];
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    n += 1;
-                    let value = format!("flap-{n}");
-                    if pc.write(&[leader, steady], steady, &value, Duration::from_secs(3)) {
-                        acks.push(Instant::now());
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                acks.push(Instant::now());
-                acks
-            })
-        };
-        let flapping = (|| -> Result<()> {
-            for round in 0..rounds {
-                pc.partition.cut(name)?;
-                std::thread::sleep(Duration::from_secs(5));
-                pc.partition.heal(name)?;
-                std::thread::sleep(Duration::from_secs(5));
-                println!("flap {round}: {name} cut 5 s, healed 5 s");
-            }
-            Ok(())
-        })();
-        stop.store(true, Ordering::Relaxed);
-        let acks = writer.join().expect("writer thread");
-        flapping?;
-        Ok(acks)
-    })?;
-    let max_gap = acks
-        .windows(2)
-        .map(|w| w[1] - w[0])
-        .max()
-        .unwrap_or_default();
-    println!(
-        "follower {name} flapped {rounds}× → {} writes acknowledged, max gap {max_gap:?}",
-        acks.len() - 2
-    );
+    let five = Duration::from_secs(5);
+    let (acks, max_gap) =
+        pc.flap_while_writing(flapper, &[leader, steady], steady, rounds, (five, five))?;
+    println!("follower {name} flapped {rounds}× (5 s / 5 s) → {acks} writes, max gap {max_gap:?}");
     assert!(
         max_gap <= MAX_GAP,
         "writes stalled {max_gap:?} while {name} flapped"
@@ -147,17 +104,10 @@ fn follower_flaps(pc: &mut PartitionedCluster, rounds: usize) -> Result<()> {
 fn long_cut_then_heal(pc: &mut PartitionedCluster) -> Result<Duration> {
     let leader = pc.leader(&[0, 1, 2])?;
     let follower = other(&[leader]);
-    let name = MEMBERS[follower];
     let rest: Vec<usize> = (0..MEMBERS.len()).filter(|i| *i != follower).collect();
-    pc.partition.cut(name)?;
-    let cut = Instant::now();
-    e2e::wait_until("the cut-off node timed out", Duration::from_secs(60), || {
-        pc.health(&rest, follower).is_ok_and(|h| h == "HEARTBEAT_TIMEOUT")
-    })?;
-    println!("{name} cut off → HEARTBEAT_TIMEOUT after {:?}", cut.elapsed());
-    pc.partition.heal(name)?;
-    let back = pc.wait_back(Duration::from_secs(60))?;
-    println!("{name} healed → back (3 voters, HEALTHY) in {back:?}");
+    let (timed_out, back) = pc.cut_until_timed_out(follower, &rest)?;
+    let name = MEMBERS[follower];
+    println!("{name} cut off → HEARTBEAT_TIMEOUT after {timed_out:?}; healed → back in {back:?}");
     Ok(back)
 }
 
@@ -170,7 +120,10 @@ fn leader_host_cut_fails_over_follower_flaps_without_a_gap_healed_node_returns()
     leader_host_cut(&mut pc).context("leader host cut")?;
     follower_flaps(&mut pc, 3).context("follower flapping")?;
     let back = long_cut_then_heal(&mut pc).context("long cut")?;
-    assert!(back <= BACK_GOAL * 2, "back after {back:?} (goal {BACK_GOAL:?})");
+    assert!(
+        back <= BACK_GOAL * 2,
+        "back after {back:?} (goal {BACK_GOAL:?})"
+    );
     // No namespace outlives the cluster.
     let hub = pc.partition.hub.clone();
     drop(pc);

@@ -79,7 +79,11 @@ pub async fn run(
                 // node back from a partition should not wait a whole period for it.
                 let confirm = failures > 0;
                 failures = 0;
-                if confirm { bounds.retry } else { timing.period() }
+                if confirm {
+                    bounds.retry
+                } else {
+                    timing.period()
+                }
             }
             Err(e) => {
                 failures += 1;
