@@ -196,6 +196,35 @@ impl PartitionedCluster {
         Ok(status.success())
     }
 
+    /// Makes slot `i`'s etcd member the etcd leader (`etcdctl move-leader` through the
+    /// members' sockets), so that cutting its host cuts both leaders — the worst case.
+    pub fn make_etcd_leader(&self, i: usize) -> Result<()> {
+        let member = match i {
+            0 => self.cluster.first.etcd_ids()?.1,
+            i => self.others[i - 1].etcd_ids()?.1,
+        };
+        let sockets = (0..MEMBERS.len())
+            .map(|j| format!("unix://{}", self.member_socket(j).display()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let out = std::process::Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={sockets}"))
+            .args([
+                "--command-timeout=10s",
+                "move-leader",
+                &format!("{member:x}"),
+            ])
+            .output()
+            .context("running etcdctl move-leader")?;
+        // etcd refuses to move leadership to the member that already has it.
+        let err = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() && !err.contains("already") {
+            bail!("etcdctl move-leader {member:x}: {err}");
+        }
+        Ok(())
+    }
+
     /// One label write on node `target` through the members in `via`, bounded by
     /// `within`: whether it was acknowledged.
     pub fn write(&self, via: &[usize], target: usize, value: &str, within: Duration) -> bool {
@@ -229,7 +258,8 @@ impl PartitionedCluster {
         let mut n = 0u64;
         while since.elapsed() < TIMEOUT {
             n += 1;
-            if self.write(via, target, &format!("probe-{n}"), Duration::from_secs(2)) {
+            // Short attempts: one stuck on the old leader must not hide a new one.
+            if self.write(via, target, &format!("probe-{n}"), Duration::from_millis(500)) {
                 return Ok(since.elapsed());
             }
             std::thread::sleep(Duration::from_millis(10));

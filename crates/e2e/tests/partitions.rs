@@ -2,8 +2,8 @@
 //! network namespaces behind a bridge (`e2e::Partition`): one 3-member cluster shared by
 //! the cases, which run in order in one test.
 //!
-//! - leader host cut off (both ways) → a write served by the other two within 2× the 3 s
-//!   goal; a write sent only to the isolated curator is never acknowledged, and is not in
+//! - leader host (curator and etcd leader) cut off both ways → a write served by the
+//!   other two within 1.5× the 3 s goal; a write sent only to the isolated curator is never acknowledged, and is not in
 //!   the record after the heal;
 //! - a follower cut and healed 3× (5 s / 5 s) while writes run through the others → no
 //!   gap over 2 s in acknowledged writes, and the curator leader does not move;
@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use e2e::{MEMBERS, PartitionedCluster};
 
-/// Goals (issue 16); the test asserts twice each.
+/// Goals (issue 16); the test asserts twice each, the failover 1.5× (before the fix it
+/// took 5.2–6.9 s, which 2× would not always catch).
 const FAILOVER_GOAL: Duration = Duration::from_secs(3);
 const BACK_GOAL: Duration = Duration::from_secs(5);
 const MAX_GAP: Duration = Duration::from_secs(2);
@@ -46,13 +47,15 @@ fn leader_host_cut(pc: &mut PartitionedCluster) -> Result<()> {
     let leader = pc.leader(&[0, 1, 2])?;
     let name = MEMBERS[leader];
     let rest: Vec<usize> = (0..MEMBERS.len()).filter(|i| *i != leader).collect();
+    // The worst case: the host of both the curator and the etcd leader goes silent.
+    pc.make_etcd_leader(leader)?;
     assert!(pc.write(&rest, rest[0], "before", Duration::from_secs(10)));
     pc.partition.cut(name)?;
     let cut = Instant::now();
     let failover = pc.first_write(&rest, rest[0], cut)?;
     println!("leader host {name} cut off → write served by the others in {failover:?}");
     assert!(
-        failover <= FAILOVER_GOAL * 2,
+        failover <= FAILOVER_GOAL * 3 / 2,
         "failover took {failover:?} (goal {FAILOVER_GOAL:?})"
     );
     // The minority never acknowledges: a write sent from inside the cut-off namespace

@@ -1,7 +1,7 @@
 //! `scripts/bench partition [SAMPLES]`: the control plane under network partitions, three
 //! members in their own network namespaces behind a bridge (`e2e::PartitionedCluster`).
 //!
-//! - leader cut: the curator leader's host cut off both ways (SAMPLES times) and once
+//! - leader cut: the curator leader's host (made etcd leader too: the worst case) cut off both ways (SAMPLES times) and once
 //!   one way (it can only receive) → first label write served through the other two;
 //! - isolated curator: during each both-way cut, `polisctl node label` run inside the
 //!   cut-off namespace against that curator only → how long until it fails (killed at
@@ -37,6 +37,9 @@ fn leader_cut(
     let leader = pc.leader(&[0, 1, 2])?;
     let name = MEMBERS[leader];
     let rest: Vec<usize> = (0..MEMBERS.len()).filter(|i| *i != leader).collect();
+    pc.make_etcd_leader(leader)?;
+    // Let the move settle: writes through the others succeed.
+    pc.first_write(&rest, rest[0], Instant::now())?;
     if one_way {
         pc.partition.cut_outgoing(name)?;
     } else {
