@@ -116,8 +116,17 @@ fn long_cut_then_heal(pc: &mut PartitionedCluster) -> Result<Duration> {
 
 #[test]
 fn leader_host_cut_fails_over_follower_flaps_without_a_gap_healed_node_returns() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let Some(mut pc) = setup(dir.path())? else {
+    // POLIS_KEEP_TEST_DIR=1 keeps the nodes' logs for a look after the test.
+    let (_dir, path) = match std::env::var_os("POLIS_KEEP_TEST_DIR") {
+        Some(_) => (None, tempfile::tempdir()?.keep()),
+        None => {
+            let dir = tempfile::tempdir()?;
+            let path = dir.path().to_path_buf();
+            (Some(dir), path)
+        }
+    };
+    println!("nodes' directories: {}", path.display());
+    let Some(mut pc) = setup(&path)? else {
         return Ok(());
     };
     leader_host_cut(&mut pc).context("leader host cut")?;
