@@ -259,7 +259,12 @@ impl PartitionedCluster {
         while since.elapsed() < TIMEOUT {
             n += 1;
             // Short attempts: one stuck on the old leader must not hide a new one.
-            if self.write(via, target, &format!("probe-{n}"), Duration::from_millis(500)) {
+            if self.write(
+                via,
+                target,
+                &format!("probe-{n}"),
+                Duration::from_millis(500),
+            ) {
                 return Ok(since.elapsed());
             }
             std::thread::sleep(Duration::from_millis(10));
