@@ -313,6 +313,12 @@ impl PartitionedCluster {
     /// socket (a voter connected to a leader), its curator names a leader within 1 s,
     /// and every node is UP and HEALTHY in the list the curators serve.
     pub fn is_back(&self) -> bool {
+        self.back_parts() == [true; 3]
+    }
+
+    /// The parts of [`PartitionedCluster::is_back`]: [every member's etcd serves a
+    /// linearizable read, every curator names a leader, every node UP and HEALTHY].
+    pub fn back_parts(&self) -> [bool; 3] {
         let members = 0..MEMBERS.len();
         let voters = members.clone().all(|i| {
             let socket = self.member_socket(i);
@@ -328,24 +334,23 @@ impl PartitionedCluster {
                 .output()
                 .is_ok_and(|o| o.status.success())
         });
-        if !voters || !members.clone().all(|i| self.leader(&[i]).is_ok()) {
-            return false;
-        }
+        let curators = members.clone().all(|i| self.leader(&[i]).is_ok());
         let endpoints = self.member_endpoints();
-        let Ok((ok, out, _)) =
-            self.cluster
-                .ctl(&["--endpoints", &endpoints, "node", "list", "-o", "json"])
-        else {
-            return false;
-        };
-        let Ok(serde_json::Value::Array(nodes)) = serde_json::from_str(&out) else {
-            return false;
-        };
-        ok && self.ids.iter().all(|id| {
-            nodes
-                .iter()
-                .any(|n| n["id"] == *id && n["state"] == "UP" && n["health"] == "HEALTHY")
-        })
+        let healthy = self
+            .cluster
+            .ctl(&["--endpoints", &endpoints, "node", "list", "-o", "json"])
+            .ok()
+            .filter(|(ok, _, _)| *ok)
+            .and_then(|(_, out, _)| serde_json::from_str::<serde_json::Value>(&out).ok())
+            .and_then(|v| v.as_array().cloned())
+            .is_some_and(|nodes| {
+                self.ids.iter().all(|id| {
+                    nodes
+                        .iter()
+                        .any(|n| n["id"] == *id && n["state"] == "UP" && n["health"] == "HEALTHY")
+                })
+            });
+        [voters, curators, healthy]
     }
 
     fn member_socket(&self, i: usize) -> std::path::PathBuf {
@@ -426,14 +431,35 @@ impl PartitionedCluster {
 
     /// Waits until [`PartitionedCluster::is_back`]; how long that took.
     pub fn wait_back(&self, within: Duration) -> Result<Duration> {
+        Ok(self.wait_back_parts(within)?[3])
+    }
+
+    /// [`PartitionedCluster::wait_back`], also telling when each part of
+    /// [`PartitionedCluster::back_parts`] first held: [etcd voters, curators, HEALTHY,
+    /// all at once].
+    pub fn wait_back_parts(&self, within: Duration) -> Result<[Duration; 4]> {
         let start = Instant::now();
-        while !self.is_back() {
+        let mut first: [Option<Duration>; 3] = [None; 3];
+        loop {
+            let parts = self.back_parts();
+            for (seen, holds) in first.iter_mut().zip(parts) {
+                if holds && seen.is_none() {
+                    *seen = Some(start.elapsed());
+                }
+            }
+            if parts == [true; 3] {
+                let at = start.elapsed();
+                return Ok([0, 1, 2].map(|i| first[i].unwrap_or(at)).map(|d| d.min(at)))
+                    .map(|[a, b, c]| [a, b, c, at]);
+            }
             if start.elapsed() > within {
-                bail!("the cluster was not back (3 voters, all HEALTHY) within {within:?}");
+                bail!(
+                    "the cluster was not back (3 voters, all HEALTHY) within {within:?}: \
+                     [etcd voters, curators, HEALTHY] first held after {first:?}"
+                );
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(start.elapsed())
     }
 }
 

@@ -56,7 +56,13 @@ fn leader_cut(
         Some(asked.elapsed())
     };
     pc.partition.heal(name)?;
-    let back = pc.wait_back(e2e::TIMEOUT)?;
+    let [etcd, curators, healthy, back] = pc.wait_back_parts(e2e::TIMEOUT)?;
+    println!(
+        "  heal of {name}: etcd voters after {:.1} ms, curators after {:.1} ms, all HEALTHY after {:.1} ms",
+        ms(etcd),
+        ms(curators),
+        ms(healthy)
+    );
     Ok((failover, isolated, back))
 }
 
