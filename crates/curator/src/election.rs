@@ -2,7 +2,7 @@
 //!
 //! ```text
 //!   lease grant (TTL) ──▶ campaign(namespaced:curator/leader) ──won──▶ Role::Leader{key, rev}
-//!        ▲  keepalive every TTL/3                                        │ lease lost / cancelled
+//!        ▲  keepalive ≤ 300 ms                                           │ lease lost / cancelled
 //!        └──────────────────────────────────────────────────────────────┘──▶ Role::Follower
 //! ```
 //! Every leader write is guarded by `create_revision(key) == rev` ([`guard`]): once the
@@ -140,7 +140,7 @@ async fn keep_lease_alive(
     mut stream: etcd_client::LeaseKeepAliveStream,
     ttl: Duration,
 ) -> CuratorError {
-    let period = (ttl / 3).max(Duration::from_millis(100));
+    let period = keepalive_period(ttl);
     let mut last_ack = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(period).await;
@@ -250,63 +250,117 @@ pub async fn run(
     outcome
 }
 
-/// How often a campaigning curator checks that the leader's curator process is alive,
-/// and how many refusals in a row prove it is not.
-const LIVENESS_PERIOD: Duration = Duration::from_millis(150);
-const REFUSALS_TO_REVOKE: u32 = 3;
+/// How often a campaigning curator polls the leader's lease, and for how long the lease
+/// must show no renewal in a row before the leader counts as dead. The span is more than
+/// the leader's keepalive period ([`keepalive_period`]) plus a round trip, so a live
+/// leader always renews within it.
+const LIVENESS_PERIOD: Duration = Duration::from_millis(100);
+const SILENCE_TO_REVOKE: Duration = Duration::from_millis(500);
 
-/// While this curator campaigns: when the leader's curator endpoint refuses connections
-/// (its process is gone: the host answers, nothing listens), revoke the dead leader's
-/// lease instead of waiting out its TTL — which etcd even extends when its own leader
-/// changes. Safe even if wrong: every leader write is guarded by the election key, so a
-/// live leader whose lease was revoked only loses leadership and campaigns again.
-/// Returns only on an etcd error; runs until the campaign ends otherwise.
+/// How often a leader renews its lease: often enough that followers can tell a silent
+/// leader within half a second ([`SILENCE_TO_REVOKE`]), never more than TTL/3.
+fn keepalive_period(ttl: Duration) -> Duration {
+    (ttl / 3).clamp(Duration::from_millis(50), Duration::from_millis(300))
+}
+
+/// Whether one reading of a lease (`remaining` whole seconds, as etcd truncates them, of
+/// `granted`) shows it was not renewed lately. A renewal sets the remaining time to the
+/// full TTL, which reads as `granted - 1` a moment later; so a live leader renewing every
+/// [`keepalive_period`] reads `granted - 1`. `granted` or more: etcd extended the lease
+/// when its own leader changed and nobody renewed it since; `granted - 2` or less: no
+/// renewal for over a second.
+fn unrenewed(remaining: i64, granted: i64) -> bool {
+    remaining >= granted || remaining <= granted - 2
+}
+
+/// Evidence, from successive readings of the curator leader's lease, that its keepalives
+/// stopped: the same lease read as [`unrenewed`] in every poll for [`SILENCE_TO_REVOKE`].
+/// Any failed poll, renewal or other lease starts over.
+#[derive(Debug, Default)]
+struct Silence {
+    lease: i64,
+    since: Option<Instant>,
+}
+
+impl Silence {
+    /// Records one reading; true once the evidence suffices.
+    fn observe(&mut self, lease: i64, remaining: i64, granted: i64, now: Instant) -> bool {
+        if lease != self.lease {
+            *self = Silence { lease, since: None };
+        }
+        if !unrenewed(remaining, granted) {
+            self.since = None;
+            return false;
+        }
+        let since = *self.since.get_or_insert(now);
+        now.duration_since(since) >= SILENCE_TO_REVOKE
+    }
+
+    fn clear(&mut self) {
+        self.since = None;
+    }
+}
+
+/// While this curator campaigns: when the leader's keepalives have stopped reaching etcd
+/// (its host died or is cut off from the etcd majority — evidence from etcd itself, via
+/// the lease's remaining time, see [`Silence`]), revoke its lease instead of waiting out
+/// the TTL, which etcd extends when its own leader changes. A leader whose listener merely
+/// restarts still renews, so it keeps leadership. Safe even if wrong: every leader write
+/// is guarded by the election key, so a live leader whose lease was revoked only loses
+/// leadership and campaigns again. Returns only on an etcd error; runs until the campaign
+/// ends otherwise.
 async fn revoke_dead_leader(curator: Namespaced, own_endpoint: String) -> CuratorError {
-    let mut refusals = 0u32;
-    let mut watched: Option<i64> = None;
+    let mut silence = Silence::default();
     loop {
         tokio::time::sleep(LIVENESS_PERIOD).await;
         let mut client = curator.client();
-        let leader = match client.leader(curator.key(ELECTION)).await {
-            Ok(r) => r.kv().map(|kv| (kv.lease(), kv.value().to_vec())),
-            // No leader yet, or etcd is electing its own: nothing to revoke now.
-            Err(_) => None,
-        };
+        let leader =
+            match tokio::time::timeout(LIVENESS_PERIOD * 5, client.leader(curator.key(ELECTION)))
+                .await
+            {
+                Ok(Ok(r)) => r.kv().map(|kv| (kv.lease(), kv.value().to_vec())),
+                // No leader yet, or etcd is electing its own: nothing to judge now.
+                _ => None,
+            };
         let Some((lease, value)) = leader else {
-            refusals = 0;
+            silence.clear();
             continue;
         };
         let Ok(value) = LeaderElectionValue::decode(value.as_slice()) else {
             continue;
         };
-        if watched != Some(lease) {
-            (watched, refusals) = (Some(lease), 0);
-        }
-        if value.endpoint == own_endpoint {
+        if value.endpoint == own_endpoint || lease == 0 {
+            silence.clear();
             continue;
         }
-        let Ok(endpoint) = value.endpoint.parse::<std::net::SocketAddr>() else {
+        let reading =
+            tokio::time::timeout(LIVENESS_PERIOD * 5, client.lease_time_to_live(lease, None)).await;
+        let Ok(Ok(reading)) = reading else {
+            // Our member cannot ask the etcd leader: no evidence either way.
+            silence.clear();
             continue;
         };
-        let probe =
-            tokio::time::timeout(LIVENESS_PERIOD, tokio::net::TcpStream::connect(endpoint)).await;
-        match probe {
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => refusals += 1,
-            _ => refusals = 0,
+        if !silence.observe(lease, reading.ttl(), reading.granted_ttl(), Instant::now()) {
+            continue;
         }
-        if refusals >= REFUSALS_TO_REVOKE {
-            tracing::warn!(
-                leader = value.node_id,
-                %endpoint,
-                "the curator leader's endpoint refuses connections: revoking its lease"
-            );
-            match client.lease_revoke(lease).await {
-                Ok(_) => {}
-                Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("not found") => {}
-                Err(e) => return e.into(),
-            }
-            refusals = 0;
+        tracing::warn!(
+            leader = value.node_id,
+            remaining_s = reading.ttl(),
+            granted_s = reading.granted_ttl(),
+            "the curator leader stopped renewing its lease: revoking it"
+        );
+        let revoke = consensus::bounded(
+            "revoking a silent leader's lease",
+            ETCD_CALL_TIMEOUT,
+            client.lease_revoke(lease),
+        );
+        match revoke.await {
+            Ok(_) => {}
+            Err(consensus::ConsensusError::Etcd(etcd_client::Error::GRpcStatus(s)))
+                if s.message().contains("not found") => {}
+            Err(e) => return e.into(),
         }
+        silence.clear();
     }
 }
 
@@ -350,5 +404,52 @@ pub async fn leader_txn(
         _ => Err(CuratorError::Protocol(
             "guarded transaction without inner response",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_renewing_leader_reads_granted_minus_one() {
+        assert!(!unrenewed(2, 3));
+        assert!(
+            unrenewed(3, 3),
+            "extended by an etcd leader change, not renewed"
+        );
+        assert!(unrenewed(4, 3));
+        assert!(unrenewed(1, 3), "over a second without renewal");
+        assert!(unrenewed(0, 3));
+    }
+
+    #[test]
+    fn silence_needs_the_whole_span_on_one_lease() {
+        let t0 = Instant::now();
+        let mut s = Silence::default();
+        assert!(!s.observe(7, 3, 3, t0));
+        assert!(!s.observe(7, 3, 3, t0 + SILENCE_TO_REVOKE / 2));
+        assert!(s.observe(7, 1, 3, t0 + SILENCE_TO_REVOKE));
+        // A renewal in between starts over.
+        let mut s = Silence::default();
+        assert!(!s.observe(7, 3, 3, t0));
+        assert!(!s.observe(7, 2, 3, t0 + SILENCE_TO_REVOKE / 2));
+        assert!(!s.observe(7, 3, 3, t0 + SILENCE_TO_REVOKE));
+        // So does another lease (a new leader).
+        let mut s = Silence::default();
+        assert!(!s.observe(7, 3, 3, t0));
+        assert!(!s.observe(8, 3, 3, t0 + SILENCE_TO_REVOKE));
+        // And a failed poll.
+        let mut s = Silence::default();
+        assert!(!s.observe(7, 3, 3, t0));
+        s.clear();
+        assert!(!s.observe(7, 3, 3, t0 + SILENCE_TO_REVOKE));
+    }
+
+    #[test]
+    fn followers_can_tell_silence_before_a_live_leader_misses_a_renewal() {
+        let ttl = Duration::from_secs(3);
+        assert!(keepalive_period(ttl) * 3 / 2 < SILENCE_TO_REVOKE);
+        assert!(keepalive_period(Duration::from_secs(1)) <= Duration::from_millis(334));
     }
 }

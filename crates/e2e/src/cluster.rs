@@ -37,11 +37,18 @@ impl Cluster {
         params_extra: &[&str],
         node_args: &[&str],
     ) -> Result<Cluster> {
-        let node_args: Vec<String> = node_args.iter().map(|a| a.to_string()).collect();
         let first_dir = dir.join("n0");
         std::fs::create_dir_all(&first_dir)?;
         let mut first = Node::new(&first_dir);
-        first.extra_args = node_args.clone();
+        first.extra_args = node_args.iter().map(|a| a.to_string()).collect();
+        Cluster::bootstrap_from(dir, first, params_extra)
+    }
+
+    /// [`Cluster::bootstrap_with`] from a prepared first node in `dir/n0` (its address,
+    /// namespace and flags set by the caller; every node of the cluster gets its flags).
+    pub fn bootstrap_from(dir: &Path, mut first: Node, params_extra: &[&str]) -> Result<Cluster> {
+        let first_dir = dir.join("n0");
+        let node_args = first.extra_args.clone();
         let params = first.bootstrap_params_with(params_extra)?;
         first.start(&["--params", params.to_str().context("utf-8 path")?])?;
         first.wait_home()?;

@@ -9,12 +9,14 @@
 //! - Every process started here is killed when its guard is dropped, also when a test
 //!   panics; polis-node's etcd dies with it (`PR_SET_PDEATHSIG`).
 //! - Nodes listen only on unique 127.0.0.0/8 addresses ([`unique_loopback`]), so tests
-//!   can run in parallel.
+//!   can run in parallel, or on 10.77.0.0/24 inside namespaces a [`Partition`] created.
 //! - Waiting is polling with a deadline; nothing sleeps and hopes.
 //!
 //! Module map, by layer (a module imports only from layers below it):
 //!
 //! ```text
+//!   4  partitioned PartitionedCluster: 3 members (+ worker) in a Partition's
+//!                namespaces, owner in the hub; leader(), write(), is_back()
 //!   3  cluster   Cluster: bootstrap + takeownership, register/approve/add_worker,
 //!                owner client, node list and member polls; endpoints()
 //!   2  node      Node: params, start (crash points), log progress (Home, state,
@@ -27,6 +29,8 @@
 //!      wait      TIMEOUT, wait_until()
 //!      certs     pem_der(), peer_accepts()
 //!      bench     median()
+//!      partition Partition: hub bridge + a namespace per node, cut (both ways /
+//!                outgoing only), heal, enter_hub(); all deleted on drop
 //! ```
 //!
 //! Everything tests and benchmarks use is re-exported here (`e2e::Node`, `e2e::TIMEOUT`,
@@ -39,6 +43,8 @@ mod ctl;
 mod etcd;
 mod net;
 mod node;
+mod partition;
+mod partitioned;
 mod process;
 mod scrape;
 mod wait;
@@ -50,6 +56,8 @@ pub use ctl::polisctl;
 pub use etcd::BareEtcd;
 pub use net::{NetNs, unique_loopback};
 pub use node::{Node, is_home_line, read_register_params};
+pub use partition::{HubGuard, Partition, Slot};
+pub use partitioned::{MEMBERS, PartitionedCluster};
 pub use process::{Proc, bin, bin_dir, process_alive};
 pub use scrape::{METRICS_PORT, Prometheus, http_get, promtool_check, scrape};
 pub use wait::{TIMEOUT, wait_until};

@@ -24,6 +24,9 @@ pub struct Node {
     starts: usize,
     /// Extra flags for every start (e.g. faster raft timing).
     pub extra_args: Vec<String>,
+    /// The network namespace the node runs in (`ip netns exec`; see `crate::partition`),
+    /// or None for the test's own.
+    pub netns: Option<String>,
 }
 
 impl Node {
@@ -36,6 +39,7 @@ impl Node {
             proc: None,
             starts: 0,
             extra_args: Vec::new(),
+            netns: None,
         }
     }
 
@@ -76,7 +80,15 @@ impl Node {
 
     /// The command line that starts this node.
     pub fn command(&self, extra: &[&str]) -> Command {
-        let mut cmd = Command::new(bin("polis-node"));
+        let mut cmd = match &self.netns {
+            Some(netns) => {
+                // `ip netns exec` execs polis-node: the pid stays the node's.
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", netns]).arg(bin("polis-node"));
+                cmd
+            }
+            None => Command::new(bin("polis-node")),
+        };
         cmd.arg("--root")
             .arg(&self.root)
             .arg("--address")

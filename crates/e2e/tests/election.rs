@@ -20,11 +20,16 @@ struct Campaigner {
 
 impl Campaigner {
     fn start(ns: &Namespaced, name: &str) -> Campaigner {
+        Campaigner::start_at(ns, name, &format!("{name}:7835"))
+    }
+
+    /// A campaigner announcing `endpoint` as its curator's.
+    fn start_at(ns: &Namespaced, name: &str, endpoint: &str) -> Campaigner {
         let role = event::Value::new();
         let cancel = CancellationToken::new();
         let config = ElectionConfig {
             node_id: name.to_string(),
-            endpoint: format!("{name}:7835"),
+            endpoint: endpoint.to_string(),
             ttl: TTL,
         };
         let (ns, r, c) = (ns.clone(), role.clone(), cancel.clone());
@@ -133,6 +138,35 @@ async fn killed_leader_is_replaced_within_the_ttl() -> Result<()> {
         took <= TTL + Duration::from_millis(1500),
         "failover took {took:?}"
     );
+    Ok(())
+}
+
+/// A leader whose curator endpoint refuses connections (as while its listener restarts)
+/// but whose keepalives reach etcd keeps leading: followers revoke a leader's lease only
+/// on etcd's evidence that it is gone (issue 16), not on refused connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_listener_refuses_keeps_leading() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_etcd, ns) = etcd(dir.path()).await?;
+    let refusing = || -> Result<String> {
+        let ip = unique_loopback();
+        // Nothing listens on a loopback address's free port: connections are refused.
+        let port = std::net::TcpListener::bind((ip, 0))?.local_addr()?.port();
+        Ok(format!("{ip}:{port}"))
+    };
+    let a = Campaigner::start_at(&ns, "a", &refusing()?);
+    let b = Campaigner::start_at(&ns, "b", &refusing()?);
+    let first = single_leader(&[&a, &b], TIMEOUT).await?;
+    let campaigners = [&a, &b];
+    let held = campaigners[first].leadership();
+    // Watch for three TTLs (a refusal-based revocation took ~450 ms).
+    let until = Instant::now() + 3 * TTL;
+    while Instant::now() < until {
+        let now = campaigners[first].leadership();
+        assert_eq!(now, held, "leadership moved away from a live leader");
+        assert!(campaigners[1 - first].leadership().is_none());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     Ok(())
 }
 

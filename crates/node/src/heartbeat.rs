@@ -5,7 +5,8 @@
 //! ```text
 //!   waits for Home (or Split) ── Curator.Heartbeat(status) every period (5 s): address,
 //!   version, etcd member / curator running, start time; no answer for longer than the
-//!   timeout (15 s) → Split, answered → Home
+//!   timeout (15 s) → Split, answered → Home; failed → retry after ≤ 500 ms; the first
+//!   answered after failures → the next after ≤ 500 ms too (confirms the node back)
 //! ```
 //! Only heartbeats move a node between Home and Split. May not change any other shared
 //! value, or write to the root.
@@ -73,8 +74,16 @@ pub async fn run(
                 } else if failures >= 3 {
                     tracing::info!(curator = ?client.current(), "heartbeats reach the curator again");
                 }
+                // The first heartbeat answered after failures is confirmed at once: the
+                // curator calls a timed-out node healthy on its second heartbeat, and a
+                // node back from a partition should not wait a whole period for it.
+                let confirm = failures > 0;
                 failures = 0;
-                timing.period()
+                if confirm {
+                    bounds.retry
+                } else {
+                    timing.period()
+                }
             }
             Err(e) => {
                 failures += 1;
@@ -107,7 +116,8 @@ struct HeartbeatBounds {
     attempt: Duration,
     /// One heartbeat, across every curator and the client's retries.
     call: Duration,
-    /// Pause after a failed heartbeat.
+    /// Pause after a failed heartbeat, and after the first answered one that follows
+    /// failures (so that a returning node is confirmed healthy quickly).
     retry: Duration,
 }
 
