@@ -388,15 +388,22 @@ impl api::curator_server::Curator for Services {
         )
         .await
         .map_err(node_update_status)?;
-        let nodes = records::list_nodes(&self.0.curator)
-            .await
-            .map_err(status_from)?;
+        // The snapshot once it holds this tenure's writes (no range read of every record
+        // per enrolment), else etcd.
+        let curator_endpoints = match self.0.fresh_nodes(&leadership).await {
+            Some(snapshot) => snapshot.curator_endpoints.clone(),
+            None => records::curator_endpoints(
+                &records::list_nodes(&self.0.curator)
+                    .await
+                    .map_err(status_from)?,
+            ),
+        };
         tracing::info!(node = id, "node committed: UP with its certificate");
         Ok(Response::new(api::CommitNodeResponse {
             node_certificate: certificate,
             ca_certificate,
             roles: records::role_names(&node),
-            curator_endpoints: records::curator_endpoints(&nodes),
+            curator_endpoints,
         }))
     }
 
