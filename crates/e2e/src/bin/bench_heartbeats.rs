@@ -80,6 +80,8 @@ struct Setup {
     epoch: Instant,
     /// Sessions (stream + heartbeats) open on each curator, by its index in `curators`.
     sessions: Vec<AtomicUsize>,
+    /// Time spent in each enrolment call, summed (µs): register, approve, commit.
+    enrol_us: [AtomicU64; 3],
 }
 
 impl Setup {
@@ -127,6 +129,7 @@ async fn enrol_at(
     id: &str,
     address: &str,
 ) -> Result<Vec<u8>> {
+    let started = Instant::now();
     let channel = rpc::connect(endpoint, &setup.trust, Some(self_signed)).await?;
     let mut curator = api::curator_client::CuratorClient::new(channel);
     let mut updates = curator
@@ -141,6 +144,12 @@ async fn enrol_at(
         .into_inner();
     updates.message().await.context("RegisterNode stream")?;
     drop(updates);
+    let mut t = started;
+    let mut lap = |i: usize| {
+        setup.enrol_us[i].fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+        t = Instant::now();
+    };
+    lap(0);
     setup
         .owner
         .call(|c| {
@@ -153,11 +162,13 @@ async fn enrol_at(
         })
         .await
         .context("ApproveNode")?;
+    lap(1);
     let committed = curator
         .commit_node(api::CommitNodeRequest {})
         .await
         .context("CommitNode")?
         .into_inner();
+    lap(2);
     Ok(committed.node_certificate)
 }
 
@@ -709,6 +720,7 @@ fn main() -> Result<()> {
             owner,
             period,
             epoch: Instant::now(),
+            enrol_us: Default::default(),
         });
         let mut nodes = Vec::new();
         let recorder = Recorder::default();
@@ -725,9 +737,20 @@ fn main() -> Result<()> {
         let mut enrol_total = 0.0;
         for &n in STEPS.iter().filter(|n| **n <= max_nodes) {
             let enrolling = Instant::now();
+            let enrolled_before = nodes.len();
+            let us_before: Vec<u64> =
+                setup.enrol_us.iter().map(|a| a.load(Ordering::Relaxed)).collect();
             enrol_up_to(&setup, &mut nodes, n, &mut tasks, &recorder).await?;
             let enrol_s = enrolling.elapsed().as_secs_f64();
             enrol_total += enrol_s;
+            // Mean time of each enrolment call in this step (ms): where enrolment goes.
+            let enrolled = (nodes.len() - enrolled_before).max(1) as f64;
+            let call_ms: Vec<f64> = setup
+                .enrol_us
+                .iter()
+                .zip(&us_before)
+                .map(|(a, b)| round2((a.load(Ordering::Relaxed) - b) as f64 / enrolled / 1000.0))
+                .collect();
             // One period for the new nodes' loops to settle (and their verdicts).
             let warmup = measure(&recorder, period).await;
             let pids = tokio::task::block_in_place(|| member_pids(&mut cluster, &mut others, members))?;
@@ -763,6 +786,7 @@ fn main() -> Result<()> {
                 "max_ms": round2(percentile_ms(&measured.latencies, 1.0)),
                 "enrol_s": round2(enrol_s),
                 "enrol_total_s": round2(enrol_total),
+                "enrol_call_ms": {"connect_register": call_ms[0], "approve": call_ms[1], "commit": call_ms[2]},
                 "sessions_per_curator": sessions,
                 "sessions_within_2x_of_mean": within,
                 "per_member": per_member,
