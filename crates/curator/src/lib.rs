@@ -41,6 +41,7 @@
 //!   upkeep       etcd defragmentation order, NOSPACE disarm rule         (pure)
 //!   snapshots    scheduled snapshots: file names, pruning, due time     (pure)
 //!   audit        audit entry keys, caller and target, filter, bound       (pure)
+//!   chunkmap     ordered map whose clones share unchanged chunks         (pure)
 //!   pause        test-only pause points (feature `pause-points`)        (leaf)
 //! ```
 //!
@@ -89,6 +90,7 @@
 
 pub mod audit;
 mod bootstrap;
+pub mod chunkmap;
 pub mod election;
 pub mod error;
 pub mod health;

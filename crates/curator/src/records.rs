@@ -3,13 +3,14 @@
 //! (its state, roles, the curator endpoints of a set of records).
 //!
 //! Reads only: may not write (every write of a node record is in `writes`), and imports
-//! only `error` and `layout` of this crate.
+//! only `chunkmap`, `error` and `layout` of this crate.
 
 use consensus::Namespaced;
 use prost::Message;
 use proto::config::ClusterConfiguration;
 use proto::state::{Node, NodeState};
 
+use crate::chunkmap::ChunkMap;
 use crate::error::CuratorError;
 use crate::layout::{
     CLUSTER_CONFIGURATION_KEY, INITIAL_OWNER_KEY, NODES_PREFIX, node_key, tombstone_key,
@@ -114,21 +115,20 @@ pub fn role_names(node: &Node) -> Vec<String> {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RecordRevisions {
     pub etcd_cluster_id: u64,
-    pub by_node: std::collections::BTreeMap<String, i64>,
+    pub by_node: ChunkMap<i64>,
 }
 
 /// The node records, watched: every node record under `nodes/` as a map from ID (and the
 /// etcd revision up to which every change is in it, and each record's own last-modified
-/// revision), first as it is, then after every change. `view` turns the maps into what
-/// the caller wants; a
-/// value equal to the last one sent is not sent again. The watch ends (with an error)
+/// revision), first as it is, then after every change. The maps are changed in place
+/// by each event, and a clone of them shares every chunk the change did not touch
+/// (`ChunkMap`), so a view that keeps them costs one chunk per change, not the table.
+/// `view` turns the maps into what the caller wants; a value equal to the last one sent
+/// is not sent again. The watch ends (with an error)
 /// when etcd's watch stream breaks; dropping the receiver ends it too.
 pub fn watch_nodes<T>(
     curator: &Namespaced,
-    view: impl Fn(&std::collections::BTreeMap<String, Node>, &RecordRevisions, i64) -> T
-    + Send
-    + Sync
-    + 'static,
+    view: impl Fn(&ChunkMap<Node>, &RecordRevisions, i64) -> T + Send + Sync + 'static,
 ) -> tokio::sync::mpsc::Receiver<Result<T, CuratorError>>
 where
     T: PartialEq + Clone + Send + 'static,
@@ -149,10 +149,10 @@ where
                 .header()
                 .ok_or(CuratorError::Protocol("range response without header"))?
                 .revision();
-            let mut nodes = std::collections::BTreeMap::new();
+            let mut nodes = ChunkMap::new();
             let mut revisions = RecordRevisions {
                 etcd_cluster_id: snapshot.header().map_or(0, |h| h.cluster_id()),
-                by_node: std::collections::BTreeMap::new(),
+                by_node: ChunkMap::new(),
             };
             for kv in snapshot.kvs() {
                 let id = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
@@ -196,8 +196,8 @@ where
                             revisions.by_node.insert(id, kv.mod_revision());
                         }
                         etcd_client::EventType::Delete => {
-                            nodes.remove(&id);
-                            revisions.by_node.remove(&id);
+                            nodes.remove(id.as_str());
+                            revisions.by_node.remove(id.as_str());
                         }
                     }
                 }

@@ -79,7 +79,7 @@ pub(super) async fn run(
 fn changed_verdicts(
     shared: &Shared,
     leadership: &Leadership,
-    nodes: &BTreeMap<String, Node>,
+    nodes: &crate::chunkmap::ChunkMap<Node>,
 ) -> Vec<(String, HealthVerdict, HealthVerdict)> {
     let now = Instant::now();
     let timing = shared.config.heartbeat;
@@ -105,7 +105,7 @@ fn changed_verdicts(
 /// `polis_nodes` by state and health (the stored verdicts) and every UP node's
 /// heartbeat age, as of this evaluation.
 fn export_metrics(
-    nodes: &BTreeMap<String, Node>,
+    nodes: &crate::chunkmap::ChunkMap<Node>,
     trackers: &std::collections::HashMap<String, Tracker>,
     now: Instant,
 ) {

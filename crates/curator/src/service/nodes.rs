@@ -267,7 +267,8 @@ impl api::curator_server::Curator for Services {
                 })?;
             // The snapshot once it holds this tenure's writes (no range read of every
             // record per registration), else etcd.
-            let holder = match self.0.fresh_nodes(&leadership).await {
+            let fresh = self.0.fresh_nodes(&leadership).await;
+            let holder = match &fresh {
                 Some(snapshot) => address_holder(snapshot.nodes.values(), &id, address),
                 None => address_holder(
                     records::list_nodes(&self.0.curator)
@@ -284,7 +285,16 @@ impl api::curator_server::Curator for Services {
                     "address {address} belongs to node {holder}; every node needs an address of its own"
                 )));
             }
-            if let Some(holder) = unlock::join_key_holder(self, &id, &r.data_join_key).await? {
+            let join_key_holder = match &fresh {
+                Some(snapshot) if !r.data_join_key.is_empty() => snapshot
+                    .nodes
+                    .values()
+                    .find(|n| n.id != id && n.data_join_key == r.data_join_key)
+                    .map(|n| n.id.clone()),
+                Some(_) => None,
+                None => unlock::join_key_holder(self, &id, &r.data_join_key).await?,
+            };
+            if let Some(holder) = join_key_holder {
                 return Err(Status::already_exists(format!(
                     "this data join key belongs to node {holder}; every node needs its own"
                 )));
@@ -388,15 +398,22 @@ impl api::curator_server::Curator for Services {
         )
         .await
         .map_err(node_update_status)?;
-        let nodes = records::list_nodes(&self.0.curator)
-            .await
-            .map_err(status_from)?;
+        // The snapshot once it holds this tenure's writes (no range read of every record
+        // per enrolment), else etcd.
+        let curator_endpoints = match self.0.fresh_nodes(&leadership).await {
+            Some(snapshot) => snapshot.curator_endpoints.clone(),
+            None => records::curator_endpoints(
+                &records::list_nodes(&self.0.curator)
+                    .await
+                    .map_err(status_from)?,
+            ),
+        };
         tracing::info!(node = id, "node committed: UP with its certificate");
         Ok(Response::new(api::CommitNodeResponse {
             node_certificate: certificate,
             ca_certificate,
             roles: records::role_names(&node),
-            curator_endpoints: records::curator_endpoints(&nodes),
+            curator_endpoints,
         }))
     }
 

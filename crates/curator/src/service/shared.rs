@@ -6,7 +6,7 @@
 //! The service layer's base: may not import any handler, runnable or operation module
 //! (`issuance`, `membership`, `decommission`, …); they all import this.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -75,7 +75,8 @@ impl Default for SnapshotSettings {
 /// Every node record, as of one etcd revision.
 #[derive(Debug, PartialEq)]
 pub struct Snapshot {
-    pub nodes: BTreeMap<String, Node>,
+    /// Shares unchanged chunks with the snapshot before it (`ChunkMap`).
+    pub nodes: crate::chunkmap::ChunkMap<Node>,
     /// Every change of a node record up to this revision is in `nodes`.
     pub revision: i64,
     /// Each record's last-modified etcd revision (`mod_revision`), by node ID: what a

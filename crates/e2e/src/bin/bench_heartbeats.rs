@@ -1,37 +1,49 @@
-//! Benchmark: how many nodes one curator takes heartbeats from. A one-node cluster is
-//! bootstrapped (release build, production heartbeat timing); then N simulated nodes in
-//! this process, each a real node — its own key, registered with the ticket
-//! (RegisterNode), approved by the owner (ApproveNode), committed (CommitNode) and so
-//! holding its own node certificate — heartbeat the curator at the production period,
-//! staggered over it, each over its own mutual-TLS connection:
+//! Benchmark: nodes holding their streams and heartbeating a control plane, spread as
+//! real nodes spread. A cluster of MEMBERS (default 3) consensus members is started
+//! (real polis-node processes, release build, production heartbeat timing); then N
+//! simulated nodes in this process, each a real node — its own key, registered with
+//! the ticket (RegisterNode), approved by the owner (ApproveNode), committed
+//! (CommitNode) and so holding its own node certificate — each on its own mutual-TLS
+//! connection to the curator it prefers (`rpc::spread::by_preference` of its address
+//! over the members' endpoints, as a node orders its directory), holding its WatchNode
+//! stream there and heartbeating at the production period at its own phase. A node
+//! whose stream or heartbeat fails goes down its preference list, with a jittered
+//! backoff after a round with none reachable, as a node does.
 //!
 //! ```text
-//!   step N (100, 250, 500, 1000, 2000, …): enrol nodes up to N (16 at a time; each
-//!     heartbeats once right away, its status is written then, and from then on every
-//!     period at its own phase, as a node does — also while later nodes enrol)
+//!   step N (100, 250, 500, 1000, 2000, …): enrol nodes up to N (ENROLLING at a time;
+//!     each opens its stream and heartbeats right away, then every period — also while
+//!     later nodes enrol)
 //!     → one period to settle
-//!     → ROUNDS periods measured: per-heartbeat latency; the curator's (polis-node's) and
-//!       etcd's CPU from /proc/PID/stat over them
+//!     → ROUNDS periods measured: per-heartbeat latency; sessions per curator; each
+//!       member's polis-node (curator) and etcd CPU over them, and polis-node's RSS
+//!   --cold-start, after the last step: every member stopped (SIGTERM) and started again
+//!     → time until every node streams and heartbeats again, and until the owner's
+//!       ListNodes shows every node HEALTHY; nodes seen HEARTBEAT_TIMEOUT meanwhile
 //! ```
 //! One JSON line per step; the last line is the summary: the largest N whose p99 stays
-//! at or under 50 ms, and the curator's CPU per 1000 heartbeats/s there. Stepping stops
-//! at the first step over 50 ms or with failed heartbeats. A heartbeat is never
-//! retried; each is bounded at 10 s.
+//! at or under 50 ms with no failed heartbeat, the time to enrol up to it, sessions per
+//! curator (goal: each within 2× of the mean), per-member CPU/RSS, and the cold start.
+//! Stepping stops at the first step over 50 ms or with failed heartbeats. Each call is
+//! bounded at 10 s.
 //!
-//! Usage: bench-heartbeats [MAX_NODES] [ROUNDS]   (default 2000 and 3)
+//! Usage: bench-heartbeats [--members M] [--cold-start] [MAX_NODES] [ROUNDS]
+//!        (default 3 members, 1000 nodes, 3 rounds)
 //!
 //! `bench-heartbeats --scrape [NODES] [SCRAPES]` (`scripts/bench metrics`; default 1000
-//! and 200): NODES simulated nodes enrolled and heartbeating as above, then the curator
-//! node's `/metrics` (which then carries a heartbeat age per node) fetched SCRAPES times
-//! in a row, one at a time; the last line: p50/p99/max of a scrape, its size and series
-//! (target p99 ≤ 10 ms).
+//! and 200; one member): NODES simulated nodes enrolled and heartbeating as above, then
+//! the curator node's `/metrics` (which then carries a heartbeat age per node) fetched
+//! SCRAPES times in a row, one at a time; the last line: p50/p99/max of a scrape, its
+//! size and series (target p99 ≤ 10 ms).
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use e2e::Cluster;
+use e2e::{Cluster, Node};
 use proto::api;
 use serde_json::json;
 use tonic::transport::Channel;
@@ -40,42 +52,90 @@ const STEPS: [usize; 8] = [100, 250, 500, 1000, 2000, 4000, 8000, 16000];
 const P99_TARGET_MS: f64 = 50.0;
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Enrolments at once.
-const ENROLLING: usize = 16;
+const ENROLLING: usize = 32;
+/// How long a cold start may take before the bench gives up on it.
+const COLD_START_LIMIT: Duration = Duration::from_secs(120);
 
-/// One simulated node: its ID and its connection with its node certificate.
+/// One simulated node.
 struct SimNode {
+    id: String,
     address: String,
-    channel: Channel,
+    credentials: rpc::Credentials,
+    /// The members' curator endpoints in this node's order of preference.
+    preference: Vec<SocketAddr>,
     /// Reported in every status (so that the status stays the same, as a node's does).
     started_at_unix_ms: u64,
+    /// When (ms since the bench's epoch) a heartbeat last succeeded, and a session last
+    /// started (its stream open and its first heartbeat answered).
+    beat_ok_ms: AtomicU64,
+    session_ms: AtomicU64,
 }
 
 struct Setup {
-    endpoint: SocketAddr,
+    curators: Vec<SocketAddr>,
     trust: rpc::ServerTrust,
     ticket: Vec<u8>,
     owner: rpc::CuratorClient,
     period: Duration,
+    epoch: Instant,
+    /// Sessions (stream + heartbeats) open on each curator, by its index in `curators`.
+    sessions: Vec<AtomicUsize>,
+    /// Time spent in each enrolment call, summed (µs): register, approve, commit.
+    enrol_us: [AtomicU64; 3],
 }
 
-fn pem_der(path: &std::path::Path) -> Result<Vec<u8>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path:?}"))?;
-    Ok(pem::parse(text)?.into_contents())
+impl Setup {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
 }
 
-/// Registers, approves and commits a new node with a fresh key; returns it connected
-/// with its node certificate.
+/// Registers, approves and commits a new node with a fresh key, at its preferred
+/// curator (the next one when that does not answer).
 async fn enrol(setup: &Setup, n: usize) -> Result<SimNode> {
     let key = identity::NodeKey::generate()?;
     let id = key.node_id();
     let address = format!("127.{}.{}.{}", 100 + n / 65_536, (n / 256) % 256, n % 256);
+    let preference = rpc::spread::by_preference(address.as_bytes(), &setup.curators);
     let self_signed = rpc::self_signed(&key)?;
-    let channel = rpc::connect(setup.endpoint, &setup.trust, Some(&self_signed)).await?;
+    let mut last_error = None;
+    for endpoint in &preference {
+        match enrol_at(setup, *endpoint, &self_signed, &id, &address).await {
+            Ok(certificate) => {
+                return Ok(SimNode {
+                    id,
+                    address,
+                    credentials: rpc::Credentials {
+                        certificate,
+                        key_pkcs8: key.pkcs8_der().to_vec(),
+                    },
+                    preference,
+                    started_at_unix_ms: unix_ms(),
+                    beat_ok_ms: AtomicU64::new(0),
+                    session_ms: AtomicU64::new(0),
+                });
+            }
+            Err(e) => last_error = Some(e.context(format!("enrolling node {n} at {endpoint}"))),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no curators")))
+}
+
+/// Register, approve, commit at `endpoint`: the node certificate.
+async fn enrol_at(
+    setup: &Setup,
+    endpoint: SocketAddr,
+    self_signed: &rpc::Credentials,
+    id: &str,
+    address: &str,
+) -> Result<Vec<u8>> {
+    let started = Instant::now();
+    let channel = rpc::connect(endpoint, &setup.trust, Some(self_signed)).await?;
     let mut curator = api::curator_client::CuratorClient::new(channel);
     let mut updates = curator
         .register_node(api::RegisterNodeRequest {
             register_ticket: setup.ticket.clone(),
-            address: address.clone(),
+            address: address.to_string(),
             labels: Default::default(),
             ..Default::default()
         })
@@ -84,10 +144,16 @@ async fn enrol(setup: &Setup, n: usize) -> Result<SimNode> {
         .into_inner();
     updates.message().await.context("RegisterNode stream")?;
     drop(updates);
+    let mut t = started;
+    let mut lap = |i: usize| {
+        setup.enrol_us[i].fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+        t = Instant::now();
+    };
+    lap(0);
     setup
         .owner
         .call(|c| {
-            let id = id.clone();
+            let id = id.to_string();
             async move {
                 api::management_client::ManagementClient::new(c)
                     .approve_node(api::ApproveNodeRequest { id })
@@ -96,29 +162,14 @@ async fn enrol(setup: &Setup, n: usize) -> Result<SimNode> {
         })
         .await
         .context("ApproveNode")?;
+    lap(1);
     let committed = curator
         .commit_node(api::CommitNodeRequest {})
         .await
         .context("CommitNode")?
         .into_inner();
-    let credentials = rpc::Credentials {
-        certificate: committed.node_certificate,
-        key_pkcs8: key.pkcs8_der().to_vec(),
-    };
-    let channel = rpc::connect(setup.endpoint, &setup.trust, Some(&credentials)).await?;
-    let node = SimNode {
-        address,
-        channel,
-        started_at_unix_ms: unix_ms(),
-    };
-    // Like a node, heartbeat (with the status, written once) right after joining; the
-    // curator also closes a connection that makes no call for 10 s.
-    let mut curator = api::curator_client::CuratorClient::new(node.channel.clone());
-    tokio::time::timeout(CALL_TIMEOUT, curator.heartbeat(heartbeat_request(&node)))
-        .await
-        .context("the first heartbeat timed out")?
-        .context("the first heartbeat")?;
-    Ok(node)
+    lap(2);
+    Ok(committed.node_certificate)
 }
 
 fn unix_ms() -> u64 {
@@ -139,13 +190,14 @@ fn heartbeat_request(node: &SimNode) -> api::HeartbeatRequest {
     }
 }
 
-/// Enrols nodes until there are `target`; each starts its heartbeat loop at once (a
-/// node enrolled early in a long step must not time out waiting for the others).
+/// Enrols nodes until there are `target`; each starts its session loop at once (a node
+/// enrolled early in a long step must not time out waiting for the others). Returns
+/// when every node enrolled has had its first heartbeat answered.
 async fn enrol_up_to(
     setup: &Arc<Setup>,
     nodes: &mut Vec<Arc<SimNode>>,
     target: usize,
-    heartbeats: &mut tokio::task::JoinSet<()>,
+    tasks: &mut tokio::task::JoinSet<()>,
     recorder: &Recorder,
 ) -> Result<()> {
     let mut next = nodes.len();
@@ -158,14 +210,28 @@ async fn enrol_up_to(
             next += 1;
         }
         let enrolled = Arc::new(running.join_next().await.context("an enrolment runs")???);
-        spawn_heartbeats(
-            heartbeats,
+        let phase = setup.period * ((nodes.len() as u32).wrapping_mul(7919) % 1000) / 1000;
+        tasks.spawn(run_node(
             enrolled.clone(),
-            nodes.len(),
-            setup.period,
+            setup.clone(),
+            phase,
+            nodes.len() as u64,
             recorder.clone(),
-        );
+        ));
         nodes.push(enrolled);
+    }
+    let deadline = Instant::now() + CALL_TIMEOUT * 3;
+    while nodes
+        .iter()
+        .any(|n| n.beat_ok_ms.load(Ordering::Relaxed) == 0)
+    {
+        if Instant::now() > deadline {
+            bail!(
+                "enrolled nodes had no heartbeat answered within {:?}",
+                CALL_TIMEOUT * 3
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
 }
@@ -181,44 +247,132 @@ struct Window {
 
 type Recorder = Arc<std::sync::Mutex<Window>>;
 
-/// Heartbeats made per node at most (a bound on a runaway loop: hours at the period).
+fn record(recorder: &Recorder, latency: Duration, error: Option<String>) {
+    let mut window = recorder.lock().expect("recorder lock");
+    if window.open {
+        window.latencies.push(latency);
+        if let Some(e) = error {
+            window.failed += 1;
+            window.first_error.get_or_insert(e);
+        }
+    }
+}
+
+/// Sessions a node opens at most (a bound on a runaway loop).
+const MAX_SESSIONS: u32 = 1_000;
+/// Heartbeats per session at most (hours at the period).
 const MAX_HEARTBEATS: u32 = 10_000;
 
-/// The node's heartbeat loop, for as long as the benchmark runs: every period, at its
-/// own phase (spread over the period by its number), like a real node's.
-fn spawn_heartbeats(
-    tasks: &mut tokio::task::JoinSet<()>,
+/// Counts a session on a curator while it lives.
+struct SessionGuard<'a>(&'a AtomicUsize);
+
+impl Drop for SessionGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The node's life for as long as the benchmark runs: a session at the first curator
+/// of its preference that takes it; when a session ends, the next round down the list;
+/// after a round where none took it, a jittered, growing backoff (0.25 s … 4 s).
+async fn run_node(
     node: Arc<SimNode>,
-    n: usize,
-    period: Duration,
+    setup: Arc<Setup>,
+    phase: Duration,
+    seed: u64,
     recorder: Recorder,
 ) {
-    tasks.spawn(async move {
-        let phase = period * ((n as u32).wrapping_mul(7919) % 1000) / 1000;
-        let start = tokio::time::Instant::now() + phase;
-        for beat in 0..MAX_HEARTBEATS {
-            tokio::time::sleep_until(start + period * beat).await;
-            let t = Instant::now();
-            let mut curator = api::curator_client::CuratorClient::new(node.channel.clone());
-            let outcome =
-                tokio::time::timeout(CALL_TIMEOUT, curator.heartbeat(heartbeat_request(&node)))
-                    .await;
-            let latency = t.elapsed();
-            let error = match outcome {
-                Ok(Ok(_)) => None,
-                Ok(Err(status)) => Some(status.to_string()),
-                Err(_) => Some(format!("no answer within {CALL_TIMEOUT:?}")),
-            };
-            let mut window = recorder.lock().expect("recorder lock");
-            if window.open {
-                window.latencies.push(latency);
-                if let Some(e) = error {
-                    window.failed += 1;
-                    window.first_error.get_or_insert(e);
-                }
+    let mut idle_rounds = 0u32;
+    let mut sessions = 0;
+    while sessions < MAX_SESSIONS {
+        let mut any = false;
+        for endpoint in node.preference.clone() {
+            sessions += 1;
+            if session(&node, &setup, endpoint, phase, &recorder).await {
+                any = true;
+                idle_rounds = 0;
+                break;
             }
         }
-    });
+        if !any {
+            let base = Duration::from_millis(250) * 2u32.pow(idle_rounds.min(4));
+            // Jitter from the node's number and the round: [0.5, 1) × base.
+            let x = (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(sessions))
+                .wrapping_mul(0xbf58_476d_1ce4_e5b9)
+                >> 40;
+            let fraction = 0.5 + (x % 1000) as f64 / 2000.0;
+            tokio::time::sleep(base.mul_f64(fraction)).await;
+            idle_rounds += 1;
+        }
+    }
+}
+
+/// One session at `endpoint`: connect with the node certificate, open WatchNode, then
+/// heartbeat every period at the node's phase until a heartbeat fails or the stream
+/// ends. Returns whether it got as far as an open stream and an answered heartbeat.
+async fn session(
+    node: &SimNode,
+    setup: &Setup,
+    endpoint: SocketAddr,
+    phase: Duration,
+    recorder: &Recorder,
+) -> bool {
+    let Some(index) = setup.curators.iter().position(|c| *c == endpoint) else {
+        return false;
+    };
+    let opened = tokio::time::timeout(CALL_TIMEOUT, async {
+        let channel: Channel =
+            rpc::connect(endpoint, &setup.trust, Some(&node.credentials)).await?;
+        let mut curator = api::curator_client::CuratorClient::new(channel);
+        let mut stream = curator
+            .watch_node(api::WatchNodeRequest {})
+            .await?
+            .into_inner();
+        stream.message().await?.context("WatchNode ended at once")?;
+        curator.heartbeat(heartbeat_request(node)).await?;
+        anyhow::Ok((curator, stream))
+    })
+    .await;
+    let Ok(Ok((mut curator, mut stream))) = opened else {
+        return false;
+    };
+    setup.sessions[index].fetch_add(1, Ordering::Relaxed);
+    let _counted = SessionGuard(&setup.sessions[index]);
+    let now = setup.now_ms().max(1);
+    node.session_ms.store(now, Ordering::Relaxed);
+    node.beat_ok_ms.store(now, Ordering::Relaxed);
+    // Beats at the node's phase of the period, from the next one on.
+    let period = setup.period;
+    let since_epoch = setup.epoch.elapsed();
+    let periods = since_epoch.as_nanos() / period.as_nanos();
+    let mut next_beat =
+        tokio::time::Instant::from_std(setup.epoch) + period * (periods as u32 + 1) + phase;
+    for _ in 0..MAX_HEARTBEATS {
+        tokio::select! {
+            _ = tokio::time::sleep_until(next_beat) => {}
+            m = stream.message() => match m {
+                Ok(Some(_)) => continue,
+                _ => return true,
+            },
+        }
+        next_beat += period;
+        let t = Instant::now();
+        let outcome =
+            tokio::time::timeout(CALL_TIMEOUT, curator.heartbeat(heartbeat_request(node))).await;
+        let error = match outcome {
+            Ok(Ok(_)) => None,
+            Ok(Err(status)) => Some(status.to_string()),
+            Err(_) => Some(format!("no answer within {CALL_TIMEOUT:?}")),
+        };
+        let failed = error.is_some();
+        record(recorder, t.elapsed(), error);
+        if failed {
+            return true;
+        }
+        node.beat_ok_ms
+            .store(setup.now_ms().max(1), Ordering::Relaxed);
+    }
+    true
 }
 
 /// Opens the window, waits `length`, closes it: what was recorded meanwhile.
@@ -229,6 +383,36 @@ async fn measure(recorder: &Recorder, length: Duration) -> Window {
     };
     tokio::time::sleep(length).await;
     std::mem::take(&mut *recorder.lock().expect("recorder lock"))
+}
+
+/// Resident set size of process `pid` in MiB.
+fn rss_mib(pid: i32) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .context("no VmRSS")?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()?;
+    Ok(kib / 1024.0)
+}
+
+/// Sessions per curator now, and whether each is within 2× of the mean (and over half
+/// of it).
+fn spread(setup: &Setup) -> (Vec<usize>, bool) {
+    let counts: Vec<usize> = setup
+        .sessions
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .collect();
+    let mean = counts.iter().sum::<usize>() as f64 / counts.len().max(1) as f64;
+    let within = counts
+        .iter()
+        .all(|&c| (c as f64) <= 2.0 * mean && (c as f64) >= mean / 2.0);
+    (counts, within)
 }
 
 /// CPU time (user + system) of process `pid` so far.
@@ -316,15 +500,181 @@ async fn scrape_metrics(
     }))
 }
 
+/// Member `i` of the control plane (0: the bootstrap node).
+fn member<'a>(cluster: &'a mut Cluster, others: &'a mut [Node], i: usize) -> &'a mut Node {
+    if i == 0 {
+        &mut cluster.first
+    } else {
+        &mut others[i - 1]
+    }
+}
+
+/// Starts a cluster of `members` consensus members; returns the others than the first.
+fn control_plane(cluster: &Cluster, members: usize) -> Result<Vec<Node>> {
+    let mut others = Vec::new();
+    if members > 1 {
+        let params = cluster.register_params("members")?;
+        for i in 1..members {
+            let (mut node, id) = cluster.add_worker(&format!("m{i}"), &params)?;
+            cluster.ctl_retry(&["node", "add-role", &id, "ConsensusMember"])?;
+            node.wait_for_curator()?;
+            others.push(node);
+        }
+        let mut all = vec![&cluster.first];
+        all.extend(others.iter());
+        cluster.wait_members(&e2e::endpoints(&all), members, 0)?;
+    }
+    Ok(others)
+}
+
+/// Each member's processes: (polis-node, etcd).
+fn member_pids(
+    cluster: &mut Cluster,
+    others: &mut [Node],
+    members: usize,
+) -> Result<Vec<(i32, i32)>> {
+    (0..members)
+        .map(|i| {
+            let node = member(cluster, others, i);
+            Ok((node.proc().pid(), node.etcd_pid()?))
+        })
+        .collect()
+}
+
+/// The simulated nodes' health as the owner's ListNodes shows it: (healthy, the IDs
+/// with HEARTBEAT_TIMEOUT).
+async fn health(owner: &rpc::CuratorClient, ids: &HashSet<String>) -> Result<(usize, Vec<String>)> {
+    let listed = tokio::time::timeout(
+        CALL_TIMEOUT,
+        owner.call(|c| async move {
+            api::management_client::ManagementClient::new(c)
+                .list_nodes(api::ListNodesRequest::default())
+                .await
+        }),
+    )
+    .await
+    .context("ListNodes timed out")??;
+    let ours = listed.nodes.iter().filter(|n| ids.contains(&n.id));
+    let healthy = ours
+        .clone()
+        .filter(|n| n.health == api::NodeHealth::Healthy as i32)
+        .count();
+    let timeouts = ours
+        .filter(|n| n.health == api::NodeHealth::HeartbeatTimeout as i32)
+        .map(|n| n.id.clone())
+        .collect();
+    Ok((healthy, timeouts))
+}
+
+/// Stops every member (SIGTERM, all at once), starts them again, and follows the
+/// simulated nodes back: the cold-start JSON line.
+async fn cold_start(
+    setup: &Setup,
+    nodes: &[Arc<SimNode>],
+    cluster: &mut Cluster,
+    others: &mut [Node],
+    members: usize,
+    recorder: &Recorder,
+) -> Result<serde_json::Value> {
+    let ids: HashSet<String> = nodes.iter().map(|n| n.id.clone()).collect();
+    let (healthy_before, timeouts_before) = health(&setup.owner, &ids).await?;
+    let stopping = Instant::now();
+    tokio::task::block_in_place(|| -> Result<()> {
+        for i in 0..members {
+            member(cluster, others, i).proc().signal(libc::SIGTERM);
+        }
+        for i in 0..members {
+            member(cluster, others, i).proc().wait_exit(e2e::TIMEOUT)?;
+        }
+        Ok(())
+    })?;
+    let stop_s = stopping.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let started_ms = setup.now_ms();
+    for i in 0..members {
+        member(cluster, others, i).start(&[])?;
+    }
+    let mut flipped: HashSet<String> = HashSet::new();
+    let (mut streams_back_s, mut healthy_s) = (None, None);
+    let mut last_health = (0, 0);
+    let mut next_poll = Instant::now();
+    while started.elapsed() < COLD_START_LIMIT {
+        let back = nodes.iter().all(|n| {
+            n.session_ms.load(Ordering::Relaxed) > started_ms
+                && n.beat_ok_ms.load(Ordering::Relaxed) > started_ms
+        });
+        if back && streams_back_s.is_none() {
+            streams_back_s = Some(started.elapsed().as_secs_f64());
+        }
+        if Instant::now() >= next_poll {
+            next_poll = Instant::now() + Duration::from_millis(500);
+            if let Ok((healthy, timeouts)) = health(&setup.owner, &ids).await {
+                last_health = (healthy, timeouts.len());
+                flipped.extend(timeouts);
+                if healthy == ids.len() && back && healthy_s.is_none() {
+                    healthy_s = Some(started.elapsed().as_secs_f64());
+                }
+            }
+        }
+        if streams_back_s.is_some() && healthy_s.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Two periods after: heartbeat latency once the fleet is back.
+    let mut after = measure(recorder, setup.period * 2).await;
+    after.latencies.sort();
+    let (sessions, within) = spread(setup);
+    let mut line = json!({
+        "bench": "heartbeats_cold_start",
+        "nodes": nodes.len(),
+        "members": members,
+        "healthy_before": healthy_before,
+        "timeouts_before": timeouts_before.len(),
+        "stop_s": round2(stop_s),
+        "streams_back_s": streams_back_s.map(round2),
+        "all_healthy_s": healthy_s.map(round2),
+        "flipped_to_heartbeat_timeout": flipped.len(),
+        "last_seen_healthy": last_health.0,
+        "last_seen_timeouts": last_health.1,
+        "p99_after_ms": round2(percentile_ms(&after.latencies, 0.99)),
+        "failed_after": after.failed,
+        "sessions_per_curator": sessions,
+        "sessions_within_2x_of_mean": within,
+        "target_s": 15.0,
+    });
+    if let Some(e) = after.first_error {
+        line["first_error_after"] = e.into();
+    }
+    Ok(line)
+}
+
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1).peekable();
-    let scrape = args.next_if(|a| a == "--scrape").is_some();
+    let (mut scrape, mut cold, mut members) = (false, false, None);
+    while let Some(flag) = args.next_if(|a| a.starts_with("--")) {
+        match flag.as_str() {
+            "--scrape" => scrape = true,
+            "--cold-start" => cold = true,
+            "--members" => {
+                let m: usize = args
+                    .next()
+                    .context("--members needs a number")?
+                    .parse()
+                    .context("--members must be a number")?;
+                anyhow::ensure!((1..=5).contains(&m), "--members must be 1 to 5, not {m}");
+                members = Some(m);
+            }
+            other => bail!("unknown flag {other:?}: --members M, --cold-start or --scrape"),
+        }
+    }
+    let members = members.unwrap_or(if scrape { 1 } else { 3 });
     let max_nodes: usize = args
         .next()
         .map(|a| a.parse())
         .transpose()
         .context("MAX_NODES must be a number")?
-        .unwrap_or(if scrape { 1000 } else { 2000 });
+        .unwrap_or(1000);
     let rounds: u32 = args
         .next()
         .map(|a| a.parse())
@@ -337,15 +687,22 @@ fn main() -> Result<()> {
     let dir = tempfile::tempdir()?;
     // Every node registers from this process's one address: no per-source limit.
     let mut cluster = Cluster::bootstrap_with(dir.path(), &[], &["--entry-rate-per-second", "0"])?;
-    let curator_pid = cluster.first.proc().pid();
-    let etcd_pid = cluster.first.etcd_pid()?;
+    let mut others = control_plane(&cluster, members)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     let owner = cluster.owner_client()?;
-    let trust = rpc::ServerTrust::PinnedCa(pem_der(&cluster.config.join("ca.pem"))?);
-    let endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
+    let trust = rpc::ServerTrust::PinnedCa(e2e::pem_der(&cluster.config.join("ca.pem"))?);
+    let curators: Vec<SocketAddr> = (0..members)
+        .map(|i| {
+            SocketAddr::new(
+                member(&mut cluster, &mut others, i).address,
+                rpc::CURATOR_PORT,
+            )
+        })
+        .collect();
+    owner.set_endpoints(curators.clone());
     runtime.block_on(async {
         let ticket = owner
             .call(|c| async move {
@@ -356,42 +713,70 @@ fn main() -> Result<()> {
             .await?
             .ticket;
         let setup = Arc::new(Setup {
-            endpoint,
+            sessions: curators.iter().map(|_| AtomicUsize::new(0)).collect(),
+            curators: curators.clone(),
             trust,
             ticket,
             owner,
             period,
+            epoch: Instant::now(),
+            enrol_us: Default::default(),
         });
         let mut nodes = Vec::new();
         let recorder = Recorder::default();
-        let mut heartbeats = tokio::task::JoinSet::new();
-        let mut best: Option<serde_json::Value> = None;
+        let mut tasks = tokio::task::JoinSet::new();
         if scrape {
-            enrol_up_to(&setup, &mut nodes, max_nodes, &mut heartbeats, &recorder).await?;
-            let line = scrape_metrics(endpoint.ip(), max_nodes, rounds as usize, period).await;
-            heartbeats.abort_all();
+            enrol_up_to(&setup, &mut nodes, max_nodes, &mut tasks, &recorder).await?;
+            let line = scrape_metrics(curators[0].ip(), max_nodes, rounds as usize, period).await;
+            tasks.abort_all();
             println!("{}", line?);
             return anyhow::Ok(());
         }
+        let mut best: Option<serde_json::Value> = None;
         let mut steps = Vec::new();
+        let mut enrol_total = 0.0;
         for &n in STEPS.iter().filter(|n| **n <= max_nodes) {
             let enrolling = Instant::now();
-            enrol_up_to(&setup, &mut nodes, n, &mut heartbeats, &recorder).await?;
+            let enrolled_before = nodes.len();
+            let us_before: Vec<u64> =
+                setup.enrol_us.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+            enrol_up_to(&setup, &mut nodes, n, &mut tasks, &recorder).await?;
             let enrol_s = enrolling.elapsed().as_secs_f64();
+            enrol_total += enrol_s;
+            // Mean time of each enrolment call in this step (ms): where enrolment goes.
+            let enrolled = (nodes.len() - enrolled_before).max(1) as f64;
+            let call_ms: Vec<f64> = setup
+                .enrol_us
+                .iter()
+                .zip(&us_before)
+                .map(|(a, b)| round2((a.load(Ordering::Relaxed) - b) as f64 / enrolled / 1000.0))
+                .collect();
             // One period for the new nodes' loops to settle (and their verdicts).
             let warmup = measure(&recorder, period).await;
-            let (curator_before, etcd_before) = (cpu_time(curator_pid)?, cpu_time(etcd_pid)?);
+            let pids = tokio::task::block_in_place(|| member_pids(&mut cluster, &mut others, members))?;
+            let before: Vec<(Duration, Duration)> = pids
+                .iter()
+                .map(|(node, etcd)| Ok((cpu_time(*node)?, cpu_time(*etcd)?)))
+                .collect::<Result<_>>()?;
             let measuring = Instant::now();
             let mut measured = measure(&recorder, period * rounds).await;
             let elapsed = measuring.elapsed().as_secs_f64();
-            let curator_cpu = (cpu_time(curator_pid)? - curator_before).as_secs_f64();
-            let etcd_cpu = (cpu_time(etcd_pid)? - etcd_before).as_secs_f64();
+            let mut per_member = Vec::new();
+            for ((node, etcd), (node_before, etcd_before)) in pids.iter().zip(&before) {
+                per_member.push(json!({
+                    "curator_cpu_pct": round2(100.0 * (cpu_time(*node)? - *node_before).as_secs_f64() / elapsed),
+                    "etcd_cpu_pct": round2(100.0 * (cpu_time(*etcd)? - *etcd_before).as_secs_f64() / elapsed),
+                    "curator_rss_mib": round2(rss_mib(*node)?),
+                }));
+            }
             measured.latencies.sort();
             let rate = measured.latencies.len() as f64 / elapsed;
             let p99 = percentile_ms(&measured.latencies, 0.99);
+            let (sessions, within) = spread(&setup);
             let mut line = json!({
                 "bench": "heartbeats_step",
                 "nodes": n,
+                "members": members,
                 "heartbeats": measured.latencies.len(),
                 "failed": measured.failed,
                 "warmup_failed": warmup.failed,
@@ -399,10 +784,12 @@ fn main() -> Result<()> {
                 "p50_ms": round2(percentile_ms(&measured.latencies, 0.5)),
                 "p99_ms": round2(p99),
                 "max_ms": round2(percentile_ms(&measured.latencies, 1.0)),
-                "curator_cpu_pct": round2(100.0 * curator_cpu / elapsed),
-                "curator_cpu_pct_per_1000_per_s": round2(100.0 * curator_cpu / elapsed / (rate / 1000.0)),
-                "etcd_cpu_pct": round2(100.0 * etcd_cpu / elapsed),
                 "enrol_s": round2(enrol_s),
+                "enrol_total_s": round2(enrol_total),
+                "enrol_call_ms": {"connect_register": call_ms[0], "approve": call_ms[1], "commit": call_ms[2]},
+                "sessions_per_curator": sessions,
+                "sessions_within_2x_of_mean": within,
+                "per_member": per_member,
             });
             if let Some(e) = measured.first_error.or(warmup.first_error) {
                 line["first_error"] = e.into();
@@ -415,26 +802,42 @@ fn main() -> Result<()> {
             }
             best = Some(line);
         }
-        heartbeats.abort_all();
-        let Some(best) = best else {
-            bail!("not even {} nodes heartbeat within {P99_TARGET_MS} ms at p99", STEPS[0]);
+        let cold_line = if cold {
+            let line = cold_start(&setup, &nodes, &mut cluster, &mut others, members, &recorder).await?;
+            println!("{line}");
+            Some(line)
+        } else {
+            None
         };
-        println!(
-            "{}",
-            json!({
-                "bench": "heartbeats",
-                "nodes": best["nodes"],
-                "p99_ms": best["p99_ms"],
-                "p50_ms": best["p50_ms"],
-                "heartbeats_per_s": best["heartbeats_per_s"],
-                "curator_cpu_pct_per_1000_per_s": best["curator_cpu_pct_per_1000_per_s"],
-                "curator_cpu_pct": best["curator_cpu_pct"],
-                "period_s": period.as_secs_f64(),
-                "max_nodes_tried": steps.last().map(|s| s["nodes"].clone()),
-                "target_nodes": 1000,
-                "target_p99_ms": P99_TARGET_MS,
-            })
-        );
+        tasks.abort_all();
+        let last = steps.last().cloned().unwrap_or_default();
+        let mut summary = json!({
+            "bench": "heartbeats",
+            "members": members,
+            "nodes": best.as_ref().map(|b| b["nodes"].clone()),
+            "p99_ms": best.as_ref().map(|b| b["p99_ms"].clone()),
+            "p50_ms": best.as_ref().map(|b| b["p50_ms"].clone()),
+            "heartbeats_per_s": best.as_ref().map(|b| b["heartbeats_per_s"].clone()),
+            "max_nodes_tried": last["nodes"],
+            "p99_ms_at_max": last["p99_ms"],
+            "enrol_s_to_max": last["enrol_total_s"],
+            "sessions_per_curator": last["sessions_per_curator"],
+            "sessions_within_2x_of_mean": last["sessions_within_2x_of_mean"],
+            "per_member": last["per_member"],
+            "period_s": period.as_secs_f64(),
+            "target_nodes": 1000,
+            "target_p99_ms": P99_TARGET_MS,
+            "target_enrol_s": 10.0,
+        });
+        if let Some(c) = cold_line {
+            summary["cold_start_all_healthy_s"] = c["all_healthy_s"].clone();
+            summary["cold_start_streams_back_s"] = c["streams_back_s"].clone();
+            summary["cold_start_flipped_to_heartbeat_timeout"] = c["flipped_to_heartbeat_timeout"].clone();
+        }
+        println!("{summary}");
+        if best.is_none() {
+            bail!("not even {} nodes heartbeat within {P99_TARGET_MS} ms at p99", STEPS[0]);
+        }
         anyhow::Ok(())
     })
 }

@@ -1,6 +1,7 @@
-//! The listener's accept loop: TCP_NODELAY, the caps on open connections and concurrent
-//! handshakes (refused at once, never queued), the bounded TLS handshake, and rate-limited
-//! logging of refusals and accept errors.
+//! The listener's accept loop: TCP_NODELAY, the cap on open connections (refused at once),
+//! the cap on concurrent handshakes (a connection beyond it waits, bounded, for a slot:
+//! a whole cluster reconnecting at once is queued, not refused), the bounded TLS
+//! handshake, and rate-limited logging of refusals and accept errors.
 //!
 //! May not look at who calls (that is `auth`); a connection's life after the handshake
 //! is `conn`'s.
@@ -59,6 +60,17 @@ fn is_exhaustion(e: &std::io::Error) -> bool {
 /// idle and stalled connections time out.
 const EXHAUSTION_PAUSE: Duration = Duration::from_millis(100);
 
+/// A handshake slot, waiting at most `wait` for one; `None` when none came free.
+pub(super) async fn admit(
+    handshakes: Arc<Semaphore>,
+    wait: Duration,
+) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    tokio::time::timeout(wait, handshakes.acquire_owned())
+        .await
+        .ok()?
+        .ok()
+}
+
 /// [`incoming_with`] with [`Limits::for_this_process`].
 pub fn incoming(
     listener: TcpListener,
@@ -109,29 +121,26 @@ pub fn incoming_with(
                 if let Err(e) = tcp.set_nodelay(true) {
                     tracing::debug!(%remote, "setting TCP_NODELAY: {e}");
                 }
-                let slots = connections.clone().try_acquire_owned().map(|c| {
-                    let h = handshakes.clone().try_acquire_owned();
-                    (c, h)
-                });
-                let (slot, handshake) = match slots {
-                    Ok((slot, Ok(handshake))) => (slot, handshake),
-                    refused => {
-                        let which = match refused {
-                            Err(_) => "open connections",
-                            Ok(_) => "concurrent TLS handshakes",
-                        };
-                        if let Some(n) = refusals.record(std::time::Instant::now()) {
-                            tracing::warn!(
-                                "refused {n} connections at the cap on {which} (latest from {remote})"
-                            );
-                        }
-                        drop(tcp);
-                        continue;
+                let Ok(slot) = connections.clone().try_acquire_owned() else {
+                    if let Some(n) = refusals.record(std::time::Instant::now()) {
+                        tracing::warn!(
+                            "refused {n} connections at the cap on open connections (latest from {remote})"
+                        );
                     }
+                    drop(tcp);
+                    continue;
                 };
+                let handshakes = handshakes.clone();
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(
                     async move {
+                        // Queued (it holds its connection slot, so the queue is bounded by
+                        // the connection cap) for at most one handshake timeout.
+                        let Some(handshake) = admit(handshakes, limits.handshake_timeout).await
+                        else {
+                            tracing::debug!(%remote, "no TLS handshake slot within the handshake timeout");
+                            return;
+                        };
                         let handshake_result =
                             tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp))
                                 .await;

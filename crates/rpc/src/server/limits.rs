@@ -10,7 +10,8 @@ use std::time::Duration;
 pub struct Limits {
     /// Open connections (including those in their handshake).
     pub max_connections: usize,
-    /// Connections in their TLS handshake at once.
+    /// Connections in their TLS handshake at once; more wait (for at most
+    /// `handshake_timeout`) for a slot.
     pub max_handshakes: usize,
     /// How long a client gets to finish the TLS handshake.
     pub handshake_timeout: Duration,
@@ -25,7 +26,7 @@ impl Limits {
     /// For a curator serving ~1000 nodes: each node keeps about one connection (its
     /// heartbeat channel), plus operators and other curators; 4096 is four times that.
     /// A restart of the whole cluster reconnects every node at once, so 1024 handshakes
-    /// may run together. A TLS 1.3 handshake takes one round trip; 5 s allows slow
+    /// may run together (more wait their turn). A TLS 1.3 handshake takes one round trip; 5 s allows slow
     /// links. Clients call right after connecting (10 s), and nodes heartbeat every 5 s,
     /// so 120 s without a call means the connection is abandoned.
     pub const PRODUCTION: Limits = Limits {

@@ -82,8 +82,8 @@ async fn accepted_sockets_have_nodelay() {
 }
 
 #[tokio::test]
-async fn beyond_the_caps_new_connections_are_closed_at_once() {
-    // Connection cap: one held TLS connection and one in its handshake fill two slots.
+async fn beyond_the_connection_cap_new_connections_are_closed_at_once() {
+    // One held TLS connection and one in its handshake fill two slots.
     let (listener, address) = bind().await;
     let mut incoming = incoming_with(
         listener,
@@ -97,11 +97,15 @@ async fn beyond_the_caps_new_connections_are_closed_at_once() {
     let _handshaking = TcpStream::connect(address).await.unwrap();
     let mut refused = TcpStream::connect(address).await.unwrap();
     assert!(closed_after(&mut refused).await < Duration::from_millis(300));
+}
 
-    // Handshake cap: one silent TCP client holds the only handshake slot until its
-    // handshake times out; meanwhile a new client is refused at once.
+#[tokio::test]
+async fn beyond_the_handshake_cap_new_connections_wait_for_a_slot() {
+    // One silent TCP client holds the only handshake slot until its handshake times out
+    // (400 ms); a TLS client arriving meanwhile waits for the slot instead of being
+    // refused, and its handshake completes once the slot is free.
     let (listener, address) = bind().await;
-    let _incoming = incoming_with(
+    let mut incoming = incoming_with(
         listener,
         server_config(&server_credentials()).unwrap(),
         small(8, 1),
@@ -109,12 +113,39 @@ async fn beyond_the_caps_new_connections_are_closed_at_once() {
     let mut silent = TcpStream::connect(address).await.unwrap();
     // Let the server accept it before the next one arrives.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let mut refused = TcpStream::connect(address).await.unwrap();
-    assert!(closed_after(&mut refused).await < Duration::from_millis(300));
+    let started = StdInstant::now();
+    let queued = tokio::time::timeout(WAIT, tls_client(address))
+        .await
+        .expect("the queued client got its handshake within the wait")
+        .expect("the queued client's handshake succeeds");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(200), "{waited:?}");
     let held = closed_after(&mut silent).await;
     assert!(held < Duration::from_secs(2), "{held:?}");
-    // The slot is free again.
-    tls_client(address).await.unwrap();
+    tokio::time::timeout(WAIT, tokio_stream::StreamExt::next(&mut incoming))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    drop(queued);
+}
+
+#[tokio::test]
+async fn waiting_for_a_handshake_slot_is_bounded() {
+    let none = Arc::new(tokio::sync::Semaphore::new(0));
+    let started = StdInstant::now();
+    assert!(
+        accept::admit(none.clone(), Duration::from_millis(100))
+            .await
+            .is_none()
+    );
+    assert!(started.elapsed() >= Duration::from_millis(100));
+    let freed = none.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        freed.add_permits(1);
+    });
+    assert!(accept::admit(none, WAIT).await.is_some());
 }
 
 #[test]
