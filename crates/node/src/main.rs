@@ -65,7 +65,7 @@
 //!     └──▶ preflight (lock_root)
 //!   datadev         --data-device: the ESP's keys, DataUnlock (waits, Split), the
 //!     │             encrypted data file system mounted on data/ (datafs)
-//!     └──▶ datakeys
+//!     └──▶ datapeers, datakeys
 //!   preflight       every refusal before anything is written; the Plan
 //!     │ ──▶ decision    the start decision (pure)
 //!     │ ──▶ join        a member's identity, roles, directory, loaded and checked
@@ -134,6 +134,7 @@ mod values;
 // Start paths: once per start.
 mod bootstrap;
 mod datadev;
+mod datapeers;
 mod decision;
 mod join;
 mod preflight;
@@ -201,7 +202,8 @@ struct Args {
     params: Option<PathBuf>,
     /// Keep ROOT/data on this device (a block device, or a file used through a loop
     /// device), encrypted with a key split between this node's ESP and the cluster.
-    /// Formatted on the first start when empty. Registering nodes only, for now.
+    /// Formatted on the first start when empty. Consensus members unlock each other
+    /// (port 7837) when no curator runs yet.
     #[arg(long, value_name = "DEV")]
     data_device: Option<PathBuf>,
     /// Format the data device on the first start even though it holds something.
@@ -519,7 +521,7 @@ async fn run(start: Start) -> Result<()> {
                         .params
                         .clone()
                         .unwrap_or_else(|| root.default_parameters());
-                    let volume = datadev::open(&root, device, &params).await?;
+                    let volume = datadev::open(&root, device, &params, flags.address).await?;
                     (lock, preflight::decide_plan(&flags, &root)?, Some(volume))
                 }
             };
