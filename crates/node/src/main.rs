@@ -82,6 +82,9 @@
 //!   staleview       which WatchNode update may be applied: never an older revision
 //!                   (pure rule; the newest applied one kept in the directory)
 //!   settings        Settings (from the flags)
+//!   datapeers       members' cold start: esp/data-peers (the other members' halves),
+//!                   the :7837 unlock listener, asking peers, the refresh loop
+//!                   (run by controlplane) (on datakeys, storage)
 //!   datakeys        ESP files of a data device: local half, join key, pending
 //!                   cluster half; ROOT/datafs (on storage)
 //!   files           peer files, PEM, node key, directory, member.pb, quota.pb
@@ -118,6 +121,7 @@ mod cluster_state;
 mod crash;
 mod curator_client;
 mod datakeys;
+mod datapeers;
 mod exporter;
 mod fatal;
 mod files;
@@ -134,7 +138,6 @@ mod values;
 // Start paths: once per start.
 mod bootstrap;
 mod datadev;
-mod datapeers;
 mod decision;
 mod join;
 mod preflight;
