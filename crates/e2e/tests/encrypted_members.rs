@@ -245,5 +245,7 @@ fn encrypted_members_cold_start_together_and_a_stolen_member_never_unlocks_alone
         !copy.proc().output().contains("data device unlocked"),
         "a stolen member's copy unlocked alone"
     );
+    // SIGTERM while waiting to unlock: a clean stop.
+    stop(&mut copy)?;
     Ok(())
 }

@@ -524,7 +524,17 @@ async fn run(start: Start) -> Result<()> {
                         .params
                         .clone()
                         .unwrap_or_else(|| root.default_parameters());
-                    let volume = datadev::open(&root, device, &params, flags.address).await?;
+                    // Waiting to unlock (no curator, no member answers) ends on SIGTERM
+                    // like a running node: exit 0.
+                    let mut term =
+                        signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+                    let volume = tokio::select! {
+                        v = datadev::open(&root, device, &params, flags.address) => v?,
+                        _ = term.recv() => {
+                            tracing::info!("SIGTERM while the data device is locked: stopping");
+                            return Ok(());
+                        }
+                    };
                     (lock, preflight::decide_plan(&flags, &root)?, Some(volume))
                 }
             };
