@@ -174,3 +174,27 @@ pub fn erase(root: &Root) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_first_node_keeps_its_marker_name_and_its_peers_go_with_the_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path().to_path_buf());
+        privatefs::ensure_private_dir(&root.esp()).unwrap();
+        assert!(!is_bootstrap(&root));
+        let name = bootstrap_cluster_name(&root, b"owner one").unwrap();
+        assert!(name.starts_with("boot-") && name.len() == 5 + 16, "{name}");
+        assert!(is_bootstrap(&root));
+        // Later starts read it, whatever key they are handed.
+        assert_eq!(bootstrap_cluster_name(&root, &[]).unwrap(), name);
+        std::fs::write(root.esp().join("data-peers"), b"x").unwrap();
+        load_or_create(&root).unwrap();
+        erase(&root).unwrap();
+        assert!(!is_bootstrap(&root));
+        assert!(!root.esp().join("data-peers").exists());
+        assert!(!local_half(&root).exists());
+    }
+}
