@@ -86,7 +86,7 @@ pub async fn open(
         (owner, local, cluster, datafs::FormatPolicy::Never)
     } else {
         let parameters: NodeParameters = read_proto(params, "node parameters")
-            .context("--data-device on a node that has not joined needs register parameters")?;
+            .context("--data-device on a node that has not joined needs its node parameters (bootstrap or register)")?;
         let keys = datakeys::load_or_create(root)?;
         let owner = match parameters.cluster {
             Some(node_parameters::Cluster::Register(r)) => owner(&r.ca_certificate, &keys.join),
