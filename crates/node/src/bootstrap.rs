@@ -263,6 +263,8 @@ pub async fn finish(
     save_node_certificate(root, &cluster_pki, &cluster_ca, &b.key, address, lifetime).await?;
     crash_point("node-certificate");
 
+    // An encrypted data device: its join key and cluster half (still in the ESP).
+    let data = crate::datakeys::registration(root).map_err(Step::Retry)?;
     let records = BootstrapRecords {
         node: Node {
             id: node_id.clone(),
@@ -276,6 +278,8 @@ pub async fn finish(
             }),
             address: address.to_string(),
             labels: b.parameters.labels.clone(),
+            data_join_key: data.as_ref().map(|d| d.0.clone()).unwrap_or_default(),
+            data_cluster_half: data.map(|d| d.1).unwrap_or_default(),
             ..Default::default()
         },
         owner_public_key: b.parameters.owner_public_key.clone(),

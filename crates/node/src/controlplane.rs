@@ -11,7 +11,8 @@
 //!   no etcd data (role given live) ──JoinConsensus─▶ peer files ─▶ etcd as learner
 //!                                                   (serializable readiness) ─▶ promoted
 //!                                                   by the leader ─▶ member.pb
-//!   then: crlsync (etcd peer CRL → crl.pem, on every change) and the curator
+//!   then: crlsync (etcd peer CRL → crl.pem, on every change), datapeers (encrypted
+//!   data: the other members' halves into the ESP) and the curator
 //! ```
 //! etcd's backend quota comes from the bootstrap parameters or the JoinConsensus answer,
 //! recorded in `data/etcd/quota.pb` before etcd first starts; every start uses it.
@@ -34,6 +35,7 @@ use proto::config::{ConsensusMembership, SealedConfiguration};
 use crate::bootstrap::{self, Step};
 use crate::cluster_state::Contact;
 use crate::curator_client::curator_client;
+use crate::datapeers;
 use crate::fatal::FatalSender;
 use crate::files::{
     forget_consensus, has_etcd_data, peer_tls_files, record_quota, recorded_membership,
@@ -334,6 +336,18 @@ pub async fn run(
     ctx.run("crlsync", move |ctx| {
         crl_sync(ctx, crl_running.client.clone(), crl_path.clone())
     })?;
+
+    // Encrypted data: this member keeps the other members' halves in its ESP.
+    if settings.root.esp().join("data-join-key.der").exists() {
+        let (peers_root, own, peers_ns) = (
+            settings.root.clone(),
+            node_id.clone(),
+            running.namespaced(curator::layout::NAMESPACE),
+        );
+        ctx.run("datapeers", move |ctx| {
+            datapeers::refresh(ctx, peers_root.clone(), own.clone(), peers_ns.clone())
+        })?;
+    }
 
     let curator_config = curator::service::CuratorConfig {
         node_id: node_id.clone(),

@@ -13,8 +13,12 @@
 //!                                           Split, waiting; refused → exit 1
 //!   both:                                   key = HKDF(local ‖ cluster) → datafs::open
 //! ```
-//! A bootstrapping node refuses the flag: its cluster half would live in its own etcd,
-//! inside the data it unlocks (members' cold start is a later stage of issue 18).
+//! A consensus member also asks the other members' unlock listeners (`datapeers`: their
+//! ESPs keep its half), so members cold-start each other before any etcd runs; every
+//! node with the flag serves that listener from the start. A bootstrapping node marks its
+//! device with a name of its own (`esp/data-bootstrap-cluster`; the CA does not exist
+//! yet), records its half in its first record, and keeps the half in its ESP until
+//! another member's listener answers with it: a one-member cluster unlocks alone.
 //!
 //! A start path: runs once before the start decision; may not start runnables.
 
@@ -26,6 +30,7 @@ use proto::api;
 use proto::config::{NodeParameters, SealedConfiguration, node_parameters};
 
 use crate::datakeys;
+use crate::datapeers;
 use crate::files::read_directory;
 use crate::retry::{Backoff, ProblemLog};
 use crate::storage::{Root, read_proto};
@@ -41,59 +46,68 @@ pub struct DataDevice {
 /// its join key).
 fn owner(ca_der: &[u8], join: &NodeKey) -> datafs::Owner {
     let digest = ring::digest::digest(&ring::digest::SHA256, ca_der);
+    named_owner(format!("ca-{}", hex::encode(&digest.as_ref()[..8])), join)
+}
+
+fn named_owner(cluster: String, join: &NodeKey) -> datafs::Owner {
     datafs::Owner {
-        cluster: format!("ca-{}", hex::encode(&digest.as_ref()[..8])),
+        cluster,
         node: join.node_id(),
     }
 }
 
 /// Unlocks and mounts the data device on `data/`; `params` is where the node parameters
-/// are (only read by a node that has not joined yet).
-pub async fn open(root: &Root, dev: &DataDevice, params: &Path) -> Result<datafs::Volume> {
+/// are (only read by a node that has not joined yet); the members' unlock listener runs
+/// on `address` from before the unlock on.
+pub async fn open(
+    root: &Root,
+    dev: &DataDevice,
+    params: &Path,
+    address: std::net::IpAddr,
+) -> Result<datafs::Volume> {
     privatefs::ensure_private_dir(&root.esp())?;
     let sealed_path = root.sealed_configuration();
-    let (ca, join, local, cluster, format) = if sealed_path.exists() {
+    let (owner, local, cluster, format) = if sealed_path.exists() {
         let sealed: SealedConfiguration = read_proto(&sealed_path, "sealed configuration")?;
         let join = datakeys::read_join_key(root)?;
         let local = datafs::halffile::load(&datakeys::local_half(root))?;
+        datapeers::listen(root, address, &join).await?;
         let cluster = match datakeys::read_pending(root)? {
-            // Sealed moments ago: the cluster keeps the same half since RegisterNode.
+            // Sealed moments ago: the cluster keeps the same half since RegisterNode (a
+            // first node: until another member keeps it).
             Some(half) => half,
             None => unlock(root, &sealed, &join).await?,
         };
-        let ca = sealed.cluster_ca_certificate;
-        (ca, join, local, cluster, datafs::FormatPolicy::Never)
+        let owner = if datakeys::is_bootstrap(root) {
+            named_owner(datakeys::bootstrap_cluster_name(root, &[])?, &join)
+        } else {
+            owner(&sealed.cluster_ca_certificate, &join)
+        };
+        (owner, local, cluster, datafs::FormatPolicy::Never)
     } else {
         let parameters: NodeParameters = read_proto(params, "node parameters")
-            .context("--data-device on a node that has not joined needs register parameters")?;
-        let register = match parameters.cluster {
-            Some(node_parameters::Cluster::Register(r)) => r,
-            Some(node_parameters::Cluster::Bootstrap(_)) => bail!(
-                "--data-device is not available to a bootstrapping node yet: its cluster half \
-                 would live in its own etcd, inside the data it unlocks (start the first node \
-                 without it; register the others with it)"
+            .context("--data-device on a node that has not joined needs its node parameters (bootstrap or register)")?;
+        let keys = datakeys::load_or_create(root)?;
+        let owner = match parameters.cluster {
+            Some(node_parameters::Cluster::Register(r)) => owner(&r.ca_certificate, &keys.join),
+            Some(node_parameters::Cluster::Bootstrap(b)) => named_owner(
+                datakeys::bootstrap_cluster_name(root, &b.owner_public_key)?,
+                &keys.join,
             ),
             None => bail!(
                 "node parameters at {} name no cluster action",
                 params.display()
             ),
         };
-        let keys = datakeys::load_or_create(root)?;
+        datapeers::listen(root, address, &keys.join).await?;
         // Never the node's own file system: a resumed first start keeps what it wrote.
         let format = if dev.format {
             datafs::FormatPolicy::UnlessOwn
         } else {
             datafs::FormatPolicy::IfEmpty
         };
-        (
-            register.ca_certificate,
-            keys.join,
-            keys.local,
-            keys.cluster,
-            format,
-        )
+        (owner, keys.local, keys.cluster, format)
     };
-    let owner = owner(&ca, &join);
     let key = datafs::DataKey::derive(&local, &cluster);
     let (device, fs_dir, data_dir) = (dev.device.clone(), datakeys::fs_dir(root), root.data());
     let volume = tokio::task::spawn_blocking(move || {
@@ -114,7 +128,7 @@ pub async fn open(root: &Root, dev: &DataDevice, params: &Path) -> Result<datafs
     if volume.formatted() {
         tracing::info!(device = %dev.device.display(), "formatted the encrypted data device");
     }
-    if sealed_path.exists() {
+    if sealed_path.exists() && !datakeys::is_bootstrap(root) {
         datakeys::forget_pending(root)?;
     }
     tracing::info!(device = %dev.device.display(), "data device unlocked and mounted");
@@ -138,16 +152,42 @@ async fn unlock(root: &Root, sealed: &SealedConfiguration, join: &NodeKey) -> Re
             root.directory().display()
         );
     }
+    let credentials = rpc::self_signed(join).context("creating the join key's certificate")?;
     let client = rpc::CuratorClient::new(
         endpoints,
         rpc::ServerTrust::PinnedCa(sealed.cluster_ca_certificate.clone()),
-        Some(rpc::self_signed(join).context("creating the join key's certificate")?),
+        Some(credentials.clone()),
     )
     .context("loading the join key's certificate")?;
+    // A member: the other members' listeners keep its half (before any etcd runs).
+    let peers = datapeers::load(root)?;
     let mut backoff = Backoff::default();
     let mut problems = ProblemLog::default();
     let mut split = false;
     loop {
+        let mut from_peer = None;
+        for peer in &peers {
+            match datapeers::ask(peer, &credentials).await {
+                Ok(a) => {
+                    from_peer = Some(a);
+                    break;
+                }
+                Err(e) => tracing::debug!("asking a member for the cluster half: {e}"),
+            }
+        }
+        if let Some(a) = from_peer {
+            if a.node_id != sealed.node_id {
+                bail!(
+                    "a member answered with the data key of node {}, not of this node {}",
+                    a.node_id,
+                    sealed.node_id
+                );
+            }
+            problems.resolved("a member answered");
+            tracing::info!("another member handed this node its cluster half");
+            return datafs::Half::decode(&a.cluster_half)
+                .map_err(|e| anyhow!("a member sent an unusable cluster half: {e}"));
+        }
         let answer = client
             .call(|channel| async move {
                 api::data_unlock_client::DataUnlockClient::new(channel)

@@ -6,6 +6,10 @@
 //!                                   before its data (and node key) is unlocked
 //!   <root>/esp/data-cluster-half    the cluster half, only until the cluster keeps   0600
 //!                                   it (registration; removed once sealed)
+//!   <root>/esp/data-bootstrap-cluster   a first node only: the cluster name of its data   0600
+//!                                   marker (made before the cluster CA exists); while
+//!                                   it exists the cluster half stays in the ESP until
+//!                                   another member keeps it (`datapeers`)
 //!   <root>/datafs/                  where the data file system is mounted; its
 //!                                   encrypted directory is bind-mounted on data/
 //! ```
@@ -27,6 +31,31 @@ pub fn join_key(root: &Root) -> PathBuf {
 pub fn pending_half(root: &Root) -> PathBuf {
     root.esp().join("data-cluster-half")
 }
+pub fn bootstrap_cluster(root: &Root) -> PathBuf {
+    root.esp().join("data-bootstrap-cluster")
+}
+/// Whether this node bootstrapped its cluster on an encrypted data device.
+pub fn is_bootstrap(root: &Root) -> bool {
+    bootstrap_cluster(root).exists()
+}
+
+/// The marker's cluster name of a first node: created once (from the owner's key), read
+/// on every later start.
+pub fn bootstrap_cluster_name(root: &Root, owner_key: &[u8]) -> Result<String> {
+    let path = bootstrap_cluster(root);
+    match std::fs::read_to_string(&path) {
+        Ok(name) => Ok(name.trim().to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let digest = ring::digest::digest(&ring::digest::SHA256, owner_key);
+            let name = format!("boot-{}", hex::encode(&digest.as_ref()[..8]));
+            write_atomic(&path, name.as_bytes())
+                .context("saving the data marker's cluster name")?;
+            Ok(name)
+        }
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
 pub fn fs_dir(root: &Root) -> PathBuf {
     root.root.join("datafs")
 }
@@ -130,7 +159,13 @@ pub fn forget_pending(root: &Root) -> Result<()> {
 /// After a decommission: the ESP's keys go (without the cluster's half they are useless,
 /// but nothing of the node's data key is kept).
 pub fn erase(root: &Root) -> Result<()> {
-    for path in [local_half(root), join_key(root), pending_half(root)] {
+    for path in [
+        local_half(root),
+        join_key(root),
+        pending_half(root),
+        bootstrap_cluster(root),
+        root.esp().join("data-peers"),
+    ] {
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -138,4 +173,28 @@ pub fn erase(root: &Root) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_first_node_keeps_its_marker_name_and_its_peers_go_with_the_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path().to_path_buf());
+        privatefs::ensure_private_dir(&root.esp()).unwrap();
+        assert!(!is_bootstrap(&root));
+        let name = bootstrap_cluster_name(&root, b"owner one").unwrap();
+        assert!(name.starts_with("boot-") && name.len() == 5 + 16, "{name}");
+        assert!(is_bootstrap(&root));
+        // Later starts read it, whatever key they are handed.
+        assert_eq!(bootstrap_cluster_name(&root, &[]).unwrap(), name);
+        std::fs::write(root.esp().join("data-peers"), b"x").unwrap();
+        load_or_create(&root).unwrap();
+        erase(&root).unwrap();
+        assert!(!is_bootstrap(&root));
+        assert!(!root.esp().join("data-peers").exists());
+        assert!(!local_half(&root).exists());
+    }
 }

@@ -65,7 +65,7 @@
 //!     └──▶ preflight (lock_root)
 //!   datadev         --data-device: the ESP's keys, DataUnlock (waits, Split), the
 //!     │             encrypted data file system mounted on data/ (datafs)
-//!     └──▶ datakeys
+//!     └──▶ datapeers, datakeys
 //!   preflight       every refusal before anything is written; the Plan
 //!     │ ──▶ decision    the start decision (pure)
 //!     │ ──▶ join        a member's identity, roles, directory, loaded and checked
@@ -82,6 +82,9 @@
 //!   staleview       which WatchNode update may be applied: never an older revision
 //!                   (pure rule; the newest applied one kept in the directory)
 //!   settings        Settings (from the flags)
+//!   datapeers       members' cold start: esp/data-peers (the other members' halves),
+//!                   the :7837 unlock listener, asking peers, the refresh loop
+//!                   (run by controlplane) (on datakeys, storage)
 //!   datakeys        ESP files of a data device: local half, join key, pending
 //!                   cluster half; ROOT/datafs (on storage)
 //!   files           peer files, PEM, node key, directory, member.pb, quota.pb
@@ -118,6 +121,7 @@ mod cluster_state;
 mod crash;
 mod curator_client;
 mod datakeys;
+mod datapeers;
 mod exporter;
 mod fatal;
 mod files;
@@ -201,7 +205,8 @@ struct Args {
     params: Option<PathBuf>,
     /// Keep ROOT/data on this device (a block device, or a file used through a loop
     /// device), encrypted with a key split between this node's ESP and the cluster.
-    /// Formatted on the first start when empty. Registering nodes only, for now.
+    /// Formatted on the first start when empty. Consensus members unlock each other
+    /// (port 7837) when no curator runs yet.
     #[arg(long, value_name = "DEV")]
     data_device: Option<PathBuf>,
     /// Format the data device on the first start even though it holds something.
@@ -519,7 +524,17 @@ async fn run(start: Start) -> Result<()> {
                         .params
                         .clone()
                         .unwrap_or_else(|| root.default_parameters());
-                    let volume = datadev::open(&root, device, &params).await?;
+                    // Waiting to unlock (no curator, no member answers) ends on SIGTERM
+                    // like a running node: exit 0.
+                    let mut term =
+                        signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+                    let volume = tokio::select! {
+                        v = datadev::open(&root, device, &params, flags.address) => v?,
+                        _ = term.recv() => {
+                            tracing::info!("SIGTERM while the data device is locked: stopping");
+                            return Ok(());
+                        }
+                    };
                     (lock, preflight::decide_plan(&flags, &root)?, Some(volume))
                 }
             };

@@ -143,6 +143,10 @@ pub(crate) enum ClusterCommand {
         /// The polis-node binary [default: next to polisctl, else on PATH].
         #[arg(long)]
         node_binary: Option<PathBuf>,
+        /// Keep each node's data on an encrypted image file (DIR/nodeK/data.img, 256 MiB
+        /// sparse; `polis-node --data-device`). Root only.
+        #[arg(long)]
+        encrypted: bool,
     },
     /// Stop the cluster launched in DIR and remove DIR.
     Destroy { dir: PathBuf },

@@ -111,11 +111,19 @@ async fn run(cli: Cli) -> Result<()> {
             first_address,
             stop,
             node_binary,
+            encrypted,
         }) => {
             if *stop {
                 launch::stop(dir, false)
             } else {
-                launch::launch(dir, *nodes, *first_address, node_binary.as_deref()).await
+                launch::launch(
+                    dir,
+                    *nodes,
+                    *first_address,
+                    node_binary.as_deref(),
+                    *encrypted,
+                )
+                .await
             }
         }
         Command::Cluster(ClusterCommand::Destroy { dir }) => launch::stop(dir, true),

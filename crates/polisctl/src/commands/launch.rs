@@ -5,6 +5,8 @@
 //!   DIR/config/           polisctl config (owner key, owner certificate, CA, endpoints)
 //!   DIR/launch.json       the nodes' addresses (a re-launch restarts the same cluster)
 //!   DIR/nodeK/root/       node K's root;  DIR/nodeK/node.log  its log;  nodeK/pid
+//!   DIR/nodeK/data.img    --encrypted: node K's data device (256 MiB sparse file, root
+//!                         only: loop devices, ext4 encryption, mounts)
 //! ```
 //! Fresh: node 1 bootstraps, polisctl takes ownership, nodes 2…N register and are
 //! approved, nodes 2 and 3 get ConsensusMember (three voters). Existing DIR: the nodes
@@ -26,6 +28,24 @@ use crate::render::node::print_node_list;
 use crate::trust::{self, CaApproval};
 
 const WAIT: Duration = Duration::from_secs(120);
+/// The size of each node's data image with `--encrypted` (sparse).
+const IMAGE_BYTES: u64 = 256 << 20;
+
+/// Node K's data image (`--encrypted`), created sparse when absent.
+fn data_image(dir: &Path, k: usize) -> Result<PathBuf> {
+    let path = node_dir(dir, k).join("data.img");
+    if !path.exists() {
+        privatefs::ensure_private_dir(&node_dir(dir, k))?;
+        let file = std::fs::OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("creating the data image {}", path.display()))?;
+        file.set_len(IMAGE_BYTES)
+            .with_context(|| format!("sizing the data image {}", path.display()))?;
+    }
+    Ok(path)
+}
 
 fn node_dir(dir: &Path, k: usize) -> PathBuf {
     dir.join(format!("node{k}"))
@@ -79,6 +99,7 @@ fn start_node(
     k: usize,
     address: IpAddr,
     params: Option<&Path>,
+    encrypted: bool,
 ) -> Result<()> {
     let ndir = node_dir(dir, k);
     privatefs::ensure_private_dir(&ndir)?;
@@ -98,6 +119,9 @@ fn start_node(
         .stderr(log);
     if let Some(p) = params {
         command.arg("--params").arg(p);
+    }
+    if encrypted {
+        command.arg("--data-device").arg(data_image(dir, k)?);
     }
     // Its own process group: a Ctrl-C in this terminal does not reach it.
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
@@ -150,6 +174,7 @@ pub(crate) async fn launch(
     nodes: usize,
     first_address: Ipv4Addr,
     binary: Option<&Path>,
+    encrypted: bool,
 ) -> Result<()> {
     let binary = node_binary(binary)?;
     let dir = std::path::absolute(dir).context("resolving the cluster directory")?;
@@ -163,13 +188,21 @@ pub(crate) async fn launch(
     if !first_address.is_loopback() {
         bail!("--first-address must be a loopback address (127.0.0.0/8)");
     }
+    // SAFETY: geteuid(2) has no preconditions.
+    if encrypted && unsafe { libc::geteuid() } != 0 {
+        bail!("--encrypted needs root (loop devices, ext4 encryption keys, mounts)");
+    }
     let addresses = addresses(first_address, nodes)?;
     privatefs::ensure_private_dir(&dir)?;
     std::fs::write(
         state_file(&dir),
-        serde_json::to_vec_pretty(&json!({ "addresses": addresses }))?,
+        serde_json::to_vec_pretty(&json!({ "addresses": addresses, "encrypted": encrypted }))?,
     )?;
-    eprintln!("Launching a {nodes}-node cluster in {}", dir.display());
+    let what = if encrypted { "encrypted " } else { "" };
+    eprintln!(
+        "Launching a {nodes}-node {what}cluster in {}",
+        dir.display()
+    );
 
     // Node 1 bootstraps.
     let params = dir.join("bootstrap.params");
@@ -178,7 +211,7 @@ pub(crate) async fn launch(
         ..Default::default()
     };
     params::write_bootstrap_params(&config, &params, configuration, &[])?;
-    start_node(&binary, &dir, 1, addresses[0], Some(&params))?;
+    start_node(&binary, &dir, 1, addresses[0], Some(&params), encrypted)?;
     let first = vec![addresses[0].to_string()];
     retry("taking ownership of the new cluster", || async {
         trust::take_ownership(&config, &first, CaApproval::Accept).await
@@ -190,7 +223,7 @@ pub(crate) async fn launch(
         let register = dir.join("register.params");
         params::write_register_params(&config, &[], &register, vec![]).await?;
         for (k, address) in addresses.iter().enumerate().skip(1) {
-            start_node(&binary, &dir, k + 1, *address, Some(&register))?;
+            start_node(&binary, &dir, k + 1, *address, Some(&register), encrypted)?;
         }
         let want = nodes - 1;
         retry("waiting for the nodes to register", || async {
@@ -282,6 +315,16 @@ async fn print_summary(dir: &Path, config: &Path) -> Result<()> {
 /// The port polis-node serves `/metrics` on by default.
 const METRICS_PORT: u16 = 7839;
 
+/// Whether the cluster in DIR was launched with `--encrypted`.
+fn saved_encrypted(dir: &Path) -> Result<bool> {
+    let path = state_file(dir);
+    let state: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+    )
+    .with_context(|| format!("{} is corrupt", path.display()))?;
+    Ok(state["encrypted"].as_bool().unwrap_or(false))
+}
+
 fn saved_addresses(dir: &Path) -> Result<Vec<IpAddr>> {
     let path = state_file(dir);
     let state: serde_json::Value = serde_json::from_slice(
@@ -302,6 +345,7 @@ fn saved_addresses(dir: &Path) -> Result<Vec<IpAddr>> {
 
 async fn relaunch(dir: &Path, binary: &Path) -> Result<()> {
     let addresses = saved_addresses(dir)?;
+    let encrypted = saved_encrypted(dir)?;
     eprintln!(
         "Starting the existing {}-node cluster in {}",
         addresses.len(),
@@ -323,7 +367,7 @@ async fn relaunch(dir: &Path, binary: &Path) -> Result<()> {
                          destroy the cluster and launch a new one"
                     );
                 }
-                start_node(binary, dir, k, *address, None)?;
+                start_node(binary, dir, k, *address, None, encrypted)?;
             }
         }
     }

@@ -1,0 +1,209 @@
+//! Benchmark: what encrypted data (`--data-device`, issue 18) costs. In one run,
+//! alternately, a one-node cluster is bootstrapped on plain `ROOT/data` and on an
+//! encrypted 256 MiB loop image (root only), and each time:
+//!
+//! ```text
+//!   bootstrap: polis-node start → Home (the encrypted one formats its image first)
+//!   writes:    16 owner clients call UpdateNodeLabels for SECONDS, each over its own
+//!              mutual-TLS connection (every write an etcd txn on the data directory)
+//! ```
+//! One line per sample; the last line printed is one JSON object: writes/s plain and
+//! encrypted (summed over rounds), their ratio (target ≥ 0.9), the median bootstrap of
+//! each and the encrypted one's overhead.
+//!
+//! Usage: bench-encrypted [SECONDS_PER_MEASUREMENT] [ROUNDS]   (default 5 and 3)
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use e2e::{Cluster, Node, TIMEOUT, is_home_line, median};
+use proto::api;
+use serde_json::json;
+
+const CLIENTS: usize = 16;
+/// Calls per client and measurement, at most (a bound on a runaway loop).
+const MAX_CALLS: usize = 1_000_000;
+
+/// Unmounts what a node killed by its guard left mounted (declared before the node).
+struct Mounts(PathBuf);
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        for d in [self.0.join("data"), self.0.join("datafs")] {
+            while datafs::mounts::is_mount_point(&d).unwrap_or(false) {
+                if datafs::mounts::unmount(&d).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Bootstraps a one-node cluster in `dir` (on an encrypted image when `encrypted`),
+/// takes ownership; returns it and its start → Home time in ms.
+fn bootstrap(dir: &Path, encrypted: bool) -> Result<(Cluster, f64)> {
+    let first_dir = dir.join("n0");
+    std::fs::create_dir_all(&first_dir)?;
+    let mut first = Node::new(&first_dir);
+    let params = first.bootstrap_params()?;
+    let mut args = vec![
+        "--params".to_string(),
+        params.to_str().context("utf-8 path")?.to_string(),
+    ];
+    if encrypted {
+        let img = dir.join("data.img");
+        std::fs::File::create(&img)?.set_len(256 << 20)?;
+        args.push("--data-device".into());
+        args.push(img.to_str().context("utf-8 path")?.to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let proc = first.start(&args)?;
+    proc.wait_for_line(TIMEOUT, is_home_line)?;
+    let ms = proc.started.elapsed().as_secs_f64() * 1000.0;
+    let cluster = Cluster {
+        dir: dir.to_path_buf(),
+        config: first_dir.join("config"),
+        first,
+        node_args: vec![],
+    };
+    let endpoint = cluster.first.address.to_string();
+    cluster.ctl_retry(&["--endpoints", &endpoint, "takeownership", "--accept-ca"])?;
+    Ok((cluster, ms))
+}
+
+/// Label writes made by every client in `duration` (failed ones counted apart).
+async fn writes(
+    clients: &[Arc<rpc::CuratorClient>],
+    id: &str,
+    duration: Duration,
+) -> (usize, usize) {
+    let deadline = Instant::now() + duration;
+    let tasks: Vec<_> = clients
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(w, c)| {
+            let id = id.to_string();
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0, 0);
+                for i in 0..MAX_CALLS {
+                    if Instant::now() >= deadline {
+                        break;
+                    }
+                    let outcome = c
+                        .call(|ch| {
+                            let request = api::UpdateNodeLabelsRequest {
+                                id: id.clone(),
+                                upsert: HashMap::from([(format!("bench-{w}"), i.to_string())]),
+                                delete: vec![],
+                            };
+                            async move {
+                                api::management_client::ManagementClient::new(ch)
+                                    .update_node_labels(request)
+                                    .await
+                            }
+                        })
+                        .await;
+                    if outcome.is_ok() {
+                        ok += 1
+                    } else {
+                        failed += 1
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    let mut total = (0, 0);
+    for t in tasks {
+        let (ok, failed) = t.await.expect("a benchmark client panicked");
+        total = (total.0 + ok, total.1 + failed);
+    }
+    total
+}
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let seconds: f64 = args
+        .next()
+        .map(|a| a.parse())
+        .transpose()
+        .context("SECONDS_PER_MEASUREMENT must be a number")?
+        .unwrap_or(5.0);
+    let rounds: usize = args
+        .next()
+        .map(|a| a.parse())
+        .transpose()
+        .context("ROUNDS must be a number")?
+        .unwrap_or(3)
+        .clamp(1, 20);
+    ensure!(
+        datafs::fscrypt::kernel_supports_ext4_encryption(),
+        "this kernel lacks ext4 encryption (/sys/fs/ext4/features/encryption)"
+    );
+    // SAFETY: geteuid(2) has no preconditions.
+    ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "bench-encrypted needs root (loop devices, mounts)"
+    );
+    let duration = Duration::from_secs_f64(seconds.clamp(0.5, 60.0));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let (mut plain, mut encrypted) = ((0usize, Vec::new()), (0usize, Vec::new()));
+    for round in 0..rounds {
+        let order = if round % 2 == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        };
+        for enc in order {
+            let dir = tempfile::tempdir()?;
+            let _mounts = Mounts(dir.path().join("n0/root"));
+            let (mut cluster, boot_ms) = bootstrap(dir.path(), enc)?;
+            let id = cluster.first.key_node_id()?;
+            let (ok, failed) = runtime.block_on(async {
+                let clients: Vec<_> = (0..CLIENTS)
+                    .map(|_| cluster.owner_client().map(Arc::new))
+                    .collect::<Result<_>>()?;
+                // Connections up and the leader known before the clock runs.
+                let warm = writes(&clients, &id, Duration::from_millis(500)).await;
+                ensure!(warm.0 > 0, "no write succeeded while warming up");
+                Ok::<_, anyhow::Error>(writes(&clients, &id, duration).await)
+            })?;
+            let per_s = ok as f64 / duration.as_secs_f64();
+            let mode = if enc { "encrypted" } else { "plain" };
+            println!(
+                "{}",
+                json!({"round": round, "data": mode, "bootstrap_ms": (boot_ms * 10.0).round() / 10.0,
+                       "writes_per_s": per_s.round(), "failed": failed})
+            );
+            let slot = if enc { &mut encrypted } else { &mut plain };
+            slot.0 += ok;
+            slot.1.push(boot_ms);
+            let proc = cluster.first.proc();
+            proc.signal(libc::SIGTERM);
+            proc.wait_exit(TIMEOUT)?;
+        }
+    }
+    let total = duration.as_secs_f64() * rounds as f64;
+    let (wp, we) = (plain.0 as f64 / total, encrypted.0 as f64 / total);
+    let (bp, be) = (median(plain.1), median(encrypted.1));
+    println!(
+        "{}",
+        json!({
+            "bench": "encrypted",
+            "writes_per_s_plain": wp.round(),
+            "writes_per_s_encrypted": we.round(),
+            "write_ratio": (we / wp * 100.0).round() / 100.0,
+            "bootstrap_ms_plain": (bp * 10.0).round() / 10.0,
+            "bootstrap_ms_encrypted": (be * 10.0).round() / 10.0,
+            "bootstrap_overhead_ms": ((be - bp) * 10.0).round() / 10.0,
+        })
+    );
+    Ok(())
+}

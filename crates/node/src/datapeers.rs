@@ -1,0 +1,318 @@
+//! Members' cold start with encrypted data (issue 18, stage 4): each consensus member's
+//! ESP holds the cluster halves of the OTHER members — never its own — and a small
+//! unlock listener serves them, before etcd runs, to the holder of each member's join key.
+//!
+//! ```text
+//!   <root>/esp/data-peers   the other members: id, address, join key, cluster half    0600
+//!                           (length-delimited state.Node records, only those fields)
+//!
+//!   member A (locked) ── DataUnlock.UnlockData, self-signed join cert ──▶ B:7837
+//!        ◀── A's half, from B's esp/data-peers ──── only to the key in B's list as A's
+//!   refresh (controlplane, every 2 s while etcd runs): the member records with a
+//!        join key and a half, but this node's own, written when they change
+//! ```
+//! Any majority of members can cold start: each one's half is in every other member's
+//! ESP, and the listener answers before (and after) its own data is unlocked. One copied
+//! disk with its ESP holds the others' halves, not its own, so it never unlocks alone.
+//! The listener does not prove who it is (a self-signed join certificate, accepted by the
+//! caller as is): a wrong half is refused by the kernel's key identifier, and the caller
+//! sends nothing secret.
+//!
+//! A leaf: files, the listener task and client calls (on `datakeys`, `storage`).
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use identity::NodeKey;
+use prost::Message as _;
+use proto::api;
+use proto::state::Node;
+use tonic::{Request, Response, Status};
+
+use crate::datakeys;
+use crate::storage::{Root, write_atomic};
+
+/// The port of the members' data unlock listener.
+pub const DATA_UNLOCK_PORT: u16 = 7837;
+/// How long one peer gets to answer.
+const PEER_TIMEOUT: Duration = Duration::from_secs(3);
+
+pub fn peers_path(root: &Root) -> PathBuf {
+    root.esp().join("data-peers")
+}
+
+/// A member whose half this node keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub id: String,
+    pub address: String,
+    pub join_key: Vec<u8>,
+    pub half: Vec<u8>,
+}
+
+pub fn encode(peers: &[Peer]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in peers {
+        Node {
+            id: p.id.clone(),
+            address: p.address.clone(),
+            data_join_key: p.join_key.clone(),
+            data_cluster_half: p.half.clone(),
+            ..Default::default()
+        }
+        .encode_length_delimited(&mut out)
+        .expect("a Vec grows");
+    }
+    out
+}
+
+pub fn decode(mut bytes: &[u8]) -> Result<Vec<Peer>, prost::DecodeError> {
+    let mut peers = Vec::new();
+    while !bytes.is_empty() {
+        let n = Node::decode_length_delimited(&mut bytes)?;
+        peers.push(Peer {
+            id: n.id,
+            address: n.address,
+            join_key: n.data_join_key,
+            half: n.data_cluster_half,
+        });
+    }
+    Ok(peers)
+}
+
+/// The peers in the ESP (none when the file is absent).
+pub fn load(root: &Root) -> Result<Vec<Peer>> {
+    let path = peers_path(root);
+    match std::fs::read(&path) {
+        Ok(bytes) => decode(&bytes)
+            .with_context(|| format!("the peer halves {} are corrupted", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// The peers to keep, from the cluster's records: consensus members other than `own`
+/// with a join key and a half (a decommissioned record has none).
+pub fn from_records(nodes: &[Node], own: &str) -> Vec<Peer> {
+    let mut peers: Vec<Peer> = nodes
+        .iter()
+        .filter(|n| n.id != own)
+        .filter(|n| {
+            n.roles
+                .as_ref()
+                .is_some_and(|r| r.consensus_member.is_some())
+        })
+        .filter(|n| n.data_join_key.len() == 32 && !n.data_cluster_half.is_empty())
+        .map(|n| Peer {
+            id: n.id.clone(),
+            address: n.address.clone(),
+            join_key: n.data_join_key.clone(),
+            half: n.data_cluster_half.clone(),
+        })
+        .collect();
+    peers.sort_by(|a, b| a.id.cmp(&b.id));
+    peers
+}
+
+/// Writes `peers` to the ESP when they differ from what it holds; true when written.
+pub fn save_if_changed(root: &Root, peers: &[Peer]) -> Result<bool> {
+    if load(root).ok().as_deref() == Some(peers) {
+        return Ok(false);
+    }
+    write_atomic(&peers_path(root), &encode(peers)).context("saving the peer halves")?;
+    Ok(true)
+}
+
+/// The half this listener hands the caller with `key`, or why not.
+pub fn answer(peers: &[Peer], key: &[u8]) -> Result<(String, Vec<u8>), String> {
+    peers
+        .iter()
+        .find(|p| p.join_key.as_slice() == key)
+        .map(|p| (p.id.clone(), p.half.clone()))
+        .ok_or_else(|| "this member keeps no cluster half for this join key".to_string())
+}
+
+struct Listener {
+    root: Root,
+}
+
+#[tonic::async_trait]
+impl api::data_unlock_server::DataUnlock for Listener {
+    async fn unlock_data(
+        &self,
+        request: Request<api::UnlockDataRequest>,
+    ) -> Result<Response<api::UnlockDataResponse>, Status> {
+        let leaf = request
+            .extensions()
+            .get::<rpc::PeerInfo>()
+            .and_then(|p| p.certificates.clone())
+            .and_then(|c| c.first().map(|c| c.to_vec()))
+            .ok_or_else(|| {
+                Status::unauthenticated("a self-signed join key certificate is needed")
+            })?;
+        // The handshake proved the caller holds this key.
+        let key = pki::certificate_public_key(&leaf)
+            .map_err(|e| Status::invalid_argument(format!("unusable client certificate: {e}")))?;
+        let peers = load(&self.root).map_err(|e| Status::internal(format!("{e:#}")))?;
+        match answer(&peers, &key) {
+            Ok((node_id, cluster_half)) => {
+                tracing::info!(
+                    node = node_id,
+                    "handed a member the cluster half of its data key"
+                );
+                Ok(Response::new(api::UnlockDataResponse {
+                    node_id,
+                    cluster_half,
+                }))
+            }
+            Err(why) => {
+                tracing::warn!("member data unlock refused: {why}");
+                Err(Status::permission_denied(why))
+            }
+        }
+    }
+}
+
+/// Starts the unlock listener on `address:7837` (for the life of the process), answering
+/// from `esp/data-peers` as it is at each call.
+pub async fn listen(root: &Root, address: IpAddr, join: &NodeKey) -> Result<()> {
+    let credentials = rpc::self_signed(join).context("creating the listener's certificate")?;
+    let tls = rpc::tls::server_config(&credentials).context("the listener's TLS")?;
+    let listen = SocketAddr::new(address, DATA_UNLOCK_PORT);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen} for members' data unlock"))?;
+    let service = Listener { root: root.clone() };
+    tracing::info!(%listen, "serving members' data unlock");
+    tokio::spawn(async move {
+        let served = rpc::server::builder()
+            .add_service(api::data_unlock_server::DataUnlockServer::new(service))
+            .serve_with_incoming(rpc::incoming(listener, tls))
+            .await;
+        if let Err(e) = served {
+            tracing::error!("members' data unlock listener ended: {e}");
+        }
+    });
+    Ok(())
+}
+
+/// Asks `peer`'s listener for this node's half (None: no answer or refused).
+pub async fn ask(peer: &Peer, join: &rpc::Credentials) -> Result<api::UnlockDataResponse, String> {
+    let ip: IpAddr = peer
+        .address
+        .parse()
+        .map_err(|e| format!("member {} has no usable address: {e}", peer.id))?;
+    let endpoint = SocketAddr::new(ip, DATA_UNLOCK_PORT);
+    let call = async {
+        let channel = rpc::connect(endpoint, &rpc::ServerTrust::FirstUse, Some(join))
+            .await
+            .map_err(|e| format!("member {} at {endpoint}: {e}", peer.id))?;
+        api::data_unlock_client::DataUnlockClient::new(channel)
+            .unlock_data(api::UnlockDataRequest {})
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|e| format!("member {} at {endpoint}: {}", peer.id, e.message()))
+    };
+    tokio::time::timeout(PEER_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| Err(format!("member {} at {endpoint}: no answer", peer.id)))
+}
+
+/// A bootstrap node keeps its own half in the ESP until another member's listener
+/// answers with it: forgets it then. Called by the refresh after saving the peers.
+pub async fn confirm_held_elsewhere(root: &Root, peers: &[Peer]) -> Result<()> {
+    let Some(own) = datakeys::read_pending(root)? else {
+        return Ok(());
+    };
+    let join = datakeys::read_join_key(root)?;
+    let credentials = rpc::self_signed(&join).context("creating the join key's certificate")?;
+    for peer in peers {
+        if let Ok(a) = ask(peer, &credentials).await
+            && a.cluster_half == own.encode()
+        {
+            tracing::info!(
+                member = peer.id,
+                "another member keeps this node's cluster half"
+            );
+            return datakeys::forget_pending(root);
+        }
+    }
+    Ok(())
+}
+
+/// The refresh runnable's loop: `esp/data-peers` from the records in etcd every 2 s.
+pub async fn refresh(
+    ctx: supervisor::Context,
+    root: Root,
+    own: String,
+    curator: consensus::Namespaced,
+) -> supervisor::RunnableResult {
+    ctx.signal_healthy();
+    loop {
+        match curator::records::list_nodes(&curator).await {
+            Ok(nodes) => {
+                let peers = from_records(&nodes, &own);
+                if save_if_changed(&root, &peers)? {
+                    tracing::info!(
+                        members = peers.len(),
+                        "kept the other members' cluster halves"
+                    );
+                }
+                if datakeys::is_bootstrap(&root) {
+                    confirm_held_elsewhere(&root, &peers).await?;
+                }
+            }
+            Err(e) => tracing::debug!("reading the member records for their halves: {e}"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = ctx.cancelled() => return Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::state::{ConsensusMemberRole, NodeRoles};
+
+    fn node(id: &str, member: bool, key: u8, half: &[u8]) -> Node {
+        Node {
+            id: id.into(),
+            address: "127.0.0.9".into(),
+            roles: Some(NodeRoles {
+                consensus_member: member.then_some(ConsensusMemberRole { member_id: 1 }),
+            }),
+            data_join_key: if key == 0 { vec![] } else { vec![key; 32] },
+            data_cluster_half: half.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_other_members_with_a_half_are_kept_never_our_own() {
+        let nodes = [
+            node("own", true, 1, &[1; 41]),
+            node("b", true, 2, &[2; 41]),
+            node("worker", false, 3, &[3; 41]),
+            node("plain", true, 0, &[]),
+            node("erased", true, 4, &[]),
+        ];
+        let peers = from_records(&nodes, "own");
+        assert_eq!(
+            peers.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
+            ["b"]
+        );
+        assert_eq!(decode(&encode(&peers)).unwrap(), peers);
+    }
+
+    #[test]
+    fn a_half_goes_only_to_its_join_key() {
+        let peers = from_records(&[node("b", true, 2, &[2; 41])], "own");
+        assert_eq!(answer(&peers, &[2; 32]).unwrap(), ("b".into(), vec![2; 41]));
+        assert!(answer(&peers, &[1; 32]).is_err());
+        assert!(answer(&[], &[2; 32]).is_err());
+    }
+}
