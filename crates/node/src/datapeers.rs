@@ -283,7 +283,10 @@ mod tests {
             id: id.into(),
             address: "127.0.0.9".into(),
             roles: Some(NodeRoles {
-                consensus_member: member.then_some(ConsensusMemberRole { member_id: 1 }),
+                consensus_member: member.then_some(ConsensusMemberRole {
+                    member_id: 1,
+                    ..Default::default()
+                }),
             }),
             data_join_key: if key == 0 { vec![] } else { vec![key; 32] },
             data_cluster_half: half.to_vec(),
