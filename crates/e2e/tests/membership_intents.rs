@@ -224,8 +224,17 @@ fn membership_intents() -> Result<()> {
     // Case 2: a deposed leader's JoinConsensus, after the role was removed at the new
     // leader, leaves no learner.
     // Before: the join ignored its proof of leadership and added the learner anyway.
-    let leader_address =
-        member(&mut cluster.first, &mut others, voters[0]).curator_leader_address()?;
+    // The restarted member's curator may not listen yet: ask until one answers.
+    let mut leader_address = None;
+    wait_until("a curator to name the leader", TIMEOUT, || {
+        leader_address = voters.iter().find_map(|i| {
+            member(&mut cluster.first, &mut others, *i)
+                .curator_leader_address()
+                .ok()
+        });
+        leader_address.is_some()
+    })?;
+    let leader_address = leader_address.context("a leader named")?;
     let deposed = addresses
         .iter()
         .position(|a| *a == leader_address)
