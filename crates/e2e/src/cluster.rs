@@ -168,8 +168,20 @@ impl Cluster {
     /// Registers a worker in `dir/NAME` with `params`, approves it and waits until it is
     /// UP; returns the running node and its ID.
     pub fn add_worker(&self, name: &str, params: &Path) -> Result<(Node, String)> {
+        self.add_worker_with(name, params, &[])
+    }
+
+    /// [`Cluster::add_worker`] with `extra` polis-node flags (e.g. `--data-device IMG`).
+    pub fn add_worker_with(
+        &self,
+        name: &str,
+        params: &Path,
+        extra: &[&str],
+    ) -> Result<(Node, String)> {
         let mut node = self.new_node(name)?;
-        node.start(&["--params", params.to_str().context("utf-8 path")?])?;
+        let mut args = vec!["--params", params.to_str().context("utf-8 path")?];
+        args.extend_from_slice(extra);
+        node.start(&args)?;
         node.wait_state("Foreign")?;
         let id = node.key_node_id()?;
         self.ctl_retry(&["node", "approve", &id])?;

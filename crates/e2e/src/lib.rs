@@ -29,6 +29,7 @@
 //!      wait      TIMEOUT, wait_until()
 //!      certs     pem_der(), peer_accepts()
 //!      bench     median()
+//!      datadev   fscrypt_usable(), data_image(), Mounts (unmounts on drop)
 //!      partition Partition: hub bridge + a namespace per node, cut (both ways /
 //!                outgoing only), heal, enter_hub(); all deleted on drop
 //! ```
@@ -40,6 +41,7 @@ mod bench;
 mod certs;
 mod cluster;
 mod ctl;
+mod datadev;
 mod etcd;
 mod net;
 mod node;
@@ -53,6 +55,7 @@ pub use bench::median;
 pub use certs::{peer_accepts, pem_der};
 pub use cluster::{Cluster, endpoints};
 pub use ctl::polisctl;
+pub use datadev::{Mounts, data_image, fscrypt_usable};
 pub use etcd::BareEtcd;
 pub use net::{NetNs, unique_loopback};
 pub use node::{Node, is_home_line, read_register_params};

@@ -123,6 +123,15 @@ impl Node {
         Ok(proc)
     }
 
+    /// Stops the running node with SIGTERM and requires a clean exit (status 0).
+    pub fn stop_cleanly(&mut self) -> Result<()> {
+        let proc = self.proc();
+        proc.signal(libc::SIGTERM);
+        let status = proc.wait_exit(TIMEOUT)?;
+        anyhow::ensure!(status.success(), "polis-node exited with {status}");
+        Ok(())
+    }
+
     pub fn proc(&mut self) -> &mut Proc {
         self.proc.as_mut().expect("node is started")
     }

@@ -3,62 +3,20 @@
 //! curator answers, and leaves nothing readable on its image. Root only; skipped with a
 //! printed reason where the kernel lacks ext4 encryption.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
-use e2e::{Cluster, Node, TIMEOUT};
-
-fn usable() -> bool {
-    if !datafs::fscrypt::kernel_supports_ext4_encryption() {
-        println!("SKIPPED: this kernel lacks ext4 encryption (/sys/fs/ext4/features/encryption)");
-        return false;
-    }
-    true
-}
-
-/// Unmounts what a node killed by its guard left mounted under its root (declared
-/// before the node, so it drops after it).
-struct Mounts(PathBuf);
-
-impl Drop for Mounts {
-    fn drop(&mut self) {
-        for d in [self.0.join("data"), self.0.join("datafs")] {
-            while datafs::mounts::is_mount_point(&d).unwrap_or(false) {
-                if datafs::mounts::unmount(&d).is_err() {
-                    break;
-                }
-            }
-        }
-    }
-}
-
-fn image(path: &Path) -> Result<String> {
-    std::fs::File::create(path)?.set_len(256 << 20)?;
-    Ok(path.to_str().context("utf-8 path")?.to_string())
-}
+use e2e::{Cluster, Mounts, Node, TIMEOUT, data_image, fscrypt_usable};
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
-fn stop(node: &mut Node) -> Result<()> {
-    node.proc().signal(libc::SIGTERM);
-    let status = node.proc().wait_exit(TIMEOUT)?;
-    ensure!(status.success(), "node exited with {status}");
-    Ok(())
-}
-
 /// Registers an encrypted worker `name` on image `img`, approves it, waits until UP.
 fn encrypted_worker(cluster: &Cluster, name: &str, img: &str) -> Result<(Node, String)> {
     let params = cluster.register_params(name)?;
-    let mut node = cluster.new_node(name)?;
+    let (node, id) = cluster.add_worker_with(name, &params, &["--data-device", img])?;
     let root = node.root.clone();
-    node.start(&["--params", params.to_str().unwrap(), "--data-device", img])?;
-    node.wait_state("Foreign")?;
-    let id = node.key_node_id()?;
-    cluster.ctl_retry(&["node", "approve", &id])?;
-    node.wait_home()?;
-    cluster.wait_node(&id, "UP", None)?;
     ensure!(
         datafs::mounts::is_mount_point(&root.join("data"))?,
         "ROOT/data is not the encrypted mount"
@@ -116,16 +74,16 @@ fn refused(copy: &mut Node, img: &str, why: &str) -> Result<()> {
 
 #[test]
 fn a_copy_of_a_decommissioned_or_deleted_worker_never_unlocks() -> Result<()> {
-    if !usable() {
+    if !fscrypt_usable() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
     let cluster = Cluster::bootstrap(dir.path())?;
-    let img = image(&dir.path().join("w.img"))?;
+    let img = data_image(&dir.path().join("w.img"))?;
     let _mounts = Mounts(dir.path().join("w/root"));
     let _stolen_mounts = Mounts(dir.path().join("copy/root"));
     let (mut node, id) = encrypted_worker(&cluster, "w", &img)?;
-    stop(&mut node)?;
+    node.stop_cleanly()?;
     let copy_dir = dir.path().join("copy");
     std::fs::create_dir(&copy_dir)?;
     let (mut copy, stolen_img) = steal(&node, &img, &copy_dir)?;
@@ -134,7 +92,7 @@ fn a_copy_of_a_decommissioned_or_deleted_worker_never_unlocks() -> Result<()> {
     // copy with the ESP unlocks while the cluster still knows the node).
     copy.start(&["--data-device", &stolen_img])?;
     copy.wait_home()?;
-    stop(&mut copy)?;
+    copy.stop_cleanly()?;
 
     node.start(&["--data-device", &img])?;
     node.wait_home()?;
@@ -172,12 +130,12 @@ fn a_copy_of_a_decommissioned_or_deleted_worker_never_unlocks() -> Result<()> {
 
 #[test]
 fn an_encrypted_worker_joins_restarts_through_the_curator_and_hides_its_data() -> Result<()> {
-    if !usable() {
+    if !fscrypt_usable() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
     let mut cluster = Cluster::bootstrap(dir.path())?;
-    let img = image(&dir.path().join("w.img"))?;
+    let img = data_image(&dir.path().join("w.img"))?;
     let _mounts = Mounts(dir.path().join("w/root"));
     let (mut node, _id) = encrypted_worker(&cluster, "w", &img)?;
     let root = node.root.clone();
@@ -185,7 +143,7 @@ fn an_encrypted_worker_joins_restarts_through_the_curator_and_hides_its_data() -
     let node_cert = std::fs::read(root.join("data/node/cert.der"))?;
 
     // Stopped: locked and unmounted; the raw image holds neither key nor certificate.
-    stop(&mut node)?;
+    node.stop_cleanly()?;
     ensure!(
         !datafs::mounts::is_mount_point(&root.join("data"))?,
         "still mounted"
@@ -207,10 +165,10 @@ fn an_encrypted_worker_joins_restarts_through_the_curator_and_hides_its_data() -
         node.proc().output().contains("data device unlocked"),
         "no unlock logged"
     );
-    stop(&mut node)?;
+    node.stop_cleanly()?;
 
     // No curator: the worker waits, Split, and unlocks once one is back.
-    stop(&mut cluster.first)?;
+    cluster.first.stop_cleanly()?;
     node.start(&["--data-device", &img])?;
     node.wait_state("Split")?;
     ensure!(
@@ -220,7 +178,7 @@ fn an_encrypted_worker_joins_restarts_through_the_curator_and_hides_its_data() -
     cluster.first.start(&[])?;
     cluster.first.wait_home()?;
     node.wait_home()?;
-    stop(&mut node)?;
+    node.stop_cleanly()?;
 
     // A corrupted local half is refused by name.
     let half = root.join("esp/data-local-half");
@@ -240,12 +198,12 @@ fn an_encrypted_worker_joins_restarts_through_the_curator_and_hides_its_data() -
 
 #[test]
 fn an_encrypted_worker_killed_while_mounted_restarts() -> Result<()> {
-    if !usable() {
+    if !fscrypt_usable() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
     let cluster = Cluster::bootstrap(dir.path())?;
-    let img = image(&dir.path().join("w.img"))?;
+    let img = data_image(&dir.path().join("w.img"))?;
     let _mounts = Mounts(dir.path().join("w/root"));
     let (mut node, id) = encrypted_worker(&cluster, "w", &img)?;
     let root = node.root.clone();
@@ -264,7 +222,7 @@ fn an_encrypted_worker_killed_while_mounted_restarts() -> Result<()> {
             "another node key after the restart"
         );
     }
-    stop(&mut node)?;
+    node.stop_cleanly()?;
     ensure!(
         !datafs::mounts::is_mount_point(&root.join("data"))?,
         "still mounted"
@@ -278,12 +236,12 @@ fn an_encrypted_worker_killed_while_mounted_restarts() -> Result<()> {
 
 #[test]
 fn a_foreign_device_needs_the_format_flag() -> Result<()> {
-    if !usable() {
+    if !fscrypt_usable() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
     let cluster = Cluster::bootstrap(dir.path())?;
-    let img = image(&dir.path().join("w.img"))?;
+    let img = data_image(&dir.path().join("w.img"))?;
     let out = std::process::Command::new("mkfs.ext4")
         .args(["-q", "-F", "-L", "home"])
         .arg(&img)
@@ -309,7 +267,7 @@ fn a_foreign_device_needs_the_format_flag() -> Result<()> {
         "--data-device-format",
     ])?;
     node.wait_state("Foreign")?;
-    stop(&mut node)?;
+    node.stop_cleanly()?;
 
     Ok(())
 }

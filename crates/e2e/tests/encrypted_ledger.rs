@@ -6,46 +6,19 @@
 //! kernel lacks ext4 encryption.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
-use e2e::{Cluster, Node, TIMEOUT, endpoints, pem_der, wait_until};
+use anyhow::{Result, ensure};
+use e2e::{
+    Cluster, Mounts, Node, TIMEOUT, data_image, endpoints, fscrypt_usable, pem_der, wait_until,
+};
 use proto::api;
-
-/// Unmounts what a killed node left mounted under its root (declared before the node,
-/// so it drops after it).
-struct Mounts(PathBuf);
-
-impl Drop for Mounts {
-    fn drop(&mut self) {
-        for d in [self.0.join("data"), self.0.join("datafs")] {
-            while datafs::mounts::is_mount_point(&d).unwrap_or(false) {
-                if datafs::mounts::unmount(&d).is_err() {
-                    break;
-                }
-            }
-        }
-    }
-}
-
-fn image(path: &Path) -> Result<String> {
-    std::fs::File::create(path)?.set_len(256 << 20)?;
-    Ok(path.to_str().context("utf-8 path")?.to_string())
-}
 
 fn encrypted_node(cluster: &Cluster, name: &str, img: &str) -> Result<(Node, String)> {
     let params = cluster.register_params(name)?;
-    let mut node = cluster.new_node(name)?;
-    node.start(&["--params", params.to_str().unwrap(), "--data-device", img])?;
-    node.wait_state("Foreign")?;
-    let id = node.key_node_id()?;
-    cluster.ctl_retry(&["node", "approve", &id])?;
-    node.wait_home()?;
-    cluster.wait_node(&id, "UP", None)?;
-    Ok((node, id))
+    cluster.add_worker_with(name, &params, &["--data-device", img])
 }
 
 fn owner_client(cluster: &Cluster, nodes: &[&Node]) -> Result<rpc::CuratorClient> {
@@ -106,14 +79,13 @@ fn start_writer(
 
 #[test]
 fn encrypted_members_killed_together_lose_no_acknowledged_write() -> Result<()> {
-    if !datafs::fscrypt::kernel_supports_ext4_encryption() {
-        println!("SKIPPED: this kernel lacks ext4 encryption (/sys/fs/ext4/features/encryption)");
+    if !fscrypt_usable() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
     let imgs: Vec<String> = ["n0", "m1", "m2"]
         .iter()
-        .map(|n| image(&dir.path().join(format!("{n}.img"))))
+        .map(|n| data_image(&dir.path().join(format!("{n}.img"))))
         .collect::<Result<_>>()?;
     let _mounts: Vec<Mounts> = ["n0", "m1", "m2"]
         .iter()

@@ -5,39 +5,10 @@
 //! one member's ESP and image copied elsewhere alone never unlock. Root only; skipped
 //! with a printed reason where the kernel lacks ext4 encryption.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
-use e2e::{Cluster, Node, TIMEOUT, wait_until};
-
-fn usable() -> bool {
-    if !datafs::fscrypt::kernel_supports_ext4_encryption() {
-        println!("SKIPPED: this kernel lacks ext4 encryption (/sys/fs/ext4/features/encryption)");
-        return false;
-    }
-    true
-}
-
-/// Unmounts what a node killed by its guard left mounted under its root (declared
-/// before the node, so it drops after it).
-struct Mounts(PathBuf);
-
-impl Drop for Mounts {
-    fn drop(&mut self) {
-        for d in [self.0.join("data"), self.0.join("datafs")] {
-            while datafs::mounts::is_mount_point(&d).unwrap_or(false) {
-                if datafs::mounts::unmount(&d).is_err() {
-                    break;
-                }
-            }
-        }
-    }
-}
-
-fn image(path: &Path) -> Result<String> {
-    std::fs::File::create(path)?.set_len(256 << 20)?;
-    Ok(path.to_str().context("utf-8 path")?.to_string())
-}
+use e2e::{Cluster, Mounts, Node, TIMEOUT, data_image, fscrypt_usable, wait_until};
 
 /// Whether the raw image holds `needle` (no newline in it: grep's patterns are lines).
 fn image_holds(img: &str, needle: &[u8], scratch: &Path) -> Result<bool> {
@@ -60,24 +31,10 @@ fn image_holds(img: &str, needle: &[u8], scratch: &Path) -> Result<bool> {
     Ok(status.success())
 }
 
-fn stop(node: &mut Node) -> Result<()> {
-    node.proc().signal(libc::SIGTERM);
-    let status = node.proc().wait_exit(TIMEOUT)?;
-    ensure!(status.success(), "node exited with {status}");
-    Ok(())
-}
-
 /// Registers an encrypted worker `name` on image `img`, approves it, waits until UP.
 fn encrypted_worker(cluster: &Cluster, name: &str, img: &str) -> Result<(Node, String)> {
     let params = cluster.register_params(name)?;
-    let mut node = cluster.new_node(name)?;
-    node.start(&["--params", params.to_str().unwrap(), "--data-device", img])?;
-    node.wait_state("Foreign")?;
-    let id = node.key_node_id()?;
-    cluster.ctl_retry(&["node", "approve", &id])?;
-    node.wait_home()?;
-    cluster.wait_node(&id, "UP", None)?;
-    Ok((node, id))
+    cluster.add_worker_with(name, &params, &["--data-device", img])
 }
 
 fn endpoints(nodes: &[&Node]) -> String {
@@ -87,13 +44,13 @@ fn endpoints(nodes: &[&Node]) -> String {
 
 #[test]
 fn encrypted_members_cold_start_together_and_a_stolen_member_never_unlocks_alone() -> Result<()> {
-    if !usable() {
+    if !fscrypt_usable() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
     let imgs: Vec<String> = ["n0", "m1", "m2", "w"]
         .iter()
-        .map(|n| image(&dir.path().join(format!("{n}.img"))))
+        .map(|n| data_image(&dir.path().join(format!("{n}.img"))))
         .collect::<Result<_>>()?;
     let _mounts: Vec<Mounts> = ["n0", "m1", "m2", "w", "copy"]
         .iter()
@@ -158,9 +115,9 @@ fn encrypted_members_cold_start_together_and_a_stolen_member_never_unlocks_alone
         .context("no cluster CA key in etcd")?;
 
     // SIGTERM all: locked and unmounted.
-    stop(&mut w)?;
+    w.stop_cleanly()?;
     for n in [&mut m2, &mut m1, &mut cluster.first] {
-        stop(n)?;
+        n.stop_cleanly()?;
     }
     for (img, n) in imgs.iter().zip(["n0", "m1", "m2", "w"]) {
         ensure!(
@@ -217,9 +174,9 @@ fn encrypted_members_cold_start_together_and_a_stolen_member_never_unlocks_alone
     );
 
     // One member's ESP and image, copied elsewhere, alone: nobody answers, never mounted.
-    stop(&mut w)?;
+    w.stop_cleanly()?;
     for n in [&mut m2, &mut m1, &mut cluster.first] {
-        stop(n)?;
+        n.stop_cleanly()?;
     }
     let copy_dir = dir.path().join("copy");
     std::fs::create_dir(&copy_dir)?;
@@ -246,6 +203,6 @@ fn encrypted_members_cold_start_together_and_a_stolen_member_never_unlocks_alone
         "a stolen member's copy unlocked alone"
     );
     // SIGTERM while waiting to unlock: a clean stop.
-    stop(&mut copy)?;
+    copy.stop_cleanly()?;
     Ok(())
 }
