@@ -122,7 +122,8 @@ pub fn load_or_create(root: &Root) -> Result<Fresh> {
     Ok(Fresh {
         join: read_join_key(root)?,
         local: datafs::halffile::load(&local_half(root))?,
-        cluster: read_pending(root)?.expect("present"),
+        cluster: read_pending(root)?
+            .with_context(|| format!("{} vanished while starting", pending_half(root).display()))?,
     })
 }
 

@@ -53,26 +53,7 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
                 // Elected but not yet acting as leader: answer here (Unavailable, retry).
                 return None;
             }
-            let trust = shared.server_trust();
-            if long_lived {
-                // Its own connection, closed when the call ends (its last handle drops).
-                return match rpc::connect_with(endpoint, &trust, Some(&shared.config.credentials))
-                    .await
-                {
-                    Ok(channel) => {
-                        metrics::global().forwarded_calls.inc();
-                        Some(rpc::forward::Forward {
-                            channel,
-                            on_failure: Box::new(|| {}),
-                        })
-                    }
-                    Err(e) => {
-                        tracing::warn!(%endpoint, "cannot reach the curator leader to forward: {e}");
-                        None
-                    }
-                };
-            }
-            // A failed forward drops the channel: the next call connects anew.
+            // A failed forward drops the cached channel: the next call connects anew.
             let forget = {
                 let cached = cached.clone();
                 Box::new(move || {
@@ -83,35 +64,46 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
                 }) as Box<dyn FnOnce() + Send>
             };
             let generation = shared.config.credentials.generation();
-            let hit = cached
-                .lock()
-                .expect("forwarding cache lock")
-                .as_ref()
-                .filter(|(at, _, made_with)| *at == endpoint && *made_with == generation)
-                .map(|(_, channel, _)| channel.clone());
-            if let Some(channel) = hit {
-                metrics::global().forwarded_calls.inc();
-                return Some(rpc::forward::Forward {
-                    channel,
-                    on_failure: forget,
-                });
-            }
-            // Connected without holding the cache: a slow leader delays only this call.
-            match rpc::connect_with(endpoint, &trust, Some(&shared.config.credentials)).await {
-                Ok(channel) => {
-                    *cached.lock().expect("forwarding cache lock") =
-                        Some((endpoint, channel.clone(), generation));
-                    metrics::global().forwarded_calls.inc();
-                    Some(rpc::forward::Forward {
-                        channel,
-                        on_failure: forget,
-                    })
-                }
-                Err(e) => {
-                    tracing::warn!(%endpoint, "cannot reach the curator leader to forward: {e}");
-                    None
-                }
-            }
+            let hit = (!long_lived)
+                .then(|| {
+                    cached
+                        .lock()
+                        .expect("forwarding cache lock")
+                        .as_ref()
+                        .filter(|(at, _, made_with)| *at == endpoint && *made_with == generation)
+                        .map(|(_, channel, _)| channel.clone())
+                })
+                .flatten();
+            let channel = match hit {
+                Some(channel) => channel,
+                // Connected without holding the cache: a slow leader delays only this call.
+                None => match rpc::connect_with(
+                    endpoint,
+                    &shared.server_trust(),
+                    Some(&shared.config.credentials),
+                )
+                .await
+                {
+                    Ok(channel) => {
+                        if !long_lived {
+                            *cached.lock().expect("forwarding cache lock") =
+                                Some((endpoint, channel.clone(), generation));
+                        }
+                        channel
+                    }
+                    Err(e) => {
+                        tracing::warn!(%endpoint, "cannot reach the curator leader to forward: {e}");
+                        return None;
+                    }
+                },
+            };
+            metrics::global().forwarded_calls.inc();
+            Some(rpc::forward::Forward {
+                channel,
+                // A long-lived call's own connection closes when the call ends (its last
+                // handle drops); nothing is cached to forget.
+                on_failure: if long_lived { Box::new(|| {}) } else { forget },
+            })
         })
     })
 }

@@ -217,38 +217,42 @@ async fn revoke_member_certificates(
     client: &etcd_client::Client,
     id: &str,
 ) -> Result<(), Status> {
-    let peer_pki = layout::etcd_pki(client.clone());
-    if let Some(peer_ca) = peer_pki
+    revoke_under(
+        layout::etcd_pki(client.clone()),
+        &layout::peer_certificate_prefix(id),
+        id,
+        "etcd peer",
+    )
+    .await?;
+    revoke_under(
+        layout::cluster_pki(&shared.curator),
+        &layout::curator_certificate_prefix(id),
+        id,
+        "curator",
+    )
+    .await
+}
+
+/// Revokes what `store`'s CA issued under `prefix` (node `id`'s `kind` certificates),
+/// when that CA exists.
+async fn revoke_under(
+    store: pki::CaStore,
+    prefix: &str,
+    id: &str,
+    kind: &str,
+) -> Result<(), Status> {
+    let Some(ca) = store
         .load_ca()
         .await
-        .map_err(|e| etcd_status("loading the etcd peer CA", e))?
-    {
-        let revoked = peer_pki
-            .revoke_issued(&peer_ca, &layout::peer_certificate_prefix(id))
-            .await
-            .map_err(|e| etcd_status("revoking the etcd peer certificates", e))?;
-        tracing::info!(
-            node = id,
-            revoked,
-            "revoked the node's etcd peer certificates"
-        );
-    }
-    let cluster_pki = layout::cluster_pki(&shared.curator);
-    if let Some(ca) = cluster_pki
-        .load_ca()
+        .map_err(|e| etcd_status(&format!("loading the CA of the {kind} certificates"), e))?
+    else {
+        return Ok(());
+    };
+    let revoked = store
+        .revoke_issued(&ca, prefix)
         .await
-        .map_err(|e| etcd_status("loading the cluster CA", e))?
-    {
-        let revoked = cluster_pki
-            .revoke_issued(&ca, &layout::curator_certificate_prefix(id))
-            .await
-            .map_err(|e| etcd_status("revoking the curator certificates", e))?;
-        tracing::info!(
-            node = id,
-            revoked,
-            "revoked the node's curator certificates"
-        );
-    }
+        .map_err(|e| etcd_status(&format!("revoking the {kind} certificates"), e))?;
+    tracing::info!(node = id, revoked, "revoked the node's {kind} certificates");
     Ok(())
 }
 
