@@ -8,8 +8,8 @@
 //!
 //!   member A (locked) ── DataUnlock.UnlockData, self-signed join cert ──▶ B:7837
 //!        ◀── A's half, from B's esp/data-peers ──── only to the key in B's list as A's
-//!   refresh (controlplane, every 2 s while etcd runs): the member records with a
-//!        join key and a half, but this node's own, written when they change
+//!   refresh (controlplane, while etcd runs; a watch of the records): the member
+//!        records with a join key and a half, but this node's own, written when they change
 //! ```
 //! Any majority of members can cold start: each one's half is in every other member's
 //! ESP, and the listener answers before (and after) its own data is unlocked. One copied
@@ -95,9 +95,9 @@ pub fn load(root: &Root) -> Result<Vec<Peer>> {
 
 /// The peers to keep, from the cluster's records: consensus members other than `own`
 /// with a join key and a half (a decommissioned record has none).
-pub fn from_records(nodes: &[Node], own: &str) -> Vec<Peer> {
+pub fn from_records<'a>(nodes: impl IntoIterator<Item = &'a Node>, own: &str) -> Vec<Peer> {
     let mut peers: Vec<Peer> = nodes
-        .iter()
+        .into_iter()
         .filter(|n| n.id != own)
         .filter(|n| {
             n.roles
@@ -242,7 +242,10 @@ pub async fn confirm_held_elsewhere(root: &Root, peers: &[Peer]) -> Result<()> {
     Ok(())
 }
 
-/// The refresh runnable's loop: `esp/data-peers` from the records in etcd every 2 s.
+/// The refresh runnable's loop: `esp/data-peers` kept current from a watch of the node
+/// records in etcd (written only when the members' halves change); a first node also
+/// asks, until one does, whether another member holds its own half yet (their
+/// listeners may come up after the records).
 pub async fn refresh(
     ctx: supervisor::Context,
     root: Root,
@@ -250,28 +253,50 @@ pub async fn refresh(
     curator: consensus::Namespaced,
 ) -> supervisor::RunnableResult {
     ctx.signal_healthy();
+    let mut peers: Option<Vec<Peer>> = None;
     loop {
-        match curator::records::list_nodes(&curator).await {
-            Ok(nodes) => {
-                let peers = from_records(&nodes, &own);
-                if save_if_changed(&root, &peers)? {
-                    tracing::info!(
-                        members = peers.len(),
-                        "kept the other members' cluster halves"
-                    );
-                }
-                if datakeys::is_bootstrap(&root) {
-                    confirm_held_elsewhere(&root, &peers).await?;
-                }
+        let view_own = own.clone();
+        let mut watched = curator::records::watch_nodes(&curator, move |nodes, _, _| {
+            from_records(nodes.values(), &view_own)
+        });
+        loop {
+            let waiting_for_a_keeper = peers.is_some() && datakeys::is_bootstrap(&root);
+            tokio::select! {
+                update = watched.recv() => match update {
+                    Some(Ok(new)) => {
+                        if save_if_changed(&root, &new)? {
+                            tracing::info!(
+                                members = new.len(),
+                                "kept the other members' cluster halves"
+                            );
+                        }
+                        peers = Some(new);
+                    }
+                    Some(Err(e)) => {
+                        tracing::debug!("watching the member records for their halves: {e}");
+                        break;
+                    }
+                    None => break,
+                },
+                _ = tokio::time::sleep(RETRY), if waiting_for_a_keeper => {}
+                _ = ctx.cancelled() => return Ok(()),
             }
-            Err(e) => tracing::debug!("reading the member records for their halves: {e}"),
+            if let Some(peers) = &peers
+                && datakeys::is_bootstrap(&root)
+            {
+                confirm_held_elsewhere(&root, peers).await?;
+            }
         }
+        // The watch ended (e.g. no etcd leader): watch again after a pause.
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = tokio::time::sleep(RETRY) => {}
             _ = ctx.cancelled() => return Ok(()),
         }
     }
 }
+
+/// Pause before watching again, and between a first node's questions to its peers.
+const RETRY: Duration = Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {
