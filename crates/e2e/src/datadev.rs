@@ -28,11 +28,22 @@ pub struct Mounts(pub PathBuf);
 
 impl Drop for Mounts {
     fn drop(&mut self) {
+        // A killed node's etcd dies a moment after it (PR_SET_PDEATHSIG) and keeps the
+        // mount busy until then: retry for a while, then detach it lazily.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         for d in [self.0.join("data"), self.0.join("datafs")] {
             while datafs::mounts::is_mount_point(&d).unwrap_or(false) {
-                if datafs::mounts::unmount(&d).is_err() {
+                if datafs::mounts::unmount(&d).is_ok() {
+                    continue;
+                }
+                if std::time::Instant::now() > deadline {
+                    if let Ok(path) = std::ffi::CString::new(d.as_os_str().as_encoded_bytes()) {
+                        // SAFETY: umount2(2) with a NUL-terminated path and a flag.
+                        unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+                    }
                     break;
                 }
+                std::thread::sleep(std::time::Duration::from_millis(50));
             }
         }
     }
