@@ -1,15 +1,19 @@
-//! Benchmark: what encrypted data (`--data-device`, issue 18) costs. In one run,
-//! alternately, a one-node cluster is bootstrapped on plain `ROOT/data` and on an
-//! encrypted 256 MiB loop image (root only), and each time:
+//! Benchmark: what encrypted data (`--data-device`, issue 18) costs. In one run, in
+//! turn, a one-node cluster is bootstrapped on plain `ROOT/data` (a directory of the
+//! host's file system), on plain `ROOT/data` that is an ext4 file system on a 256 MiB
+//! loop image (made as `--data-device` makes one, without the encryption: what the loop
+//! device alone costs) and on an encrypted 256 MiB loop image (root only), and each
+//! time:
 //!
 //! ```text
 //!   bootstrap: polis-node start → Home (the encrypted one formats its image first)
 //!   writes:    16 owner clients call UpdateNodeLabels for SECONDS, each over its own
 //!              mutual-TLS connection (every write an etcd txn on the data directory)
 //! ```
-//! One line per sample; the last line printed is one JSON object: writes/s plain and
-//! encrypted (summed over rounds), their ratio (target ≥ 0.9), the median bootstrap of
-//! each and the encrypted one's overhead.
+//! One line per sample; the last line printed is one JSON object: writes/s of each
+//! (summed over rounds), the encrypted ÷ plain ratio (target ≥ 0.9), the encrypted ÷
+//! plain-on-the-same-loop-ext4 ratio (the cost of the encryption alone), the median
+//! bootstrap of plain and encrypted and the encrypted one's overhead.
 //!
 //! Usage: bench-encrypted [SECONDS_PER_MEASUREMENT] [ROUNDS]   (default 5 and 3)
 
@@ -42,9 +46,59 @@ impl Drop for Mounts {
     }
 }
 
-/// Bootstraps a one-node cluster in `dir` (on an encrypted image when `encrypted`),
-/// takes ownership; returns it and its start → Home time in ms.
-fn bootstrap(dir: &Path, encrypted: bool) -> Result<(Cluster, f64)> {
+/// Where a node's data lives in a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Data {
+    /// A directory on the host's file system (no `--data-device`).
+    Plain,
+    /// A directory that is an unencrypted ext4 on a loop image, mounted by the bench.
+    PlainLoop,
+    /// `--data-device` on a loop image.
+    Encrypted,
+}
+
+impl Data {
+    fn name(self) -> &'static str {
+        match self {
+            Data::Plain => "plain",
+            Data::PlainLoop => "plain-loop-ext4",
+            Data::Encrypted => "encrypted",
+        }
+    }
+}
+
+/// A sparse 256 MiB image file, as `cluster launch --encrypted` makes.
+fn image(dir: &Path) -> Result<PathBuf> {
+    let img = dir.join("data.img");
+    std::fs::File::create(&img)?.set_len(256 << 20)?;
+    Ok(img)
+}
+
+/// Makes `data_dir` an ext4 on a loop image, formatted with the options `datafs` uses
+/// (so the file systems differ only by the encryption policy).
+fn mount_plain_loop(dir: &Path, data_dir: &Path) -> Result<()> {
+    let img = image(dir)?;
+    let loop_dev = datafs::loopdev::attach(&img).context("attaching a loop device")?;
+    let out = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-b", "4096", "-m", "0", "-O", "encrypt"])
+        .arg(loop_dev.path())
+        .output()
+        .context("running mkfs.ext4")?;
+    ensure!(
+        out.status.success(),
+        "mkfs.ext4 failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::create_dir_all(data_dir)?;
+    let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    datafs::mounts::mount(loop_dev.path(), data_dir, Some("ext4"), flags)
+        .with_context(|| format!("mounting the loop ext4 on {}", data_dir.display()))?;
+    Ok(())
+}
+
+/// Bootstraps a one-node cluster in `dir` with its data as `data` says, takes
+/// ownership; returns it and its start → Home time in ms.
+fn bootstrap(dir: &Path, data: Data) -> Result<(Cluster, f64)> {
     let first_dir = dir.join("n0");
     std::fs::create_dir_all(&first_dir)?;
     let mut first = Node::new(&first_dir);
@@ -53,11 +107,13 @@ fn bootstrap(dir: &Path, encrypted: bool) -> Result<(Cluster, f64)> {
         "--params".to_string(),
         params.to_str().context("utf-8 path")?.to_string(),
     ];
-    if encrypted {
-        let img = dir.join("data.img");
-        std::fs::File::create(&img)?.set_len(256 << 20)?;
-        args.push("--data-device".into());
-        args.push(img.to_str().context("utf-8 path")?.to_string());
+    match data {
+        Data::Plain => {}
+        Data::PlainLoop => mount_plain_loop(dir, &first_dir.join("root/data"))?,
+        Data::Encrypted => {
+            args.push("--data-device".into());
+            args.push(image(dir)?.to_str().context("utf-8 path")?.to_string());
+        }
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let proc = first.start(&args)?;
@@ -154,17 +210,17 @@ fn main() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let (mut plain, mut encrypted) = ((0usize, Vec::new()), (0usize, Vec::new()));
+    const MODES: [Data; 3] = [Data::Plain, Data::PlainLoop, Data::Encrypted];
+    // Per mode: acknowledged writes summed over rounds, bootstrap times.
+    let mut samples: HashMap<&str, (usize, Vec<f64>)> = HashMap::new();
     for round in 0..rounds {
-        let order = if round % 2 == 0 {
-            [false, true]
-        } else {
-            [true, false]
-        };
-        for enc in order {
+        // Each mode goes first in some round, so a drift of the machine spreads evenly.
+        let mut order = MODES;
+        order.rotate_left(round % MODES.len());
+        for data in order {
             let dir = tempfile::tempdir()?;
             let _mounts = Mounts(dir.path().join("n0/root"));
-            let (mut cluster, boot_ms) = bootstrap(dir.path(), enc)?;
+            let (mut cluster, boot_ms) = bootstrap(dir.path(), data)?;
             let id = cluster.first.key_node_id()?;
             let (ok, failed) = runtime.block_on(async {
                 let clients: Vec<_> = (0..CLIENTS)
@@ -176,13 +232,12 @@ fn main() -> Result<()> {
                 Ok::<_, anyhow::Error>(writes(&clients, &id, duration).await)
             })?;
             let per_s = ok as f64 / duration.as_secs_f64();
-            let mode = if enc { "encrypted" } else { "plain" };
             println!(
                 "{}",
-                json!({"round": round, "data": mode, "bootstrap_ms": (boot_ms * 10.0).round() / 10.0,
+                json!({"round": round, "data": data.name(), "bootstrap_ms": (boot_ms * 10.0).round() / 10.0,
                        "writes_per_s": per_s.round(), "failed": failed})
             );
-            let slot = if enc { &mut encrypted } else { &mut plain };
+            let slot = samples.entry(data.name()).or_default();
             slot.0 += ok;
             slot.1.push(boot_ms);
             let proc = cluster.first.proc();
@@ -191,15 +246,27 @@ fn main() -> Result<()> {
         }
     }
     let total = duration.as_secs_f64() * rounds as f64;
-    let (wp, we) = (plain.0 as f64 / total, encrypted.0 as f64 / total);
+    let mut take = |data: Data| samples.remove(data.name()).unwrap_or_default();
+    let (plain, plain_loop, encrypted) = (
+        take(Data::Plain),
+        take(Data::PlainLoop),
+        take(Data::Encrypted),
+    );
+    let (wp, wl, we) = (
+        plain.0 as f64 / total,
+        plain_loop.0 as f64 / total,
+        encrypted.0 as f64 / total,
+    );
     let (bp, be) = (median(plain.1), median(encrypted.1));
     println!(
         "{}",
         json!({
             "bench": "encrypted",
             "writes_per_s_plain": wp.round(),
+            "writes_per_s_plain_loop_ext4": wl.round(),
             "writes_per_s_encrypted": we.round(),
             "write_ratio": (we / wp * 100.0).round() / 100.0,
+            "write_ratio_same_device": (we / wl * 100.0).round() / 100.0,
             "bootstrap_ms_plain": (bp * 10.0).round() / 10.0,
             "bootstrap_ms_encrypted": (be * 10.0).round() / 10.0,
             "bootstrap_overhead_ms": ((be - bp) * 10.0).round() / 10.0,
