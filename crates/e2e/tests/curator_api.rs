@@ -63,8 +63,14 @@ fn readme_flow_takeownership_and_manage_nodes() -> Result<()> {
     )?;
     assert!(!ok && err.contains("CA fingerprint mismatch"), "{err}");
 
-    let out = ctl_ok(&node, "config", &["takeownership", "--accept-ca"])?;
-    assert!(out.contains("Took ownership"), "{out}");
+    // A config directory that served another cluster before keeps that cluster's CRL:
+    // it is dropped when the new CA is pinned, not left to break every later command.
+    let foreign = pki::Ca::generate("another cluster", Duration::from_secs(3600))?;
+    let crl = pem::encode(&pem::Pem::new("X509 CRL", foreign.crl(&[], 7)?));
+    std::fs::write(dir.path().join("config/crl.pem"), crl)?;
+    let (ok, out, err) = ctl(&node, "config", &["takeownership", "--accept-ca"])?;
+    assert!(ok && out.contains("Took ownership"), "{out}{err}");
+    assert!(err.contains("another cluster's CRL"), "{err}");
     // Harmless to repeat; and the right fingerprint pins without asking.
     ctl_ok(&node, "config", &["takeownership"])?;
     for file in ["owner.pem", "ca.pem", "owner-key.pem"] {

@@ -111,6 +111,23 @@ pub(crate) fn saved_crl(config: &Path, ca: &[u8]) -> Result<rpc::CrlSlot> {
     Ok(slot)
 }
 
+/// Before a CA is first pinned in `config`: a saved CRL that `ca` did not sign was left
+/// by another cluster this directory once belonged to. It is removed (it can revoke
+/// nothing of this cluster; the cluster's own CRL is fetched with the first session),
+/// so that `takeownership` never writes half a configuration and then fails on it.
+/// Returns whether one was removed. An unreadable file is an error, left in place.
+pub(crate) fn drop_foreign_crl(config: &Path, ca: &[u8]) -> Result<bool> {
+    let Some(crl) = read_pem(&crl_path(config), "X509 CRL", "cluster CRL")? else {
+        return Ok(false);
+    };
+    if rpc::CrlSlot::new().offer(ca, &crl).is_ok() {
+        return Ok(false);
+    }
+    fs::remove_file(crl_path(config))
+        .with_context(|| format!("removing {}", crl_path(config).display()))?;
+    Ok(true)
+}
+
 pub(crate) fn read_pem(path: &Path, tag: &str, what: &str) -> Result<Option<Vec<u8>>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
@@ -203,6 +220,26 @@ mod tests {
             .mode()
             & 0o777;
         assert_eq!((dir_mode, key_mode), (0o700, 0o600));
+    }
+
+    #[test]
+    fn a_crl_of_another_cluster_is_dropped_and_this_clusters_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path();
+        let old = pki::Ca::generate("old cluster", std::time::Duration::from_secs(3600)).unwrap();
+        let new = pki::Ca::generate("new cluster", std::time::Duration::from_secs(3600)).unwrap();
+        assert!(
+            !drop_foreign_crl(config, &new.cert_der).unwrap(),
+            "no CRL saved"
+        );
+        write_pem(&crl_path(config), "X509 CRL", &old.crl(&[], 1).unwrap()).unwrap();
+        assert!(saved_crl(config, &new.cert_der).is_err());
+        assert!(drop_foreign_crl(config, &new.cert_der).unwrap());
+        assert!(!crl_path(config).exists());
+        assert!(saved_crl(config, &new.cert_der).is_ok());
+        write_pem(&crl_path(config), "X509 CRL", &new.crl(&[], 2).unwrap()).unwrap();
+        assert!(!drop_foreign_crl(config, &new.cert_der).unwrap());
+        assert!(crl_path(config).exists(), "this cluster's CRL is kept");
     }
 
     #[test]

@@ -11,7 +11,8 @@ use proto::api;
 use tonic::transport::Channel;
 
 use crate::config_dir::{
-    ca_path, endpoints, load_owner_key, owner_certificate_path, owner_key_path, read_pem, write_pem,
+    ca_path, crl_path, drop_foreign_crl, endpoints, load_owner_key, owner_certificate_path,
+    owner_key_path, read_pem, saved_crl, write_pem,
 };
 use crate::session::{OwnerSession, call_error, escrow};
 
@@ -118,8 +119,19 @@ pub(crate) async fn take_ownership(
             ca_path(config).display(),
             rpc::fingerprint(&pinned)
         ),
-        None => approve_ca(&fingerprint, &approval)?,
+        None => {
+            approve_ca(&fingerprint, &approval)?;
+            if drop_foreign_crl(config, &ca)? {
+                eprintln!(
+                    "Removed {}: it was another cluster's CRL (not signed by this CA).",
+                    crl_path(config).display()
+                );
+            }
+        }
     }
+    // With the CA pinned already, a CRL it did not sign is refused now, before anything
+    // is written, rather than by the first session after the owner certificate was.
+    saved_crl(config, &ca)?;
 
     // Now with the CA pinned: prove the owner key and receive a certificate.
     let response = escrow(&endpoints, &ca, &key, &key_path, "taking ownership").await?;
