@@ -56,6 +56,27 @@ pub fn bootstrap_cluster_name(root: &Root, owner_key: &[u8]) -> Result<String> {
     }
 }
 
+/// Keeps the node's own cluster half in the ESP with the marker's cluster name, as a
+/// first node does (a restored or recovered sole member): later starts read both, and
+/// the half stays until another member keeps it (`datapeers::confirm_held_elsewhere`).
+/// A name already kept must be `cluster` (the marker on the device names it).
+pub fn keep_own_half(root: &Root, cluster: &str, half: &datafs::Half) -> Result<()> {
+    let path = bootstrap_cluster(root);
+    if path.exists() {
+        let kept = bootstrap_cluster_name(root, &[])?;
+        if kept != cluster {
+            bail!(
+                "{} names data cluster {kept}, not {cluster}",
+                path.display()
+            );
+        }
+    } else {
+        write_atomic(&path, cluster.as_bytes())
+            .context("saving the data marker's cluster name")?;
+    }
+    write_atomic(&pending_half(root), &half.encode()).context("saving the cluster half")
+}
+
 pub fn fs_dir(root: &Root) -> PathBuf {
     root.root.join("datafs")
 }

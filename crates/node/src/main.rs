@@ -253,6 +253,13 @@ struct RestoreArgs {
     /// The backup file.
     #[arg(long)]
     backup: PathBuf,
+    /// Keep the new ROOT/data on this encrypted device (as `polis-node --data-device`);
+    /// formatted when empty.
+    #[arg(long, value_name = "DEV")]
+    data_device: Option<PathBuf>,
+    /// Format the data device even though it holds something.
+    #[arg(long, requires = "data_device")]
+    data_device_format: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -269,6 +276,14 @@ struct RecoverArgs {
     /// ports (they must be lost for good, or they would form a second cluster).
     #[arg(long)]
     force: bool,
+    /// The member's encrypted data device (its `--data-device`); unlocked with the half a
+    /// surviving member keeps, else with --backup. Never formatted.
+    #[arg(long, value_name = "DEV")]
+    data_device: Option<PathBuf>,
+    /// A backup of this cluster (`polisctl cluster backup`): this node's cluster half is
+    /// read from its record there when no surviving member answers with it.
+    #[arg(long, requires = "data_device")]
+    backup: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -376,6 +391,8 @@ struct Start {
     params: Option<PathBuf>,
     /// `Some(force)`: `polis-node recover`.
     recover: Option<bool>,
+    /// `polis-node recover --backup`.
+    recover_backup: Option<PathBuf>,
     /// `Some(backup file)`: `polis-node restore`.
     restore: Option<PathBuf>,
     data_device: Option<datadev::DataDevice>,
@@ -408,8 +425,12 @@ fn main() -> ExitCode {
             address: r.address,
             params: None,
             recover: Some(r.force),
+            recover_backup: r.backup,
             restore: None,
-            data_device: None,
+            data_device: r.data_device.map(|device| datadev::DataDevice {
+                device,
+                format: false,
+            }),
             args: r.common,
         },
         Some(Command::Restore(r)) => Start {
@@ -417,8 +438,12 @@ fn main() -> ExitCode {
             address: Some(r.address),
             params: None,
             recover: None,
+            recover_backup: None,
             restore: Some(r.backup),
-            data_device: None,
+            data_device: r.data_device.map(|device| datadev::DataDevice {
+                device,
+                format: r.data_device_format,
+            }),
             args: r.common,
         },
         None => Start {
@@ -426,6 +451,7 @@ fn main() -> ExitCode {
             address: Some(parsed.address.expect("clap requires --address")),
             params: parsed.params,
             recover: None,
+            recover_backup: None,
             restore: None,
             data_device: parsed.data_device.map(|device| datadev::DataDevice {
                 device,
@@ -493,17 +519,21 @@ async fn run(start: Start) -> Result<()> {
                 etcd_binary: args.etcd_binary.clone(),
                 raft_timing,
             };
-            let (lock, plan) = restore::restore(&root, &flags).await?;
-            (lock, address, plan, ForceNewCluster::default(), None)
+            let (lock, plan, volume) =
+                restore::restore(&root, &flags, start.data_device.as_ref()).await?;
+            (lock, address, plan, ForceNewCluster::default(), volume)
         }
         (Some(force), address) => {
             let flags = recover::RecoverFlags {
                 address,
                 etcd_binary: args.etcd_binary.clone(),
                 force,
+                data_device: start.data_device.clone(),
+                backup: start.recover_backup.clone(),
+                raft_timing,
             };
-            let (lock, address, plan) = recover::preflight(&root, &flags).await?;
-            (lock, address, plan, ForceNewCluster::armed(), None)
+            let (lock, address, plan, volume) = recover::preflight(&root, &flags).await?;
+            (lock, address, plan, ForceNewCluster::armed(), volume)
         }
         (None, address) => {
             let address = address.context("--address is required")?;
@@ -647,11 +677,7 @@ async fn run(start: Start) -> Result<()> {
     if let Some(volume) = volume {
         // Nothing uses the data any more: its key leaves the kernel, it is unmounted.
         logcapture::hub().detach_file();
-        match tokio::task::spawn_blocking(move || volume.close()).await {
-            Ok(Ok(())) => tracing::info!("data device locked and unmounted"),
-            Ok(Err(e)) => tracing::error!("closing the data device: {e}"),
-            Err(e) => tracing::error!("closing the data device: {e}"),
-        }
+        datadev::close(volume).await;
     }
     match outcome {
         Err(e) if e.downcast_ref::<LeftCluster>().is_some() => {
