@@ -196,7 +196,10 @@ fn encrypted_members_recover_and_restore_from_the_owners_backup() -> Result<()> 
         ),
         "is not of this node's cluster",
     )?;
-    ensure!(line.contains(foreign_str), "the backup is not named: {line}");
+    ensure!(
+        line.contains(foreign_str),
+        "the backup is not named: {line}"
+    );
     ensure!(
         !datafs::mounts::is_mount_point(&data0)?,
         "a refused recover left the data mounted"
@@ -224,7 +227,10 @@ fn encrypted_members_recover_and_restore_from_the_owners_backup() -> Result<()> 
         "the recovered member's data is not the encrypted mount"
     );
     let out = describe(&cluster, &endpoint, &id0)?;
-    ensure!(out.contains(label), "the label is gone after recover:\n{out}");
+    ensure!(
+        out.contains(label),
+        "the label is gone after recover:\n{out}"
+    );
     cluster.ctl_retry(&[
         "--endpoints",
         &endpoint,
@@ -322,7 +328,10 @@ fn encrypted_members_recover_and_restore_from_the_owners_backup() -> Result<()> 
     restored.start(&["--data-device", &imgs[3]])?;
     restored.wait_home()?;
     let out = describe(&cluster, &address, &id0)?;
-    ensure!(out.contains(label), "the label is gone after a restart:\n{out}");
+    ensure!(
+        out.contains(label),
+        "the label is gone after a restart:\n{out}"
+    );
     restored.stop_cleanly()?;
     ensure!(
         !image_holds(&imgs[3], label.as_bytes(), dir.path())?,

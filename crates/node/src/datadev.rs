@@ -118,7 +118,11 @@ pub async fn open(
 
 /// The owner a sealed node's data file system is marked for: the name in its ESP when it
 /// kept one (a first node of its cluster), else its cluster's CA.
-fn sealed_owner(root: &Root, sealed: &SealedConfiguration, join: &NodeKey) -> Result<datafs::Owner> {
+fn sealed_owner(
+    root: &Root,
+    sealed: &SealedConfiguration,
+    join: &NodeKey,
+) -> Result<datafs::Owner> {
     Ok(if datakeys::is_bootstrap(root) {
         named_owner(datakeys::bootstrap_cluster_name(root, &[])?, join)
     } else {
@@ -192,7 +196,15 @@ pub async fn open_sealed(
 ) -> Result<datafs::Volume> {
     let local = datafs::halffile::load(&datakeys::local_half(root))?;
     let owner = sealed_owner(root, sealed, join)?;
-    mount(root, dev, owner, &local, cluster, datafs::FormatPolicy::Never).await
+    mount(
+        root,
+        dev,
+        owner,
+        &local,
+        cluster,
+        datafs::FormatPolicy::Never,
+    )
+    .await
 }
 
 /// After a recover: the node is its cluster's only member, and no ESP but its own can
@@ -272,7 +284,10 @@ async fn from_peers(
                         sealed.node_id
                     );
                 }
-                tracing::info!(member = peer.id, "another member handed this node its cluster half");
+                tracing::info!(
+                    member = peer.id,
+                    "another member handed this node its cluster half"
+                );
                 return datafs::Half::decode(&a.cluster_half)
                     .map(Some)
                     .map_err(|e| anyhow!("a member sent an unusable cluster half: {e}"));
@@ -363,6 +378,16 @@ mod tests {
         );
         assert_ne!(a.cluster, owner(b"ca two", &join).cluster);
         assert!(a.validate().is_ok());
+    }
+
+    #[test]
+    fn a_backups_header_names_the_markers_cluster() {
+        let join = NodeKey::generate().unwrap();
+        let ca = b"some cluster CA certificate";
+        assert_eq!(
+            cluster_name(&rpc::fingerprint(ca)),
+            owner(ca, &join).cluster
+        );
     }
 
     #[test]

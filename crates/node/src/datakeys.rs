@@ -71,8 +71,7 @@ pub fn keep_own_half(root: &Root, cluster: &str, half: &datafs::Half) -> Result<
             );
         }
     } else {
-        write_atomic(&path, cluster.as_bytes())
-            .context("saving the data marker's cluster name")?;
+        write_atomic(&path, cluster.as_bytes()).context("saving the data marker's cluster name")?;
     }
     write_atomic(&pending_half(root), &half.encode()).context("saving the cluster half")
 }
@@ -200,6 +199,33 @@ pub fn erase(root: &Root) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sole_member_keeps_its_half_under_the_markers_name_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path().to_path_buf());
+        privatefs::ensure_private_dir(&root.esp()).unwrap();
+        let half = datafs::Half::generate().unwrap();
+        keep_own_half(&root, "ca-0123456789abcdef", &half).unwrap();
+        assert!(is_bootstrap(&root));
+        assert_eq!(
+            bootstrap_cluster_name(&root, b"ignored").unwrap(),
+            "ca-0123456789abcdef"
+        );
+        assert_eq!(
+            read_pending(&root).unwrap().unwrap().encode(),
+            half.encode()
+        );
+        // Again with the same name (a second recover): kept; another name: refused.
+        keep_own_half(&root, "ca-0123456789abcdef", &half).unwrap();
+        let e = keep_own_half(&root, "boot-0000000000000000", &half)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("boot-0000000000000000") && e.contains("ca-0123456789abcdef"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_first_node_keeps_its_marker_name_and_its_peers_go_with_the_keys() {

@@ -207,7 +207,12 @@ async fn unlock(
     flags: &RecoverFlags,
     dev: &DataDevice,
     address: IpAddr,
-) -> Result<(SealedConfiguration, identity::NodeKey, datafs::Half, datafs::Volume)> {
+) -> Result<(
+    SealedConfiguration,
+    identity::NodeKey,
+    datafs::Half,
+    datafs::Volume,
+)> {
     let (sealed, join, found) = datadev::survivor_half(root, address).await?;
     let half = match (found, &flags.backup) {
         (Some(half), _) => half,
