@@ -20,6 +20,14 @@
 //! yet), records its half in its first record, and keeps the half in its ESP until
 //! another member's listener answers with it: a one-member cluster unlocks alone.
 //!
+//! Two more ways in, for the start paths that make a sole member (issue 18, escrow):
+//! `recover --data-device` unlocks a sealed member with a half found by `survivor_half`
+//! (its ESP, else the other members' listeners, asked once) or read by `recover` from
+//! the owner's backup (`open_sealed`), then keeps it like a first node
+//! (`keep_own_half`); `restore --data-device` creates a new node's keys and device marked
+//! for the backup's cluster (`open_restoring`). `close` locks and unmounts again when
+//! they refuse.
+//!
 //! A start path: runs once before the start decision; may not start runnables.
 
 use std::path::{Path, PathBuf};

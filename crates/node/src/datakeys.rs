@@ -6,10 +6,11 @@
 //!                                   before its data (and node key) is unlocked
 //!   <root>/esp/data-cluster-half    the cluster half, only until the cluster keeps   0600
 //!                                   it (registration; removed once sealed)
-//!   <root>/esp/data-bootstrap-cluster   a first node only: the cluster name of its data   0600
-//!                                   marker (made before the cluster CA exists); while
-//!                                   it exists the cluster half stays in the ESP until
-//!                                   another member keeps it (`datapeers`)
+//!   <root>/esp/data-bootstrap-cluster   a sole member only (bootstrapped, restored or     0600
+//!                                   recovered): the cluster name of its data marker
+//!                                   (a first node's is made before the cluster CA
+//!                                   exists); while it exists the cluster half stays in
+//!                                   the ESP until another member keeps it (`datapeers`)
 //!   <root>/datafs/                  where the data file system is mounted; its
 //!                                   encrypted directory is bind-mounted on data/
 //! ```

@@ -54,12 +54,13 @@
 //!   logserver       root.role.logs: NodeLogs on :7836 (owner only) from logcapture
 //!   ─────────────── start paths (once per start; never import a runnable) ──────────
 //!   recover         `polis-node recover`: its refusals (on top of preflight's), then a
-//!     │             join with --force-new-cluster for one etcd start
-//!     └──▶ preflight
+//!     │             join with --force-new-cluster for one etcd start; --data-device:
+//!     │             unlocked from a surviving member or the owner's backup first
+//!     └──▶ preflight, restore (serve_backup: a backup's snapshot read), datadev
 //!   restore         `polis-node restore`: an empty root made the only member of a
 //!     │             backup's cluster (etcdctl snapshot restore, one etcd start), then
-//!     │             a join
-//!     └──▶ preflight
+//!     │             a join; --data-device: on a new encrypted device
+//!     └──▶ preflight, datadev
 //!   set_curators    `polis-node set-curators`: the cluster directory replaced (root
 //!     │             locked, membership required); the node is not started
 //!     └──▶ preflight (lock_root)
