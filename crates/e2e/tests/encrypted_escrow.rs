@@ -39,12 +39,6 @@ fn image_holds(img: &str, needle: &[u8], scratch: &Path) -> Result<bool> {
     Ok(status.success())
 }
 
-/// Registers an encrypted node `name` on image `img`, approves it, waits until UP.
-fn encrypted_node(cluster: &Cluster, name: &str, img: &str) -> Result<(Node, String)> {
-    let params = cluster.register_params(name)?;
-    cluster.add_worker_with(name, &params, &["--data-device", img])
-}
-
 /// `polis-node SUBCOMMAND --log-format=json ARGS`.
 fn node_command(subcommand: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(bin("polis-node"));
@@ -111,40 +105,15 @@ fn encrypted_members_recover_and_restore_from_the_owners_backup() -> Result<()> 
         .map(|n| Some(Mounts(dir.path().join(n).join("root"))))
         .collect();
 
-    // Three encrypted members; the first bootstrapped on its image.
+    let (mut cluster, others) = Cluster::encrypted_members(dir.path(), &imgs)?;
     let n0_dir = dir.path().join("n0");
-    std::fs::create_dir_all(&n0_dir)?;
-    let mut first = Node::new(&n0_dir);
-    let params = first.bootstrap_params()?;
-    first.start(&[
-        "--params",
-        params.to_str().context("utf-8")?,
-        "--data-device",
-        &imgs[0],
-    ])?;
-    first.wait_home()?;
-    let esp0 = first.root.join("esp");
-    let mut cluster = Cluster {
-        dir: dir.path().to_path_buf(),
-        config: n0_dir.join("config"),
-        first,
-        node_args: vec![],
-    };
+    let esp0 = cluster.first.root.join("esp");
     let endpoint = cluster.first.address.to_string();
-    cluster.ctl_retry(&["--endpoints", &endpoint, "takeownership", "--accept-ca"])?;
     let id0 = cluster.first.key_node_id()?;
-    let (mut m1, id1) = encrypted_node(&cluster, "m1", &imgs[1])?;
-    let (mut m2, id2) = encrypted_node(&cluster, "m2", &imgs[2])?;
-    for id in [&id1, &id2] {
-        cluster.ctl_retry(&["node", "add-role", id, "ConsensusMember"])?;
-    }
-    cluster.wait_members(&e2e::endpoints(&[&cluster.first, &m1, &m2]), 3, 0)?;
-    // The survivor-to-be depends on the others: its own half left its ESP.
-    wait_until(
-        "the first node's half is kept by another member",
-        TIMEOUT,
-        || !esp0.join("data-cluster-half").exists(),
-    )?;
+    let (mut m1, mut m2) = {
+        let mut it = others.into_iter().map(|(n, _)| n);
+        (it.next().context("m1")?, it.next().context("m2")?)
+    };
 
     let label = "qxzzy-escrow-secret-8123";
     cluster.ctl_retry(&["node", "label", &id0, &format!("secret={label}")])?;
@@ -222,6 +191,14 @@ fn encrypted_members_recover_and_restore_from_the_owners_backup() -> Result<()> 
         &n0_dir.join("recover.log"),
     )?);
     cluster.first.wait_home()?;
+    ensure!(
+        cluster
+            .first
+            .proc()
+            .output()
+            .contains("reading this node's cluster half from the backup"),
+        "the half did not come from the backup"
+    );
     ensure!(
         datafs::mounts::is_mount_point(&data0)?,
         "the recovered member's data is not the encrypted mount"
