@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
-use e2e::{Cluster, Mounts, Node, Proc, TIMEOUT, bin, data_image, fscrypt_usable, wait_until};
+use e2e::{Cluster, Mounts, Node, Proc, TIMEOUT, bin, data_image, fscrypt_usable};
 
 /// Whether the raw image holds `needle` (no newline in it: grep's patterns are lines).
 fn image_holds(img: &str, needle: &[u8], scratch: &Path) -> Result<bool> {
