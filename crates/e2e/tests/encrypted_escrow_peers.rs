@@ -3,7 +3,8 @@
 //! bootstrapped on its image) loses one member for good (kill -9, root and image
 //! deleted); the other two are stopped. One survivor is started as usual: it cannot
 //! unlock (nobody answers for it) and waits, Split, its listener up. `recover` on the
-//! other survivor gets its half from that listener, comes Home as the only member with
+//! other survivor gets its half from that listener (refused after that unlock while its
+//! curator port is held: unmounted again, nothing kept), comes Home as the only member with
 //! the label there and a write served, and keeps its half in its ESP only until the
 //! waiting survivor (unlocked through it in turn) keeps it again. Root only; skipped with
 //! a printed reason where the kernel lacks ext4 encryption.
@@ -52,20 +53,52 @@ fn an_encrypted_survivor_recovers_with_its_half_from_another_survivor() -> Resul
     m1.start(&["--data-device", &imgs[1]])?;
     m1.wait_state("Split")?;
 
-    // recover on n0 without a backup: m1's listener hands it its half.
     let root0 = cluster.first.root.to_str().context("utf-8")?.to_string();
-    let mut cmd = Command::new(bin("polis-node"));
-    cmd.args([
-        "recover",
-        "--log-format=json",
-        "--root",
-        &root0,
-        "--data-device",
-        &imgs[0],
-    ]);
+    let recover = || {
+        let mut cmd = Command::new(bin("polis-node"));
+        cmd.args([
+            "recover",
+            "--log-format=json",
+            "--root",
+            &root0,
+            "--data-device",
+            &imgs[0],
+        ]);
+        cmd
+    };
+    // A refusal after the unlock (its curator port held): unmounted again.
+    let held = std::net::TcpListener::bind((cluster.first.address, rpc::CURATOR_PORT))?;
+    let mut refused = Proc::spawn(
+        "polis-node recover (refused)",
+        recover(),
+        &dir.path().join("n0").join("recover-refused.log"),
+    )?;
+    let status = refused.wait_exit(TIMEOUT)?;
+    let output = refused.output();
+    ensure!(
+        status.code() == Some(1),
+        "recover must be refused: {output}"
+    );
+    ensure!(
+        output.contains("another member handed this node its cluster half")
+            && output.contains("curator"),
+        "not refused after the unlock, for the held port: {output}"
+    );
+    ensure!(
+        !datafs::mounts::is_mount_point(&cluster.first.root.join("data"))?
+            && !datafs::mounts::is_mount_point(&cluster.first.root.join("datafs"))?,
+        "a recover refused after the unlock left the data mounted"
+    );
+    ensure!(
+        !cluster.first.root.join("esp/data-cluster-half").exists(),
+        "a refused recover kept the half in the ESP"
+    );
+    drop(held);
+
+    // recover on n0 without a backup: m1's listener hands it its half.
     cluster.first.proc = Some(Proc::spawn(
         "polis-node recover",
-        cmd,
+        recover(),
         &dir.path().join("n0").join("recover.log"),
     )?);
     cluster.first.wait_home()?;
