@@ -175,6 +175,7 @@ fn encrypted_members_recover_and_restore_from_the_owners_backup() -> Result<()> 
     );
 
     // With the cluster's backup: the escrowed half unlocks it; Home, label, a new write.
+    let started = std::time::Instant::now();
     cluster.first.proc = Some(Proc::spawn(
         "polis-node recover",
         node_command(
@@ -191,6 +192,10 @@ fn encrypted_members_recover_and_restore_from_the_owners_backup() -> Result<()> 
         &n0_dir.join("recover.log"),
     )?);
     cluster.first.wait_home()?;
+    println!(
+        "recovered with the backup's half: Home {:?} after recover started",
+        started.elapsed()
+    );
     ensure!(
         cluster
             .first
