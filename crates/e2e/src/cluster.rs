@@ -64,6 +64,48 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// Three consensus members on encrypted images (`--data-device`, `imgs[0..3]`): the
+    /// first bootstrapped on its image in `dir/n0`, then `m1` and `m2` registered on theirs
+    /// and given the role; returns once the first one's own half left its ESP (another
+    /// member keeps it): the cluster, and the other two members with their IDs.
+    pub fn encrypted_members(
+        dir: &Path,
+        imgs: &[String],
+    ) -> Result<(Cluster, Vec<(Node, String)>)> {
+        let first_dir = dir.join("n0");
+        std::fs::create_dir_all(&first_dir)?;
+        let mut first = Node::new(&first_dir);
+        let params = first.bootstrap_params()?;
+        let params = params.to_str().context("utf-8 path")?;
+        first.start(&["--params", params, "--data-device", &imgs[0]])?;
+        first.wait_home()?;
+        let cluster = Cluster {
+            dir: dir.to_path_buf(),
+            config: first_dir.join("config"),
+            first,
+            node_args: vec![],
+        };
+        let endpoint = cluster.first.address.to_string();
+        cluster.ctl_retry(&["--endpoints", &endpoint, "takeownership", "--accept-ca"])?;
+        let mut others = Vec::new();
+        for (name, img) in [("m1", &imgs[1]), ("m2", &imgs[2])] {
+            let params = cluster.register_params(name)?;
+            others.push(cluster.add_worker_with(name, &params, &["--data-device", img])?);
+        }
+        for (_, id) in &others {
+            cluster.ctl_retry(&["node", "add-role", id, "ConsensusMember"])?;
+        }
+        let all = [&cluster.first, &others[0].0, &others[1].0];
+        cluster.wait_members(&endpoints(&all), 3, 0)?;
+        let own_half = cluster.first.root.join("esp/data-cluster-half");
+        crate::wait::wait_until(
+            "the first node's half is kept by another member",
+            TIMEOUT,
+            || !own_half.exists(),
+        )?;
+        Ok((cluster, others))
+    }
+
     /// Runs polisctl with this cluster's config: (success, stdout, stderr).
     pub fn ctl(&self, args: &[&str]) -> Result<(bool, String, String)> {
         let mut all = vec!["--config", self.config.to_str().context("utf-8 path")?];

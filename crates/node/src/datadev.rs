@@ -20,6 +20,14 @@
 //! yet), records its half in its first record, and keeps the half in its ESP until
 //! another member's listener answers with it: a one-member cluster unlocks alone.
 //!
+//! Two more ways in, for the start paths that make a sole member (issue 18, escrow):
+//! `recover --data-device` unlocks a sealed member with a half found by `survivor_half`
+//! (its ESP, else the other members' listeners, asked once) or read by `recover` from
+//! the owner's backup (`open_sealed`), then keeps it like a first node
+//! (`keep_own_half`); `restore --data-device` creates a new node's keys and device marked
+//! for the backup's cluster (`open_restoring`). `close` locks and unmounts again when
+//! they refuse.
+//!
 //! A start path: runs once before the start decision; may not start runnables.
 
 use std::path::{Path, PathBuf};
@@ -45,8 +53,13 @@ pub struct DataDevice {
 /// The owner a data file system is marked for: the cluster (by its CA) and the node (by
 /// its join key).
 fn owner(ca_der: &[u8], join: &NodeKey) -> datafs::Owner {
-    let digest = ring::digest::digest(&ring::digest::SHA256, ca_der);
-    named_owner(format!("ca-{}", hex::encode(&digest.as_ref()[..8])), join)
+    named_owner(cluster_name(&rpc::fingerprint(ca_der)), join)
+}
+
+/// The marker's cluster name of the cluster whose CA has `fingerprint` (hex SHA-256, as
+/// a backup's header names it).
+pub fn cluster_name(fingerprint: &str) -> String {
+    format!("ca-{}", fingerprint.get(..16).unwrap_or(fingerprint))
 }
 
 fn named_owner(cluster: String, join: &NodeKey) -> datafs::Owner {
@@ -78,11 +91,7 @@ pub async fn open(
             Some(half) => half,
             None => unlock(root, &sealed, &join).await?,
         };
-        let owner = if datakeys::is_bootstrap(root) {
-            named_owner(datakeys::bootstrap_cluster_name(root, &[])?, &join)
-        } else {
-            owner(&sealed.cluster_ca_certificate, &join)
-        };
+        let owner = sealed_owner(root, &sealed, &join)?;
         (owner, local, cluster, datafs::FormatPolicy::Never)
     } else {
         let parameters: NodeParameters = read_proto(params, "node parameters")
@@ -108,7 +117,37 @@ pub async fn open(
         };
         (owner, keys.local, keys.cluster, format)
     };
-    let key = datafs::DataKey::derive(&local, &cluster);
+    let volume = mount(root, dev, owner, &local, &cluster, format).await?;
+    if sealed_path.exists() && !datakeys::is_bootstrap(root) {
+        datakeys::forget_pending(root)?;
+    }
+    Ok(volume)
+}
+
+/// The owner a sealed node's data file system is marked for: the name in its ESP when it
+/// kept one (a first node of its cluster), else its cluster's CA.
+fn sealed_owner(
+    root: &Root,
+    sealed: &SealedConfiguration,
+    join: &NodeKey,
+) -> Result<datafs::Owner> {
+    Ok(if datakeys::is_bootstrap(root) {
+        named_owner(datakeys::bootstrap_cluster_name(root, &[])?, join)
+    } else {
+        owner(&sealed.cluster_ca_certificate, join)
+    })
+}
+
+/// `key = HKDF(local ‖ cluster)`, then `datafs::open` of the device on `data/`.
+async fn mount(
+    root: &Root,
+    dev: &DataDevice,
+    owner: datafs::Owner,
+    local: &datafs::Half,
+    cluster: &datafs::Half,
+    format: datafs::FormatPolicy,
+) -> Result<datafs::Volume> {
+    let key = datafs::DataKey::derive(local, cluster);
     let (device, fs_dir, data_dir) = (dev.device.clone(), datakeys::fs_dir(root), root.data());
     let volume = tokio::task::spawn_blocking(move || {
         datafs::open(
@@ -128,11 +167,104 @@ pub async fn open(
     if volume.formatted() {
         tracing::info!(device = %dev.device.display(), "formatted the encrypted data device");
     }
-    if sealed_path.exists() && !datakeys::is_bootstrap(root) {
-        datakeys::forget_pending(root)?;
-    }
     tracing::info!(device = %dev.device.display(), "data device unlocked and mounted");
     Ok(volume)
+}
+
+/// `polis-node recover --data-device`: a stopped member's half without a cluster to ask:
+/// kept in its ESP (a sole member's), else from the first other member whose unlock
+/// listener answers (asked once each); None when neither has it. Starts this node's
+/// own listener (the other survivors may need the halves it keeps).
+pub async fn survivor_half(
+    root: &Root,
+    address: std::net::IpAddr,
+) -> Result<(SealedConfiguration, NodeKey, Option<datafs::Half>)> {
+    let sealed: SealedConfiguration =
+        read_proto(&root.sealed_configuration(), "sealed configuration")?;
+    let join = datakeys::read_join_key(root)?;
+    datafs::halffile::load(&datakeys::local_half(root))?;
+    datapeers::listen(root, address, &join).await?;
+    if let Some(half) = datakeys::read_pending(root)? {
+        return Ok((sealed, join, Some(half)));
+    }
+    let credentials = rpc::self_signed(&join).context("creating the join key's certificate")?;
+    let peers = datapeers::load(root)?;
+    let half = from_peers(&peers, &credentials, &sealed).await?;
+    Ok((sealed, join, half))
+}
+
+/// A sealed node's device unlocked with `cluster` (recover): never formatted; a half
+/// that is not this device's is refused by the kernel's key identifier.
+pub async fn open_sealed(
+    root: &Root,
+    dev: &DataDevice,
+    sealed: &SealedConfiguration,
+    join: &NodeKey,
+    cluster: &datafs::Half,
+) -> Result<datafs::Volume> {
+    let local = datafs::halffile::load(&datakeys::local_half(root))?;
+    let owner = sealed_owner(root, sealed, join)?;
+    mount(
+        root,
+        dev,
+        owner,
+        &local,
+        cluster,
+        datafs::FormatPolicy::Never,
+    )
+    .await
+}
+
+/// After a recover: the node is its cluster's only member, and no ESP but its own can
+/// answer for its half any more. Kept there as a first node keeps it (the marker's name
+/// with it), until another member's listener answers with it (`datapeers`).
+pub fn keep_own_half(
+    root: &Root,
+    sealed: &SealedConfiguration,
+    join: &NodeKey,
+    cluster: &datafs::Half,
+) -> Result<()> {
+    let owner = sealed_owner(root, sealed, join)?;
+    datakeys::keep_own_half(root, &owner.cluster, cluster)
+}
+
+/// `polis-node restore --data-device`: a new node's keys created in its ESP (as a
+/// registering node's), the device formatted when empty (or with --data-device-format,
+/// unless it is this node's own) and marked for the backup's cluster (by the CA
+/// fingerprint its header names), the own half kept in the ESP as a first node keeps it.
+/// Returns the volume and the record's data fields (join key, cluster half).
+pub async fn open_restoring(
+    root: &Root,
+    dev: &DataDevice,
+    ca_fingerprint: &str,
+    address: std::net::IpAddr,
+) -> Result<(datafs::Volume, Vec<u8>, Vec<u8>)> {
+    privatefs::ensure_private_dir(&root.esp())?;
+    let keys = datakeys::load_or_create(root)?;
+    let owner = named_owner(cluster_name(ca_fingerprint), &keys.join);
+    datakeys::keep_own_half(root, &owner.cluster, &keys.cluster)?;
+    datapeers::listen(root, address, &keys.join).await?;
+    let format = if dev.format {
+        datafs::FormatPolicy::UnlessOwn
+    } else {
+        datafs::FormatPolicy::IfEmpty
+    };
+    let volume = mount(root, dev, owner, &keys.local, &keys.cluster, format).await?;
+    Ok((
+        volume,
+        keys.join.public_key().to_vec(),
+        keys.cluster.encode(),
+    ))
+}
+
+/// Locks and unmounts `volume` (a refused recover or restore leaves nothing mounted);
+/// a failure is logged, the refusal that led here is what the caller reports.
+pub async fn close(volume: datafs::Volume) {
+    match tokio::task::spawn_blocking(move || volume.close()).await {
+        Ok(Ok(())) => tracing::info!("data device locked and unmounted"),
+        Ok(Err(e)) => tracing::error!("closing the data device: {e}"),
+        Err(e) => tracing::error!("closing the data device: {e}"),
+    }
 }
 
 /// Whether a refusal can never turn into an answer by retrying.
@@ -141,6 +273,37 @@ fn permanent(e: &rpc::CallError) -> bool {
     e.all_untrusted()
         || matches!(e, rpc::CallError::Status(s)
             if matches!(s.code(), Code::PermissionDenied | Code::InvalidArgument | Code::Unauthenticated))
+}
+
+/// This node's cluster half from the first of `peers` (the other members' unlock
+/// listeners) that answers; None when none does.
+async fn from_peers(
+    peers: &[datapeers::Peer],
+    credentials: &rpc::Credentials,
+    sealed: &SealedConfiguration,
+) -> Result<Option<datafs::Half>> {
+    for peer in peers {
+        match datapeers::ask(peer, credentials).await {
+            Ok(a) => {
+                if a.node_id != sealed.node_id {
+                    bail!(
+                        "a member answered with the data key of node {}, not of this node {}",
+                        a.node_id,
+                        sealed.node_id
+                    );
+                }
+                tracing::info!(
+                    member = peer.id,
+                    "another member handed this node its cluster half"
+                );
+                return datafs::Half::decode(&a.cluster_half)
+                    .map(Some)
+                    .map_err(|e| anyhow!("a member sent an unusable cluster half: {e}"));
+            }
+            Err(e) => tracing::debug!("asking a member for the cluster half: {e}"),
+        }
+    }
+    Ok(None)
 }
 
 /// The cluster half from any curator in the directory; waits (Split) while none answers.
@@ -165,28 +328,9 @@ async fn unlock(root: &Root, sealed: &SealedConfiguration, join: &NodeKey) -> Re
     let mut problems = ProblemLog::default();
     let mut split = false;
     loop {
-        let mut from_peer = None;
-        for peer in &peers {
-            match datapeers::ask(peer, &credentials).await {
-                Ok(a) => {
-                    from_peer = Some(a);
-                    break;
-                }
-                Err(e) => tracing::debug!("asking a member for the cluster half: {e}"),
-            }
-        }
-        if let Some(a) = from_peer {
-            if a.node_id != sealed.node_id {
-                bail!(
-                    "a member answered with the data key of node {}, not of this node {}",
-                    a.node_id,
-                    sealed.node_id
-                );
-            }
+        if let Some(half) = from_peers(&peers, &credentials, sealed).await? {
             problems.resolved("a member answered");
-            tracing::info!("another member handed this node its cluster half");
-            return datafs::Half::decode(&a.cluster_half)
-                .map_err(|e| anyhow!("a member sent an unusable cluster half: {e}"));
+            return Ok(half);
         }
         let answer = client
             .call(|channel| async move {
@@ -242,6 +386,16 @@ mod tests {
         );
         assert_ne!(a.cluster, owner(b"ca two", &join).cluster);
         assert!(a.validate().is_ok());
+    }
+
+    #[test]
+    fn a_backups_header_names_the_markers_cluster() {
+        let join = NodeKey::generate().unwrap();
+        let ca = b"some cluster CA certificate";
+        assert_eq!(
+            cluster_name(&rpc::fingerprint(ca)),
+            owner(ca, &join).cluster
+        );
     }
 
     #[test]

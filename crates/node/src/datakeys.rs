@@ -6,10 +6,11 @@
 //!                                   before its data (and node key) is unlocked
 //!   <root>/esp/data-cluster-half    the cluster half, only until the cluster keeps   0600
 //!                                   it (registration; removed once sealed)
-//!   <root>/esp/data-bootstrap-cluster   a first node only: the cluster name of its data   0600
-//!                                   marker (made before the cluster CA exists); while
-//!                                   it exists the cluster half stays in the ESP until
-//!                                   another member keeps it (`datapeers`)
+//!   <root>/esp/data-bootstrap-cluster   a sole member only (bootstrapped, restored or     0600
+//!                                   recovered): the cluster name of its data marker
+//!                                   (a first node's is made before the cluster CA
+//!                                   exists); while it exists the cluster half stays in
+//!                                   the ESP until another member keeps it (`datapeers`)
 //!   <root>/datafs/                  where the data file system is mounted; its
 //!                                   encrypted directory is bind-mounted on data/
 //! ```
@@ -54,6 +55,26 @@ pub fn bootstrap_cluster_name(root: &Root, owner_key: &[u8]) -> Result<String> {
         }
         Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
+}
+
+/// Keeps the node's own cluster half in the ESP with the marker's cluster name, as a
+/// first node does (a restored or recovered sole member): later starts read both, and
+/// the half stays until another member keeps it (`datapeers::confirm_held_elsewhere`).
+/// A name already kept must be `cluster` (the marker on the device names it).
+pub fn keep_own_half(root: &Root, cluster: &str, half: &datafs::Half) -> Result<()> {
+    let path = bootstrap_cluster(root);
+    if path.exists() {
+        let kept = bootstrap_cluster_name(root, &[])?;
+        if kept != cluster {
+            bail!(
+                "{} names data cluster {kept}, not {cluster}",
+                path.display()
+            );
+        }
+    } else {
+        write_atomic(&path, cluster.as_bytes()).context("saving the data marker's cluster name")?;
+    }
+    write_atomic(&pending_half(root), &half.encode()).context("saving the cluster half")
 }
 
 pub fn fs_dir(root: &Root) -> PathBuf {
@@ -179,6 +200,33 @@ pub fn erase(root: &Root) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sole_member_keeps_its_half_under_the_markers_name_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path().to_path_buf());
+        privatefs::ensure_private_dir(&root.esp()).unwrap();
+        let half = datafs::Half::generate().unwrap();
+        keep_own_half(&root, "ca-0123456789abcdef", &half).unwrap();
+        assert!(is_bootstrap(&root));
+        assert_eq!(
+            bootstrap_cluster_name(&root, b"ignored").unwrap(),
+            "ca-0123456789abcdef"
+        );
+        assert_eq!(
+            read_pending(&root).unwrap().unwrap().encode(),
+            half.encode()
+        );
+        // Again with the same name (a second recover): kept; another name: refused.
+        keep_own_half(&root, "ca-0123456789abcdef", &half).unwrap();
+        let e = keep_own_half(&root, "boot-0000000000000000", &half)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("boot-0000000000000000") && e.contains("ca-0123456789abcdef"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_first_node_keeps_its_marker_name_and_its_peers_go_with_the_keys() {

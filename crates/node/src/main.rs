@@ -54,12 +54,13 @@
 //!   logserver       root.role.logs: NodeLogs on :7836 (owner only) from logcapture
 //!   ─────────────── start paths (once per start; never import a runnable) ──────────
 //!   recover         `polis-node recover`: its refusals (on top of preflight's), then a
-//!     │             join with --force-new-cluster for one etcd start
-//!     └──▶ preflight
+//!     │             join with --force-new-cluster for one etcd start; --data-device:
+//!     │             unlocked from a surviving member or the owner's backup first
+//!     └──▶ preflight, restore (serve_backup: a backup's snapshot read), datadev
 //!   restore         `polis-node restore`: an empty root made the only member of a
 //!     │             backup's cluster (etcdctl snapshot restore, one etcd start), then
-//!     │             a join
-//!     └──▶ preflight
+//!     │             a join; --data-device: on a new encrypted device
+//!     └──▶ preflight, datadev
 //!   set_curators    `polis-node set-curators`: the cluster directory replaced (root
 //!     │             locked, membership required); the node is not started
 //!     └──▶ preflight (lock_root)
@@ -253,6 +254,13 @@ struct RestoreArgs {
     /// The backup file.
     #[arg(long)]
     backup: PathBuf,
+    /// Keep the new ROOT/data on this encrypted device (as `polis-node --data-device`);
+    /// formatted when empty.
+    #[arg(long, value_name = "DEV")]
+    data_device: Option<PathBuf>,
+    /// Format the data device even though it holds something.
+    #[arg(long, requires = "data_device")]
+    data_device_format: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -269,6 +277,14 @@ struct RecoverArgs {
     /// ports (they must be lost for good, or they would form a second cluster).
     #[arg(long)]
     force: bool,
+    /// The member's encrypted data device (its `--data-device`); unlocked with the half a
+    /// surviving member keeps, else with --backup. Never formatted.
+    #[arg(long, value_name = "DEV")]
+    data_device: Option<PathBuf>,
+    /// A backup of this cluster (`polisctl cluster backup`): this node's cluster half is
+    /// read from its record there when no surviving member answers with it.
+    #[arg(long, requires = "data_device")]
+    backup: Option<PathBuf>,
     #[command(flatten)]
     common: Common,
 }
@@ -376,6 +392,8 @@ struct Start {
     params: Option<PathBuf>,
     /// `Some(force)`: `polis-node recover`.
     recover: Option<bool>,
+    /// `polis-node recover --backup`.
+    recover_backup: Option<PathBuf>,
     /// `Some(backup file)`: `polis-node restore`.
     restore: Option<PathBuf>,
     data_device: Option<datadev::DataDevice>,
@@ -408,8 +426,12 @@ fn main() -> ExitCode {
             address: r.address,
             params: None,
             recover: Some(r.force),
+            recover_backup: r.backup,
             restore: None,
-            data_device: None,
+            data_device: r.data_device.map(|device| datadev::DataDevice {
+                device,
+                format: false,
+            }),
             args: r.common,
         },
         Some(Command::Restore(r)) => Start {
@@ -417,8 +439,12 @@ fn main() -> ExitCode {
             address: Some(r.address),
             params: None,
             recover: None,
+            recover_backup: None,
             restore: Some(r.backup),
-            data_device: None,
+            data_device: r.data_device.map(|device| datadev::DataDevice {
+                device,
+                format: r.data_device_format,
+            }),
             args: r.common,
         },
         None => Start {
@@ -426,6 +452,7 @@ fn main() -> ExitCode {
             address: Some(parsed.address.expect("clap requires --address")),
             params: parsed.params,
             recover: None,
+            recover_backup: None,
             restore: None,
             data_device: parsed.data_device.map(|device| datadev::DataDevice {
                 device,
@@ -493,17 +520,21 @@ async fn run(start: Start) -> Result<()> {
                 etcd_binary: args.etcd_binary.clone(),
                 raft_timing,
             };
-            let (lock, plan) = restore::restore(&root, &flags).await?;
-            (lock, address, plan, ForceNewCluster::default(), None)
+            let (lock, plan, volume) =
+                restore::restore(&root, &flags, start.data_device.as_ref()).await?;
+            (lock, address, plan, ForceNewCluster::default(), volume)
         }
         (Some(force), address) => {
             let flags = recover::RecoverFlags {
                 address,
                 etcd_binary: args.etcd_binary.clone(),
                 force,
+                data_device: start.data_device.clone(),
+                backup: start.recover_backup.clone(),
+                raft_timing,
             };
-            let (lock, address, plan) = recover::preflight(&root, &flags).await?;
-            (lock, address, plan, ForceNewCluster::armed(), None)
+            let (lock, address, plan, volume) = recover::preflight(&root, &flags).await?;
+            (lock, address, plan, ForceNewCluster::armed(), volume)
         }
         (None, address) => {
             let address = address.context("--address is required")?;
@@ -647,11 +678,7 @@ async fn run(start: Start) -> Result<()> {
     if let Some(volume) = volume {
         // Nothing uses the data any more: its key leaves the kernel, it is unmounted.
         logcapture::hub().detach_file();
-        match tokio::task::spawn_blocking(move || volume.close()).await {
-            Ok(Ok(())) => tracing::info!("data device locked and unmounted"),
-            Ok(Err(e)) => tracing::error!("closing the data device: {e}"),
-            Err(e) => tracing::error!("closing the data device: {e}"),
-        }
+        datadev::close(volume).await;
     }
     match outcome {
         Err(e) if e.downcast_ref::<LeftCluster>().is_some() => {

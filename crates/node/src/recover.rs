@@ -15,20 +15,39 @@
 //! cluster directory (`esp/directory.pb`, every UP node holding ConsensusMember, kept by
 //! rolefetch), less itself; each is asked with a TCP connect to its etcd peer port.
 //!
-//! Reads only (besides the lock file), like preflight, whose checks it shares: may not
-//! write to the root, start etcd or talk to the cluster.
+//! With `--data-device DEV` (an encrypted member) the data is unlocked first (after the
+//! lock and the sealed configuration), without a cluster to ask:
+//! ```text
+//!   own half kept in the ESP (a sole member) ─▶ else the first other member's unlock
+//!   listener (:7837) that answers with it ─▶ else --backup FILE, the owner's escrow:
+//!   structure + SHA-256 ─▶ its CA is this node's cluster's ─▶ snapshot restored into a
+//!   scratch root in /dev/shm (RAM) and served once by a throwaway etcd (restore's
+//!   `serve_backup`) ─▶ the snapshot's CA is the one its header names ─▶ this node's
+//!   record ─▶ its cluster half (and join key: this ESP's)
+//!   ─▶ mounted (never formatted; a half not of this device refused by the kernel's key
+//!      identifier) ─▶ the checks above ─▶ the half kept in the ESP (the node is about
+//!      to be its cluster's only member: nobody else could answer for it at its next
+//!      start), until another member keeps it
+//! ```
+//! Any refusal after the mount unmounts again.
+//!
+//! Reads only (besides the lock file, the unlock and the kept half), like preflight,
+//! whose checks it shares: may not write to the root's data, start the node's etcd or
+//! talk to the cluster (the other members' unlock listeners excepted).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, anyhow, bail};
 use proto::config::SealedConfiguration;
 
 use crate::crash::check_crash_points;
+use crate::datadev::{self, DataDevice};
 use crate::files::{has_etcd_data, recorded_membership};
 use crate::preflight::{self, Flags, Plan};
+use crate::restore::{self, RestoreFlags};
 use crate::storage::{Root, RootLock, read_proto};
 
 /// What `recover` needs of its flags.
@@ -39,6 +58,13 @@ pub struct RecoverFlags {
     pub etcd_binary: PathBuf,
     /// `--force`: recover even while a majority of the other members answer.
     pub force: bool,
+    /// `--data-device`: an encrypted member's data device.
+    pub data_device: Option<DataDevice>,
+    /// `--backup`: the owner's backup, read for this node's cluster half when no other
+    /// member answers with it.
+    pub backup: Option<PathBuf>,
+    /// Raft timing of the throwaway etcd that reads the backup.
+    pub raft_timing: consensus::RaftTiming,
 }
 
 /// How long a peer port gets to accept a connection.
@@ -50,8 +76,12 @@ pub fn majority_answering(answering: usize, others: usize) -> bool {
     others > 0 && 2 * answering > others
 }
 
-/// Every check of `recover` (see the module doc); the lock, the address and the plan.
-pub async fn preflight(root: &Root, flags: &RecoverFlags) -> Result<(RootLock, IpAddr, Plan)> {
+/// What `recover` starts with: the lock, the address, the plan and the data volume
+/// (with `--data-device`).
+pub type Recovering = (RootLock, IpAddr, Plan, Option<datafs::Volume>);
+
+/// Every check of `recover` (see the module doc), the data device unlocked first.
+pub async fn preflight(root: &Root, flags: &RecoverFlags) -> Result<Recovering> {
     check_crash_points()?;
     if !root.root.is_dir() {
         bail!(
@@ -84,6 +114,27 @@ pub async fn preflight(root: &Root, flags: &RecoverFlags) -> Result<(RootLock, I
         }
     };
     preflight::check_address(address)?;
+    let Some(dev) = &flags.data_device else {
+        let plan = checks(root, flags, address).await?;
+        return Ok((lock, address, plan, None));
+    };
+    let (sealed, join, half, volume) = unlock(root, flags, dev, address).await?;
+    let checked = match checks(root, flags, address).await {
+        Ok(plan) => datadev::keep_own_half(root, &sealed, &join, &half).map(|()| plan),
+        Err(e) => Err(e),
+    };
+    match checked {
+        Ok(plan) => Ok((lock, address, plan, Some(volume))),
+        Err(e) => {
+            datadev::close(volume).await;
+            Err(e)
+        }
+    }
+}
+
+/// The checks on the (unlocked) data: a voter's etcd data, free ports, no majority of
+/// the other members answering; the join plan.
+async fn checks(root: &Root, flags: &RecoverFlags, address: IpAddr) -> Result<Plan> {
     let start = Flags {
         address,
         params: None,
@@ -146,7 +197,139 @@ pub async fn preflight(root: &Root, flags: &RecoverFlags) -> Result<(RootLock, I
         answering = answering.len(),
         "recovering: this member's etcd becomes a one-member cluster from its own data"
     );
-    Ok((lock, address, Plan::Join(Arc::new(join))))
+    Ok(Plan::Join(Arc::new(join)))
+}
+
+/// An encrypted member's data device unlocked with its cluster half: from its ESP or a
+/// surviving member, else from the owner's backup.
+async fn unlock(
+    root: &Root,
+    flags: &RecoverFlags,
+    dev: &DataDevice,
+    address: IpAddr,
+) -> Result<(
+    SealedConfiguration,
+    identity::NodeKey,
+    datafs::Half,
+    datafs::Volume,
+)> {
+    let (sealed, join, found) = datadev::survivor_half(root, address).await?;
+    let half = match (found, &flags.backup) {
+        (Some(half), _) => half,
+        (None, Some(backup)) => escrow_half(flags, backup, &sealed, &join, address).await?,
+        (None, None) => bail!(
+            "refusing to recover node {}: no surviving peer holds this node's cluster half; \
+             pass --backup FILE (a backup of this cluster, `polisctl cluster backup`, holds \
+             it in the node's record)",
+            sealed.node_id
+        ),
+    };
+    let volume = datadev::open_sealed(root, dev, &sealed, &join, &half)
+        .await
+        .with_context(|| format!("unlocking data device {}", dev.device.display()))?;
+    Ok((sealed, join, half, volume))
+}
+
+/// This node's cluster half from the owner's backup `path`: verified as a restore
+/// verifies it, then its snapshot served once in a scratch root in RAM (it holds every
+/// secret of the cluster) and this node's record read from it.
+async fn escrow_half(
+    flags: &RecoverFlags,
+    path: &std::path::Path,
+    sealed: &SealedConfiguration,
+    join: &identity::NodeKey,
+    address: IpAddr,
+) -> Result<datafs::Half> {
+    let backup = backup::inspect_file(path).map_err(|e| anyhow!("backup {e}"))?;
+    let ours = rpc::fingerprint(&sealed.cluster_ca_certificate);
+    if backup.header.ca_fingerprint != ours {
+        bail!(
+            "backup {} is not of this node's cluster: its cluster CA is {}, this node's is {ours}",
+            path.display(),
+            backup.header.ca_fingerprint
+        );
+    }
+    preflight::check_etcd_binary(&flags.etcd_binary)?;
+    let etcdctl = restore::etcdctl_binary(&flags.etcd_binary);
+    preflight::check_etcd_binary(&etcdctl).context("etcdctl is needed to read a backup")?;
+    preflight::check_control_plane_ports(address)?;
+    let scratch = scratch_dir()?;
+    let scratch_root = Root::new(scratch.path().join("root"));
+    scratch_root.prepare()?;
+    let restore_flags = RestoreFlags {
+        address,
+        backup: path.to_path_buf(),
+        etcd_binary: flags.etcd_binary.clone(),
+        raft_timing: flags.raft_timing,
+    };
+    let reader = identity::NodeKey::generate().context("generating a throwaway key")?;
+    tracing::info!(backup = %path.display(), "reading this node's cluster half from the backup");
+    let record = restore::serve_backup(
+        &scratch_root,
+        &restore_flags,
+        &backup,
+        &etcdctl,
+        &reader,
+        async |running| {
+            let curator_ns = running.namespaced(curator::layout::NAMESPACE);
+            restore::backup_cluster_ca(&curator_ns, &restore_flags, &backup).await?;
+            curator::records::load_node(&curator_ns, &sealed.node_id)
+                .await
+                .context("reading this node's record from the backup")
+        },
+    )
+    .await?;
+    drop(scratch);
+    let node = record.ok_or_else(|| {
+        anyhow!(
+            "backup {} holds no record of node {} (taken before it joined?)",
+            path.display(),
+            sealed.node_id
+        )
+    })?;
+    if node.data_cluster_half.is_empty() {
+        bail!(
+            "backup {}: the record of node {} holds no cluster half (taken before its data was \
+             encrypted, or after it was decommissioned)",
+            path.display(),
+            sealed.node_id
+        );
+    }
+    if node.data_join_key != join.public_key() {
+        bail!(
+            "backup {}: the record of node {} names another data join key than the one in this \
+             node's ESP",
+            path.display(),
+            sealed.node_id
+        );
+    }
+    datafs::Half::decode(&node.data_cluster_half).map_err(|e| {
+        anyhow!(
+            "backup {}: the cluster half of node {} is unusable: {e}",
+            path.display(),
+            sealed.node_id
+        )
+    })
+}
+
+/// A private scratch directory for a backup's snapshot, in RAM (/dev/shm) where there is
+/// one: it holds the cluster's secrets and is removed when dropped.
+fn scratch_dir() -> Result<tempfile::TempDir> {
+    let shm = std::path::Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        let tmp = std::env::temp_dir();
+        tracing::warn!(
+            dir = %tmp.display(),
+            "no /dev/shm: the backup's snapshot is read in a disk directory (removed after)"
+        );
+        tmp
+    };
+    tempfile::Builder::new()
+        .prefix("polis-escrow-")
+        .tempdir_in(&base)
+        .with_context(|| format!("creating a scratch directory in {}", base.display()))
 }
 
 /// The etcd peer endpoints of `others` that accept a TCP connection within

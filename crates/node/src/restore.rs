@@ -37,6 +37,7 @@ use prost::Message as _;
 use proto::config::SealedConfiguration;
 use proto::state::{ConsensusMemberRole, Node, NodeRoles, NodeState};
 
+use crate::datadev::{self, DataDevice};
 use crate::files::{peer_tls_files, record_quota, save_member_files, write_peer_files};
 use crate::preflight::{self, Flags, Plan};
 use crate::storage::{Root, RootLock, write_atomic, write_proto};
@@ -74,8 +75,13 @@ fn check_root_empty(root: &Path) -> Result<bool> {
     Ok(true)
 }
 
-/// Every refusal, then the restore itself; the lock and a join plan.
-pub async fn restore(root: &Root, flags: &RestoreFlags) -> Result<(RootLock, Plan)> {
+/// Every refusal, then the restore itself; the lock, a join plan and, with
+/// `--data-device`, the encrypted data volume mounted on `data/`.
+pub async fn restore(
+    root: &Root,
+    flags: &RestoreFlags,
+    data_device: Option<&DataDevice>,
+) -> Result<(RootLock, Plan, Option<datafs::Volume>)> {
     let existed = check_root_empty(&root.root)?;
     let backup = backup::inspect_file(&flags.backup).map_err(|e| anyhow!("backup {e}"))?;
     preflight::check_address(flags.address)?;
@@ -90,9 +96,31 @@ pub async fn restore(root: &Root, flags: &RestoreFlags) -> Result<(RootLock, Pla
         "restoring a cluster from a backup"
     );
     let lock = preflight::lock_root(root)?;
-    match restore_into(root, flags, &backup, &etcdctl).await {
-        Ok(plan) => Ok((lock, plan)),
+    let mut volume = None;
+    let restored = async {
+        let data = match data_device {
+            Some(dev) => {
+                let (mounted, join, half) = datadev::open_restoring(
+                    root,
+                    dev,
+                    &backup.header.ca_fingerprint,
+                    flags.address,
+                )
+                .await?;
+                volume = Some(mounted);
+                Some((join, half))
+            }
+            None => None,
+        };
+        restore_into(root, flags, &backup, &etcdctl, data).await
+    }
+    .await;
+    match restored {
+        Ok(plan) => Ok((lock, plan, volume)),
         Err(e) => {
+            if let Some(volume) = volume {
+                datadev::close(volume).await;
+            }
             if let Err(c) = clean_up(&root.root, existed) {
                 tracing::error!(
                     "cleaning up {} after a failed restore: {c:#}",
@@ -105,7 +133,7 @@ pub async fn restore(root: &Root, flags: &RestoreFlags) -> Result<(RootLock, Pla
 }
 
 /// etcdctl, next to the etcd binary (Debian installs both in /usr/bin).
-fn etcdctl_binary(etcd: &Path) -> PathBuf {
+pub fn etcdctl_binary(etcd: &Path) -> PathBuf {
     etcd.with_file_name("etcdctl")
 }
 
@@ -132,50 +160,18 @@ async fn restore_into(
     flags: &RestoreFlags,
     backup: &backup::Backup,
     etcdctl: &Path,
+    data: Option<(Vec<u8>, Vec<u8>)>,
 ) -> Result<Plan> {
     root.prepare()?;
     let key = NodeKey::generate().context("generating the node key")?;
     write_atomic(&root.node_key(), key.pkcs8_der()).context("saving the node key")?;
     let node_id = key.node_id();
-    restore_snapshot(root, flags, backup, etcdctl, &node_id).await?;
-    // Throwaway peer files: the peer CA's key is in the snapshot, readable once etcd
-    // runs; a one-member cluster has no peer to present them to.
-    let throwaway = Ca::generate("Polis restore (throwaway)", CA_LIFETIME)?;
-    let lifetime = curator::templates::node_certificate_lifetime(None);
-    let cert = throwaway.issue(
-        &curator::templates::peer_certificate_template(&node_id, flags.address, lifetime),
-        &key.public_key(),
-    )?;
-    let crl = throwaway.crl(&[], 1)?;
-    write_peer_files(root, &key, &throwaway.cert_der, &cert.der, &crl)
-        .context("writing temporary etcd peer files")?;
-
-    let config = etcd_config(root, flags, &node_id);
-    let status = event::Value::<Status>::new();
-    let etcd_status = status.clone();
-    let supervisor = supervisor::Supervisor::start(supervisor::Config::default(), move |ctx| {
-        let (config, status) = (config.clone(), etcd_status.clone());
-        async move {
-            consensus::run(&ctx, &config, &status).await?;
-            Ok(())
-        }
-    });
-    let written = async {
-        let running = match status
-            .watch()
-            .get_matching(|s| matches!(s, Status::Running(_)))
-            .await?
-        {
-            Status::Running(r) => r,
-            Status::Stopped => unreachable!("filtered for Running"),
-        };
-        let quota = write_cluster_state(root, flags, backup, &key, &running).await?;
-        anyhow::Ok((running.cluster_id, running.member_id, quota))
-    };
-    let outcome = tokio::time::timeout(std::time::Duration::from_secs(60), written).await;
-    supervisor.shutdown().await;
     let (cluster_id, member_id, (cluster_ca, quota)) =
-        outcome.map_err(|_| anyhow!("the restored etcd did not serve within 60 s"))??;
+        serve_backup(root, flags, backup, etcdctl, &key, async |running| {
+            let state = write_cluster_state(root, flags, backup, &key, running, data).await?;
+            Ok((running.cluster_id, running.member_id, state))
+        })
+        .await?;
 
     record_quota(root, quota)?;
     save_member_files(root, flags.address)?;
@@ -200,6 +196,88 @@ async fn restore_into(
     };
     let join = preflight::load_join(&start, root)?;
     Ok(Plan::Join(Arc::new(join)))
+}
+
+/// A backup's snapshot restored into `root`'s etcd data directory and served once, by
+/// an etcd named for `key` on `flags.address` (throwaway peer files: the peer CA's key is
+/// in the snapshot, readable only once etcd runs; a one-member cluster has no peer to
+/// present them to), while `use_etcd` runs; etcd is stopped after it, whatever it
+/// returned. Restore writes the new member's state this way; recover reads a member's
+/// record (its data key's cluster half) from the owner's backup this way, in a scratch
+/// root.
+pub async fn serve_backup<T>(
+    root: &Root,
+    flags: &RestoreFlags,
+    backup: &backup::Backup,
+    etcdctl: &Path,
+    key: &NodeKey,
+    use_etcd: impl AsyncFnOnce(&consensus::Running) -> Result<T>,
+) -> Result<T> {
+    let node_id = key.node_id();
+    restore_snapshot(root, flags, backup, etcdctl, &node_id).await?;
+    let throwaway = Ca::generate("Polis restore (throwaway)", CA_LIFETIME)?;
+    let lifetime = curator::templates::node_certificate_lifetime(None);
+    let cert = throwaway.issue(
+        &curator::templates::peer_certificate_template(&node_id, flags.address, lifetime),
+        &key.public_key(),
+    )?;
+    let crl = throwaway.crl(&[], 1)?;
+    write_peer_files(root, key, &throwaway.cert_der, &cert.der, &crl)
+        .context("writing temporary etcd peer files")?;
+
+    let config = etcd_config(root, flags, &node_id);
+    let status = event::Value::<Status>::new();
+    let etcd_status = status.clone();
+    let supervisor = supervisor::Supervisor::start(supervisor::Config::default(), move |ctx| {
+        let (config, status) = (config.clone(), etcd_status.clone());
+        async move {
+            consensus::run(&ctx, &config, &status).await?;
+            Ok(())
+        }
+    });
+    let served = async {
+        let running = match status
+            .watch()
+            .get_matching(|s| matches!(s, Status::Running(_)))
+            .await?
+        {
+            Status::Running(r) => r,
+            Status::Stopped => unreachable!("filtered for Running"),
+        };
+        use_etcd(&running).await
+    };
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(60), served).await;
+    supervisor.shutdown().await;
+    outcome.map_err(|_| anyhow!("the restored etcd did not serve within 60 s"))?
+}
+
+/// The cluster CA in a restored snapshot, which must be the one the backup's header
+/// names.
+pub async fn backup_cluster_ca(
+    curator_ns: &consensus::Namespaced,
+    flags: &RestoreFlags,
+    backup: &backup::Backup,
+) -> Result<Ca> {
+    let cluster_ca = curator::cluster_pki(curator_ns)
+        .load_ca()
+        .await
+        .context("loading the cluster CA")?
+        .ok_or_else(|| {
+            anyhow!(
+                "backup {}: the snapshot holds no cluster CA",
+                flags.backup.display()
+            )
+        })?;
+    let fingerprint = rpc::fingerprint(&cluster_ca.cert_der);
+    if fingerprint != backup.header.ca_fingerprint {
+        bail!(
+            "backup {}: the snapshot's cluster CA ({fingerprint}) is not the one its header \
+             names ({})",
+            flags.backup.display(),
+            backup.header.ca_fingerprint
+        );
+    }
+    Ok(cluster_ca)
 }
 
 /// The snapshot, verified again while it is copied out, restored into the etcd data
@@ -284,26 +362,14 @@ async fn write_cluster_state(
     backup: &backup::Backup,
     key: &NodeKey,
     running: &consensus::Running,
+    data: Option<(Vec<u8>, Vec<u8>)>,
 ) -> Result<(Vec<u8>, u64)> {
     let node_id = key.node_id();
     let curator_ns = running.namespaced(curator::layout::NAMESPACE);
     let cluster_pki = curator::cluster_pki(&curator_ns);
     let etcd_pki = curator::layout::etcd_pki(running.client.clone());
     let what = |w: &str| format!("backup {}: {w}", flags.backup.display());
-    let cluster_ca = cluster_pki
-        .load_ca()
-        .await
-        .context("loading the cluster CA")?
-        .ok_or_else(|| anyhow!(what("the snapshot holds no cluster CA")))?;
-    let fingerprint = rpc::fingerprint(&cluster_ca.cert_der);
-    if fingerprint != backup.header.ca_fingerprint {
-        bail!(
-            "backup {}: the snapshot's cluster CA ({fingerprint}) is not the one its header \
-             names ({})",
-            flags.backup.display(),
-            backup.header.ca_fingerprint
-        );
-    }
+    let cluster_ca = backup_cluster_ca(&curator_ns, flags, backup).await?;
     let peer_ca = etcd_pki
         .load_ca()
         .await
@@ -337,8 +403,11 @@ async fn write_cluster_state(
         lifetime,
     )
     .await?;
+    let (data_join_key, data_cluster_half) = data.unwrap_or_default();
     let node = Node {
         id: node_id.clone(),
+        data_join_key,
+        data_cluster_half,
         public_key: key.public_key().to_vec(),
         state: NodeState::Up as i32,
         roles: Some(NodeRoles {
