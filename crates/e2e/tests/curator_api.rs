@@ -146,6 +146,17 @@ fn readme_flow_takeownership_and_manage_nodes() -> Result<()> {
     )?;
     assert!(!ok && err.contains("does not exist"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
+    // A malformed ID is refused by polisctl itself, naming it (no cluster needed).
+    for args in [
+        &["node", "describe", "polis-XYZ"][..],
+        &["node", "label", "polis-XYZ", "zone=b"][..],
+    ] {
+        let (ok, _, err) = ctl(&node, "no-such-config", args)?;
+        assert!(
+            !ok && err.contains("not a node ID") && err.contains("polis-XYZ"),
+            "{err}"
+        );
+    }
     let (status, _, err) = polisctl(&[
         "--config",
         dir.path().join("config").to_str().unwrap(),

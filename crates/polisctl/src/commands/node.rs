@@ -74,6 +74,7 @@ pub(crate) async fn node_describe(
     format: Format,
     id: &str,
 ) -> Result<()> {
+    identity::validate_node_id(id)?;
     let node = owner_session(config, raw_endpoints)
         .await?
         .management(&format!("describing node {id}"), |mut m| async move {
@@ -118,6 +119,7 @@ pub(crate) async fn node_label(
     id: &str,
     changes: &[String],
 ) -> Result<()> {
+    identity::validate_node_id(id)?;
     let LabelChanges { upsert, delete } = parse_label_changes(changes)?;
     for (k, v) in &upsert {
         proto::labels::validate_key(k)?;
