@@ -234,10 +234,16 @@ etcd_network_peer_received_bytes_total{From=\"0\"} 120
 
     #[test]
     fn the_peer_view_names_known_members_and_keeps_unknown_ones() {
-        let report = parse("etcd_network_active_peers{Local=\"1\",Remote=\"2\"} 1\n\
+        let report = parse(
+            "etcd_network_active_peers{Local=\"1\",Remote=\"2\"} 1\n\
                             etcd_network_peer_sent_failures_total{To=\"9\"} 1\n\
-                            etcd_network_peer_sent_failures_total{To=\"1\"} 1\n");
-        let view = peer_view(&report, 1, &[member(1, "own"), member(2, "b"), member(3, "c")]);
+                            etcd_network_peer_sent_failures_total{To=\"1\"} 1\n",
+        );
+        let view = peer_view(
+            &report,
+            1,
+            &[member(1, "own"), member(2, "b"), member(3, "c")],
+        );
         let summary: Vec<(u64, &str, &str, bool)> = view
             .iter()
             .map(|p| (p.id, p.name.as_str(), p.peer_url.as_str(), p.reachable))

@@ -37,12 +37,12 @@ use crate::bootstrap::{self, Step};
 use crate::cluster_state::Contact;
 use crate::curator_client::curator_client;
 use crate::datapeers;
-use crate::memberbook;
 use crate::fatal::FatalSender;
 use crate::files::{
     forget_consensus, has_etcd_data, peer_tls_files, record_quota, recorded_membership,
     recorded_quota, write_peer_files,
 };
+use crate::memberbook;
 use crate::membership::Membership;
 use crate::rejoin;
 use crate::retry::{Answer, call_until_answered, pause};
