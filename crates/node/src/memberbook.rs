@@ -23,7 +23,7 @@ const PERIOD: Duration = Duration::from_secs(2);
 const BOUND: Duration = Duration::from_secs(5);
 
 pub fn path(root: &Root) -> PathBuf {
-    root.data().join("etcd").join("members.pb")
+    root.etcd_members()
 }
 
 fn encode(members: &[Member]) -> RecordedMembers {
