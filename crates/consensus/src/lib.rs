@@ -26,7 +26,8 @@
 //!   curator decides when.
 //! - Self-report (`selfreport`): etcd's metrics on a second unix socket next to the
 //!   client one (`metrics.sock:0`), answered before etcd serves clients (which takes a
-//!   quorum after a restart): leader or not, committed index, database size.
+//!   quorum after a restart): leader or not, committed index, database size, which
+//!   peers it has a stream to (`peer_view`, pure); never the raft term (not exposed).
 //! - Consensus users see etcd through [`Namespaced`] clients: `namespaced:<user>/`.
 //! - Every etcd request from the client this crate hands out is bounded
 //!   ([`client::REQUEST_TIMEOUT`]), except the calls that wait by design (campaign, lock,

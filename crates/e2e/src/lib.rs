@@ -22,6 +22,8 @@
 //!   2  node      Node: params, start (crash points), log progress (Home, state,
 //!                curator), etcdctl on its socket; is_home_line()
 //!      etcd      BareEtcd: etcd alone, with polis-node's flags and peer TLS files
+//!      scrape_bench  scrape_members(): every member's /metrics timed (bench-heartbeats
+//!                --scrape, `scripts/bench metrics`)
 //!   1  ctl       polisctl(): the CLI wrapper
 //!      scrape    http_get(), scrape() of /metrics, promtool_check(), Prometheus server
 //!   0  process   Proc (killed on drop), bin(), bin_dir(), process_alive()
@@ -49,6 +51,7 @@ mod partition;
 mod partitioned;
 mod process;
 mod scrape;
+mod scrape_bench;
 mod wait;
 
 pub use bench::median;
@@ -63,4 +66,5 @@ pub use partition::{HubGuard, Partition, Slot};
 pub use partitioned::{MEMBERS, PartitionedCluster};
 pub use process::{Proc, bin, bin_dir, process_alive};
 pub use scrape::{METRICS_PORT, Prometheus, http_get, promtool_check, scrape};
+pub use scrape_bench::scrape_members;
 pub use wait::{TIMEOUT, wait_until};

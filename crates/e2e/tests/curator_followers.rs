@@ -60,6 +60,7 @@ fn start_curator(
         lease_ttl: Duration::from_secs(2),
         heartbeat: curator::health::Timing::DEFAULT,
         etcd_quota_bytes: proto::quota::DEFAULT_QUOTA_BYTES,
+        etcd_run_dir: None,
         upkeep: curator::upkeep::Settings::DEFAULT,
         snapshots: Default::default(),
         entry_rate: rpc::server::RateSettings::DEFAULT,

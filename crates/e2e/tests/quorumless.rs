@@ -206,8 +206,12 @@ const ALONE_BOUND: Duration = Duration::from_secs(30);
 /// After a full stop, one member of three started alone answers `cluster status` about
 /// its own etcd member (committed raft index, no leader; the others listed as
 /// unreachable) on its node's port, since its curator does not start without a quorum
-/// (nor does etcd serve clients); polisctl shows it with "quorum: NO" and exits 1. A second member started: a quorum, normal status.
-/// Before: its curator port refused connections and `cluster status` listed no member.
+/// (nor does etcd serve clients), with its own view of its peers: both others named
+/// (recorded member list) and unreachable (etcd's metrics); polisctl shows it ("peers
+/// reachable: 0 of 2; cannot reach: …", "quorum: NO") and exits 1. A second member
+/// started: a quorum, normal status, and each of the two sees the other reachable.
+/// Before: its curator port refused connections and `cluster status` listed no member;
+/// then (before the peer view) no member said which peers it could reach.
 #[test]
 fn a_member_started_alone_answers_cluster_status() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -215,6 +219,21 @@ fn a_member_started_alone_answers_cluster_status() -> Result<()> {
     let all = endpoints(&[&cluster.first, &m1, &m2]);
     let id_n0 = cluster.first.key_node_id()?;
     let id_m1 = m1.key_node_id()?;
+    let id_m2 = m2.key_node_id()?;
+    // n0 keeps the member list it can name its peers by later (listed every 2 s).
+    let book = cluster.first.root.join("data/etcd/members.pb");
+    e2e::wait_until("n0 to record all three etcd members", TIMEOUT, || {
+        std::fs::read(&book).is_ok_and(|b| {
+            <proto::config::RecordedMembers as prost::Message>::decode(b.as_slice()).is_ok_and(
+                |r| {
+                    r.members.len() == 3
+                        && r.members
+                            .iter()
+                            .all(|m| !m.name.is_empty() && !m.is_learner)
+                },
+            )
+        })
+    })?;
     for node in [&mut cluster.first, &mut m1, &mut m2] {
         node.proc().signal(libc::SIGTERM);
         node.proc().wait_exit(TIMEOUT)?;
@@ -226,9 +245,28 @@ fn a_member_started_alone_answers_cluster_status() -> Result<()> {
             .as_array()
             .is_some_and(|ms| ms.iter().any(|m| m["node"] == id && m["answered"] == true))
     };
+    // A member's own view of its peers: (node, reachable) as it reports them.
+    let seen_by = |status: &serde_json::Value, id: &str| -> Option<Vec<(String, bool)>> {
+        let member = status["members"]
+            .as_array()?
+            .iter()
+            .find(|m| m["node"] == id && m["answered"] == true)?;
+        let peers = member["peers"]["members"].as_array()?;
+        Some(
+            peers
+                .iter()
+                .map(|p| {
+                    (
+                        p["node"].as_str().unwrap_or_default().to_string(),
+                        p["reachable"] == true,
+                    )
+                })
+                .collect(),
+        )
+    };
     let status = loop {
         let (ok, status) = cluster.status(&all)?;
-        if answered(&status, &id_n0) {
+        if answered(&status, &id_n0) && seen_by(&status, &id_n0).is_some() {
             assert!(!ok, "cluster status succeeded without a quorum: {status}");
             break status;
         }
@@ -261,20 +299,56 @@ fn a_member_started_alone_answers_cluster_status() -> Result<()> {
         .find(|m| m["node"] == id_n0.as_str())
         .context("n0 in the member list")?;
     assert!(n0["raft_index"].as_u64().unwrap_or(0) > 0, "{status}");
+    // Its own view: both other members named, neither reachable; no raft term (etcd's
+    // metrics do not hold it).
+    assert_eq!(n0["from_metrics"], true, "{status}");
+    assert_eq!(n0["raft_term"], serde_json::Value::Null, "{status}");
+    let mut seen = seen_by(&status, &id_n0).context("n0's peer view")?;
+    seen.sort();
+    let mut expected = vec![(id_m1.clone(), false), (id_m2.clone(), false)];
+    expected.sort();
+    assert_eq!(seen, expected, "{status}");
+    assert_eq!(n0["peers"]["reachable"], 0, "{status}");
+    for node in [&m1, &m2] {
+        let address = node.address.to_string();
+        assert!(
+            n0["peers"]["cannot_reach"].as_array().is_some_and(|c| c
+                .iter()
+                .any(|c| c.as_str().is_some_and(|c| c.contains(&address)))),
+            "{status}"
+        );
+    }
     // The table says so, and polisctl exits 1 naming why.
     let (ok, out, err) = cluster.ctl(&["--endpoints", &all, "cluster", "status"])?;
     println!("{out}{err}");
     assert!(!ok);
     assert!(out.contains("quorum: NO"), "{out}");
     assert!(err.contains("no etcd quorum"), "{err}");
+    assert!(
+        out.contains("peers reachable: 0 of 2; cannot reach: "),
+        "{out}"
+    );
+    assert!(out.contains(&format!("{id_m1} ({})", m1.address)), "{out}");
+    assert!(out.contains(&format!("{id_m2} ({})", m2.address)), "{out}");
 
-    // A second member: a quorum again, normal status.
+    // A second member: a quorum again, normal status; each of the two sees the other
+    // reachable and m2 not.
     m1.start(&[])?;
     let deadline = Instant::now() + TIMEOUT;
+    let sees = |status: &serde_json::Value, by: &str, peer: &str, reachable: bool| {
+        seen_by(status, by).is_some_and(|s| s.contains(&(peer.to_string(), reachable)))
+    };
     loop {
         let (ok, status) = cluster.status(&all)?;
-        if ok && status["quorum"] == true && answered(&status, &id_n0) && answered(&status, &id_m1)
+        if ok
+            && status["quorum"] == true
+            && answered(&status, &id_n0)
+            && answered(&status, &id_m1)
+            && sees(&status, &id_n0, &id_m1, true)
+            && sees(&status, &id_n0, &id_m2, false)
+            && sees(&status, &id_m1, &id_n0, true)
         {
+            println!("{status}");
             break;
         }
         anyhow::ensure!(

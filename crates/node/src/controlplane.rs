@@ -11,8 +11,9 @@
 //!   no etcd data (role given live) ──JoinConsensus─▶ peer files ─▶ etcd as learner
 //!                                                   (serializable readiness) ─▶ promoted
 //!                                                   by the leader ─▶ member.pb
-//!   then: crlsync (etcd peer CRL → crl.pem, on every change), datapeers (encrypted
-//!   data: the other members' halves into the ESP) and the curator
+//!   then: crlsync (etcd peer CRL → crl.pem, on every change), memberbook (the etcd
+//!   members → data/etcd/members.pb), datapeers (encrypted data: the other members'
+//!   halves into the ESP) and the curator
 //! ```
 //! etcd's backend quota comes from the bootstrap parameters or the JoinConsensus answer,
 //! recorded in `data/etcd/quota.pb` before etcd first starts; every start uses it.
@@ -41,6 +42,7 @@ use crate::files::{
     forget_consensus, has_etcd_data, peer_tls_files, record_quota, recorded_membership,
     recorded_quota, write_peer_files,
 };
+use crate::memberbook;
 use crate::membership::Membership;
 use crate::rejoin;
 use crate::retry::{Answer, call_until_answered, pause};
@@ -337,6 +339,12 @@ pub async fn run(
         crl_sync(ctx, crl_running.client.clone(), crl_path.clone())
     })?;
 
+    // The member list, recorded for a later start without a quorum (`memberbook`).
+    let (book_root, book_client) = (settings.root.clone(), running.client.clone());
+    ctx.run("memberbook", move |ctx| {
+        memberbook::keep(ctx, book_root.clone(), book_client.clone())
+    })?;
+
     // Encrypted data: this member keeps the other members' halves in its ESP.
     if settings.root.esp().join("data-join-key.der").exists() {
         let (peers_root, own, peers_ns) = (
@@ -357,6 +365,7 @@ pub async fn run(
         lease_ttl: settings.curator_lease_ttl,
         heartbeat: settings.heartbeat,
         etcd_quota_bytes: quota,
+        etcd_run_dir: Some(settings.root.consensus_run_dir()),
         upkeep: settings.upkeep,
         snapshots: curator::service::SnapshotSettings {
             dir: Some(settings.root.snapshots()),

@@ -145,12 +145,14 @@ pub fn forget_consensus(root: &Root) -> Result<()> {
             Err(e) => return Err(e).with_context(|| format!("removing {}", dir.display())),
         }
     }
-    // Encrypted data: a former member keeps no other member's cluster half.
-    let peers = root.esp().join("data-peers");
-    match std::fs::remove_file(&peers) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("removing {}", peers.display())),
+    // Encrypted data: a former member keeps no other member's cluster half; nor the
+    // member list it named its peers by.
+    for file in [root.esp().join("data-peers"), root.etcd_members()] {
+        match std::fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing {}", file.display())),
+        }
     }
     // "No member" — also over a bootstrap node's sealed member ID, so that it can join
     // consensus again later as a new member.

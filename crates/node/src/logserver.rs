@@ -12,6 +12,10 @@
 //! ```
 //! Memory per reader is bounded (a batch and the channel) whatever the rate of lines;
 //! a slow reader loses lines, never holds them.
+//! Without a quorum the answer comes from etcd's metrics: the member's raft index and
+//! sizes, and its own view of its peers (the members recorded by `memberbook`, each
+//! reachable or not), which polisctl shows; with one, from its etcd client, the peer
+//! view added from the metrics all the same.
 //! May not change anything: it only reads the hub (and the local etcd member's status).
 
 use std::pin::Pin;
@@ -27,6 +31,7 @@ use crate::cluster_state::ClusterState;
 use crate::files::recorded_membership;
 use crate::logcapture::hub;
 use crate::logring::{LineFilter, LogLine};
+use crate::memberbook;
 use crate::settings::Settings;
 use crate::storage::{read_file, read_proto};
 use crate::values::NodeValues;
@@ -126,7 +131,9 @@ struct MemberStatus {
 
 impl MemberStatus {
     /// The member's own account from etcd's metrics (`consensus::selfreport`): no
-    /// leader named, its raft index, itself as the only member it can vouch for.
+    /// leader named, its raft index, its peers — the members last recorded
+    /// (`memberbook`) and any etcd shows — and which of them it has a stream to. The
+    /// raft term stays unknown (not among etcd's metrics; `from_metrics` says so).
     async fn self_report(&self) -> Result<api::GetConsensusStatusResponse, Status> {
         let run_dir = self.settings.root.consensus_run_dir();
         let report = tokio::time::timeout(
@@ -142,23 +149,50 @@ impl MemberStatus {
         let recorded = recorded_membership(root, sealed.as_ref())
             .map_err(|e| Status::internal(format!("{e:#}")))?
             .unwrap_or_default();
+        let own = match recorded.etcd_member_id {
+            0 => report.member_id,
+            id => id,
+        };
+        // A missing or unreadable record only leaves the peers unnamed.
+        let book = memberbook::load(root).unwrap_or_else(|e| {
+            tracing::debug!("reading the recorded etcd members: {e:#}");
+            Vec::new()
+        });
+        let peers = consensus::selfreport::peer_view(&report, own, &book);
+        let itself = api::ConsensusMember {
+            id: own,
+            name: self.node_id.clone(),
+            peer_urls: vec![consensus::config::peer_url(
+                self.settings.address,
+                consensus::config::PEER_PORT,
+            )],
+            is_learner: report.is_learner,
+        };
+        // The others as recorded: listed (not answering) so that the caller sees them.
+        let others = book
+            .into_iter()
+            .filter(|m| m.id != own)
+            .map(|m| api::ConsensusMember {
+                id: m.id,
+                name: m.name,
+                peer_urls: m.peer_urls,
+                is_learner: m.is_learner,
+            });
         Ok(api::GetConsensusStatusResponse {
             node_id: self.node_id.clone(),
-            member_id: recorded.etcd_member_id,
+            member_id: own,
             cluster_id: recorded.etcd_cluster_id,
-            leader_id: 0,
+            leader_id: if report.is_leader { own } else { 0 },
             raft_index: report.raft_index,
-            members: vec![api::ConsensusMember {
-                id: recorded.etcd_member_id,
-                name: self.node_id.clone(),
-                peer_urls: vec![consensus::config::peer_url(
-                    self.settings.address,
-                    consensus::config::PEER_PORT,
-                )],
-                is_learner: false,
-            }],
+            is_learner: report.is_learner,
+            members: std::iter::once(itself).chain(others).collect(),
             db_size: report.db_size,
             db_size_in_use: report.db_size_in_use,
+            quota_backend_bytes: report.quota_backend_bytes,
+            peers: curator::service::peer_answers(peers),
+            peers_known: true,
+            from_metrics: true,
+            leader_changes_seen: report.leader_changes_seen,
             ..Default::default()
         })
     }
@@ -206,6 +240,8 @@ impl api::curator_local_server::CuratorLocal for MemberStatus {
         let answer =
             curator::service::member_status(&mut client, &self.node_id, local.quota_backend_bytes)
                 .await?;
+        let run_dir = self.settings.root.consensus_run_dir();
+        let answer = curator::service::with_peer_view(answer, Some(&run_dir)).await;
         Ok(Response::new(answer))
     }
 

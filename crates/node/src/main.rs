@@ -88,6 +88,8 @@
 //!                   (run by controlplane) (on datakeys, storage)
 //!   datakeys        ESP files of a data device: local half, join key, pending
 //!                   cluster half; ROOT/datafs (on storage)
+//!   memberbook      data/etcd/members.pb: the etcd members last listed (kept by
+//!                   controlplane; named in logserver's self-report) (on storage)
 //!   files           peer files, PEM, node key, directory, member.pb, quota.pb
 //!                   (on storage)
 //!   membership      Membership, BootstrapData, JoinData (pure data)
@@ -128,6 +130,7 @@ mod fatal;
 mod files;
 mod logfile;
 mod logring;
+mod memberbook;
 mod membership;
 mod rejoin;
 mod retry;

@@ -17,6 +17,7 @@
 //!   <root>/data/etcd/peer/               etcd peer cert, key, CA, CRL (PEM)
 //!   <root>/data/etcd/member.pb           etcd member this node became by joining later
 //!   <root>/data/etcd/quota.pb            etcd backend quota of its member (EtcdQuota)
+//!   <root>/data/etcd/members.pb          etcd members last listed (RecordedMembers; memberbook)
 //!   <root>/ephemeral/consensus/          etcd's cwd; client socket etcd.sock:0
 //! ```
 //! Directories are 0700, secret files 0600, and every file is written atomically
@@ -100,6 +101,10 @@ impl Root {
     /// The etcd member this node became when it joined consensus after joining.
     pub fn consensus_membership(&self) -> PathBuf {
         self.data().join("etcd").join("member.pb")
+    }
+    /// The etcd members as last listed while etcd served clients (`memberbook`).
+    pub fn etcd_members(&self) -> PathBuf {
+        self.data().join("etcd").join("members.pb")
     }
     /// The backend quota this node's etcd member runs with (etcd upkeep).
     pub fn etcd_quota(&self) -> PathBuf {

@@ -3,8 +3,18 @@
 
 use proto::api;
 
+/// Another member as an answering member sees it (its own view, from its etcd).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PeerSeen {
+    pub(crate) id: u64,
+    /// Node ID and address when the answering node knows them; empty otherwise.
+    pub(crate) node: String,
+    pub(crate) address: String,
+    pub(crate) reachable: bool,
+}
+
 /// One etcd member as `cluster status` shows it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct MemberStatus {
     pub(crate) id: u64,
     pub(crate) node: String,
@@ -14,6 +24,28 @@ pub(crate) struct MemberStatus {
     pub(crate) raft: Option<(u64, u64)>,
     /// Its database file size and the part in use, bytes, if it answered.
     pub(crate) db: Option<(i64, i64)>,
+    /// Its own view of the other members, if it answered with one.
+    pub(crate) peers: Option<Vec<PeerSeen>>,
+    /// It answered from etcd's metrics alone (no quorum since its etcd started): its raft
+    /// term is unknown (etcd's metrics do not hold it).
+    pub(crate) from_metrics: bool,
+}
+
+/// An answer's peer view, addresses taken from the peer URLs.
+fn peers_seen(a: &api::GetConsensusStatusResponse) -> Option<Vec<PeerSeen>> {
+    a.peers_known.then(|| {
+        a.peers
+            .iter()
+            .map(|p| PeerSeen {
+                id: p.member_id,
+                node: p.node_id.clone(),
+                address: rpc::url_address(&p.peer_url)
+                    .map(|ip| ip.to_string())
+                    .unwrap_or_default(),
+                reachable: p.reachable,
+            })
+            .collect()
+    })
 }
 
 /// Every active etcd alarm any member reported, once: (member ID, alarm name).
@@ -37,9 +69,7 @@ pub(crate) fn summarize(answers: &[api::GetConsensusStatusResponse]) -> (Vec<Mem
                 id: m.id,
                 node: m.name.clone(),
                 learner: m.is_learner,
-                leader: false,
-                raft: None,
-                db: None,
+                ..Default::default()
             });
         }
     }
@@ -53,6 +83,8 @@ pub(crate) fn summarize(answers: &[api::GetConsensusStatusResponse]) -> (Vec<Mem
         if let Some(m) = members.get_mut(&a.member_id) {
             m.raft = Some((a.raft_index, a.raft_term));
             m.db = Some((a.db_size, a.db_size_in_use));
+            m.peers = peers_seen(a);
+            m.from_metrics = a.from_metrics;
             m.learner = a.is_learner;
             if m.node.is_empty() {
                 m.node = a.node_id.clone();
@@ -139,6 +171,53 @@ mod tests {
             .1
         );
         assert!(summarize(&[]).0.is_empty());
+    }
+
+    #[test]
+    fn each_member_keeps_its_own_view_of_its_peers() {
+        let three = [(1, false), (2, false), (3, false)];
+        let mut alone = answer(1, 0, false, &three);
+        alone.from_metrics = true;
+        alone.peers_known = true;
+        alone.peers = vec![
+            api::PeerReachability {
+                member_id: 2,
+                node_id: "n2".into(),
+                peer_url: "https://127.0.0.2:7834".into(),
+                reachable: true,
+            },
+            api::PeerReachability {
+                member_id: 3,
+                node_id: String::new(),
+                peer_url: String::new(),
+                reachable: false,
+            },
+        ];
+        let (members, _) = summarize(&[alone, answer(2, 0, false, &three)]);
+        assert!(members[0].from_metrics);
+        assert_eq!(
+            members[0].peers.as_deref(),
+            Some(
+                &[
+                    PeerSeen {
+                        id: 2,
+                        node: "n2".into(),
+                        address: "127.0.0.2".into(),
+                        reachable: true,
+                    },
+                    PeerSeen {
+                        id: 3,
+                        node: String::new(),
+                        address: String::new(),
+                        reachable: false,
+                    },
+                ][..]
+            )
+        );
+        // An answer without a peer view (an older node): none shown, not "none reachable".
+        assert_eq!(members[1].peers, None);
+        assert!(!members[1].from_metrics);
+        assert_eq!(members[2].peers, None);
     }
 
     #[test]

@@ -11,6 +11,8 @@ use crate::election;
 
 /// How long GetConsensusStatus waits for its linearizable read (it answers anyway).
 const QUORUM_READ_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long it waits for etcd's metrics (its peer view; it answers anyway).
+const METRICS_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
 
 #[tonic::async_trait]
 impl api::curator_local_server::CuratorLocal for Services {
@@ -75,6 +77,7 @@ impl api::curator_local_server::CuratorLocal for Services {
             self.0.config.etcd_quota_bytes,
         )
         .await?;
+        let status = with_peer_view(status, self.0.config.etcd_run_dir.as_deref()).await;
         let scheduled = self
             .0
             .scheduled
@@ -155,4 +158,48 @@ pub async fn member_status(
             .collect(),
         ..Default::default()
     })
+}
+
+/// `answer` with this member's own view of its peers, from its etcd's metrics under
+/// `run_dir` (the members named from `answer.members`); unchanged (`peers_known` false)
+/// without a run directory or when the metrics do not answer in time.
+pub async fn with_peer_view(
+    mut answer: api::GetConsensusStatusResponse,
+    run_dir: Option<&std::path::Path>,
+) -> api::GetConsensusStatusResponse {
+    let Some(dir) = run_dir else {
+        return answer;
+    };
+    let Ok(Ok(report)) =
+        tokio::time::timeout(METRICS_BOUND, consensus::selfreport::self_report(dir)).await
+    else {
+        return answer;
+    };
+    let members: Vec<consensus::membership::Member> = answer
+        .members
+        .iter()
+        .map(|m| consensus::membership::Member {
+            id: m.id,
+            name: m.name.clone(),
+            peer_urls: m.peer_urls.clone(),
+            is_learner: m.is_learner,
+        })
+        .collect();
+    let view = consensus::selfreport::peer_view(&report, answer.member_id, &members);
+    answer.peers = peer_answers(view);
+    answer.peers_known = true;
+    answer.leader_changes_seen = report.leader_changes_seen;
+    answer
+}
+
+/// The peer view as GetConsensusStatus carries it.
+pub fn peer_answers(view: Vec<consensus::selfreport::PeerView>) -> Vec<api::PeerReachability> {
+    view.into_iter()
+        .map(|p| api::PeerReachability {
+            member_id: p.id,
+            node_id: p.name,
+            peer_url: p.peer_url,
+            reachable: p.reachable,
+        })
+        .collect()
 }

@@ -106,7 +106,7 @@ use std::sync::{Arc, Mutex};
 
 use consensus::Namespaced;
 
-pub use local::member_status;
+pub use local::{member_status, peer_answers, with_peer_view};
 pub use shared::{CuratorConfig, NodeSnapshot, Services, Shared, Snapshot, SnapshotSettings};
 
 use crate::election::{self, ElectionConfig, Role};

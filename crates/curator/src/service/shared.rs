@@ -35,6 +35,9 @@ pub struct CuratorConfig {
     pub heartbeat: rules::Timing,
     /// The backend quota this node's etcd member runs with (bytes).
     pub etcd_quota_bytes: u64,
+    /// This node's etcd run directory (its metrics socket: the member's view of its
+    /// peers in GetConsensusStatus); `None`: not shown (curators in tests).
+    pub etcd_run_dir: Option<PathBuf>,
     /// How often the leader looks after etcd, and its defragmentation floor.
     pub upkeep: crate::upkeep::Settings,
     /// Scheduled snapshots: where they go, the interval bounds accepted.

@@ -31,10 +31,11 @@
 //!        (default 3 members, 1000 nodes, 3 rounds)
 //!
 //! `bench-heartbeats --scrape [NODES] [SCRAPES]` (`scripts/bench metrics`; default 1000
-//! and 200; one member): NODES simulated nodes enrolled and heartbeating as above, then
-//! the curator node's `/metrics` (which then carries a heartbeat age per node) fetched
-//! SCRAPES times in a row, one at a time; the last line: p50/p99/max of a scrape, its
-//! size and series (target p99 ≤ 10 ms).
+//! and 200; 3 members): NODES simulated nodes enrolled and heartbeating as above, then
+//! every member's `/metrics` (the leader's carries a heartbeat age per node) fetched
+//! SCRAPES times, one at a time (`e2e::scrape_members`); the last line: per member
+//! p50/p99/max of a scrape, its size and series, and the whole round's (target p99 ≤
+//! 10 ms per member).
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -450,56 +451,6 @@ fn raise_open_files_limit() {
     }
 }
 
-/// The scrape benchmark: waits until the curator exports every node's heartbeat age,
-/// then times `scrapes` sequential GETs of `/metrics`.
-async fn scrape_metrics(
-    node: std::net::IpAddr,
-    nodes: usize,
-    scrapes: usize,
-    period: Duration,
-) -> Result<serde_json::Value> {
-    let at = SocketAddr::new(node, e2e::METRICS_PORT);
-    let ages = |body: &str| body.matches("polis_node_heartbeat_age_seconds{").count();
-    let deadline = Instant::now() + period * 6;
-    loop {
-        let body = e2e::http_get(at, "/metrics")?.1;
-        if ages(&body) > nodes {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the curator exports {} heartbeat ages, not {}",
-                ages(&body),
-                nodes + 1
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let mut latencies = Vec::with_capacity(scrapes);
-    let (mut bytes, mut series) = (0, 0);
-    for _ in 0..scrapes {
-        let t = Instant::now();
-        let (status, body) =
-            tokio::task::spawn_blocking(move || e2e::http_get(at, "/metrics")).await??;
-        latencies.push(t.elapsed());
-        anyhow::ensure!(status == 200, "/metrics answered {status}");
-        bytes = body.len();
-        series = body.lines().filter(|l| !l.starts_with('#')).count();
-    }
-    latencies.sort();
-    Ok(json!({
-        "bench": "metrics",
-        "nodes": nodes,
-        "scrapes": scrapes,
-        "p50_ms": round2(percentile_ms(&latencies, 0.5)),
-        "p99_ms": round2(percentile_ms(&latencies, 0.99)),
-        "max_ms": round2(percentile_ms(&latencies, 1.0)),
-        "bytes": bytes,
-        "series": series,
-        "target_p99_ms": 10.0,
-    }))
-}
-
 /// Member `i` of the control plane (0: the bootstrap node).
 fn member<'a>(cluster: &'a mut Cluster, others: &'a mut [Node], i: usize) -> &'a mut Node {
     if i == 0 {
@@ -668,7 +619,7 @@ fn main() -> Result<()> {
             other => bail!("unknown flag {other:?}: --members M, --cold-start or --scrape"),
         }
     }
-    let members = members.unwrap_or(if scrape { 1 } else { 3 });
+    let members = members.unwrap_or(3);
     let max_nodes: usize = args
         .next()
         .map(|a| a.parse())
@@ -727,7 +678,8 @@ fn main() -> Result<()> {
         let mut tasks = tokio::task::JoinSet::new();
         if scrape {
             enrol_up_to(&setup, &mut nodes, max_nodes, &mut tasks, &recorder).await?;
-            let line = scrape_metrics(curators[0].ip(), max_nodes, rounds as usize, period).await;
+            let ips: Vec<_> = curators.iter().map(|c| c.ip()).collect();
+            let line = e2e::scrape_members(&ips, max_nodes, rounds as usize, period).await;
             tasks.abort_all();
             println!("{}", line?);
             return anyhow::Ok(());

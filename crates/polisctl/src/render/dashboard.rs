@@ -308,6 +308,7 @@ mod tests {
             leader,
             raft: Some((4242, 3)),
             db: Some((2 << 20, 1 << 20)),
+            ..Default::default()
         }
     }
 
