@@ -239,17 +239,17 @@ impl api::curator_server::Curator for Services {
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
         unlock::check_registration(&r.data_join_key, &r.data_cluster_half)?;
         let leadership = self.0.leadership().await?;
-        let existing = records::load_node(&self.0.curator, &id)
-            .await
-            .map_err(status_from)?;
+        // Both read at once (each is a round of etcd's read index); the tombstone only
+        // matters when there is no record.
+        let (existing, deleted) = tokio::try_join!(
+            records::load_node(&self.0.curator, &id),
+            records::is_deleted(&self.0.curator, &id),
+        )
+        .map_err(status_from)?;
         // The ticket authorizes creating a record. A node that already registered this
         // key may repeat the call (a lost reply, a restart) even after the ticket was
         // rotated: it only learns its own state.
-        if existing.is_none()
-            && records::is_deleted(&self.0.curator, &id)
-                .await
-                .map_err(status_from)?
-        {
+        if existing.is_none() && deleted {
             tracing::warn!(node = id, "registration refused: the node was deleted");
             return Err(Status::permission_denied(format!(
                 "node {id} was deleted from this cluster; its key cannot register again"
@@ -285,9 +285,10 @@ impl api::curator_server::Curator for Services {
                 node
             }
             // The record exists: the event only reads it. A record is never created
-            // here, without its ticket and claims: one deleted meanwhile is not found.
+            // here, without its ticket and claims: one gone meanwhile was deleted
+            // (records leave only that way).
             None => writes::modify_node(&self.0.curator, &leadership, &id, |current| {
-                let node = current.ok_or_else(|| NodeUpdateError::NotFound(id.clone()))?;
+                let node = current.ok_or_else(|| NodeUpdateError::Deleted(id.clone()))?;
                 if node.public_key != key {
                     return Err(NodeUpdateError::KeyMismatch(id.clone()));
                 }
@@ -305,7 +306,7 @@ impl api::curator_server::Curator for Services {
                 }
             })
             .await
-            .and_then(|n| n.ok_or_else(|| NodeUpdateError::NotFound(id.clone())))
+            .and_then(|n| n.ok_or_else(|| NodeUpdateError::Deleted(id.clone())))
             .map_err(|e| match e {
                 NodeUpdateError::Transition {
                     source: TransitionError::Decommissioned(_),
