@@ -2,8 +2,9 @@
 //! on the leader, and what must stay unique stays unique under the race. Many keys
 //! registering at once with one address (or one data join key) yield exactly one
 //! record; a ticket with three uses registers exactly three of eight racing keys; a
-//! deleted node's address is free again. One real cluster (polis-node, etcd) per case,
-//! on 127.x addresses.
+//! deleted node's address is free again, and a decommissioned node's goes to exactly
+//! one of the keys racing for it. One real cluster (polis-node, etcd) per case, on
+//! 127.x addresses.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -200,5 +201,45 @@ async fn a_ticket_with_three_uses_registers_exactly_three_of_eight_racing_keys()
             "{id} not listed"
         );
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decommissioned_nodes_address_goes_to_one_of_the_new_keys_racing_for_it() -> Result<()> {
+    // A decommissioned node frees its address, but its index entry stays (nothing is
+    // written for the index on decommission): the entry is stale, and exactly one of
+    // the keys racing for the address takes it over (guarded by the entry's revision
+    // and the old holder's record revision).
+    let dir = tempfile::tempdir()?;
+    let cluster = block(|| cluster(dir.path()))?;
+    let endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
+    let params = block(|| cluster.register_params("racers"))?;
+    let (mut worker, worker_id) = block(|| cluster.add_worker("worker", &params))?;
+    let address = worker.address.to_string();
+    // While it is UP, its address is taken.
+    let (_, answer) = register(endpoint, &params, address.clone(), Vec::new()).await?;
+    let refused = answer.expect_err("a key registered with an UP node's address");
+    assert_eq!(refused.code(), tonic::Code::AlreadyExists, "{refused:?}");
+    block(|| {
+        let out = cluster.ctl_retry(&["node", "decommission", &worker_id])?;
+        anyhow::ensure!(out.contains("DECOMMISSIONED"), "{out}");
+        worker.proc().wait_exit(e2e::TIMEOUT).map(drop)
+    })?;
+    let (registered, refused) =
+        race(endpoint, &params, RACERS, || (address.clone(), Vec::new())).await?;
+    assert_eq!(
+        registered.len(),
+        1,
+        "{} keys took the decommissioned node's address: {refused:?}",
+        registered.len()
+    );
+    for status in &refused {
+        assert_eq!(status.code(), tonic::Code::AlreadyExists, "{status:?}");
+    }
+    let mut holders = block(|| holders(&cluster, &address))?;
+    holders.sort();
+    let mut want = vec![worker_id, registered[0].clone()];
+    want.sort();
+    assert_eq!(holders, want, "the old record stays, DECOMMISSIONED");
     Ok(())
 }
