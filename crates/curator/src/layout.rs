@@ -7,6 +7,10 @@
 //!   nodes/<node id>            proto::state::Node (protobuf)             records, writes
 //!   deleted/<node id>          the record of a deleted node (tombstone:   writes::delete_node
 //!                              never registers again)
+//!   addresses/<ip>             node id holding the address (counts only   writes::claims
+//!                              while that record holds it: not deleted,
+//!                              not DECOMMISSIONED)
+//!   join-keys/<hex>            node id holding the data join key          writes::claims
 //!   global/initial_owner       raw Ed25519 public key of the owner named  bootstrap
 //!                              at bootstrap
 //!   global/register_ticket     the single ticket of earlier versions:     ticket
@@ -45,6 +49,22 @@ pub const NODES_PREFIX: &str = "nodes/";
 
 pub fn node_key(id: &str) -> String {
     format!("{NODES_PREFIX}{id}")
+}
+
+/// Prefix of the address index ([`address_key`]).
+pub const ADDRESSES_PREFIX: &str = "addresses/";
+
+/// The index entry naming the node that holds `address` (its canonical spelling).
+pub fn address_key(address: std::net::IpAddr) -> String {
+    format!("{ADDRESSES_PREFIX}{address}")
+}
+
+/// Prefix of the data join key index ([`join_key_key`]).
+pub const JOIN_KEYS_PREFIX: &str = "join-keys/";
+
+/// The index entry naming the node that holds the data join key `key`.
+pub fn join_key_key(key: &[u8]) -> String {
+    format!("{JOIN_KEYS_PREFIX}{}", hex::encode(key))
 }
 
 /// Where a deleted node's record stays, as a tombstone: its key never registers again.

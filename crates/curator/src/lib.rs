@@ -23,7 +23,8 @@
 //!   service      gRPC services and runnables (its own layers: see `service`)
 //!   ───────────────────────────────────────────────────────────────────────────────
 //!   writes       every node-record mutation: modify_node, apply_event, labels,
-//!                delete_node; writes::batch combines a record's writes (group commit)
+//!                delete_node; writes::batch combines a record's writes (group commit);
+//!                writes::claims: the address / join-key index (unique claims)
 //!   ticket       register tickets: records, checks, a use spent (leader writes)
 //!   owner        the owner's key, replaced by a rotation (leader write)
 //!   schedule     the snapshot schedule in the cluster configuration (local read,
@@ -71,7 +72,12 @@
 //! - Every node record is written through `writes` (the bootstrap record aside).
 //! - Register tickets are stored as the SHA-256 of their secret, compared in constant
 //!   time (`ticket::check`); a use is spent in the transaction creating the node record,
-//!   guarded by the ticket's revision (`writes::create_node`).
+//!   guarded by the ticket's revision when its uses are limited (`writes::create_node`,
+//!   `ticket::spend_plan`).
+//! - A node record's address (unless DECOMMISSIONED) and data join key are its own: an
+//!   index entry naming it is taken in the transaction creating it, guarded by the
+//!   entry's revision (`writes::claims`); each leader indexes older records once per
+//!   tenure before it registers a node.
 //! - A node leaves for good: decommissioning takes it out of consensus (quorum-checked
 //!   up front), revokes its certificates and marks it DECOMMISSIONED, a state no event
 //!   leads out of; deleting leaves a tombstone. RegisterNode refuses both keys.

@@ -6,13 +6,16 @@
 //! ```text
 //!   CreateRegisterTicket ──▶ create: put tickets/<id> if absent (leader write)
 //!   RegisterNode ──────────▶ authorize: load, compare the secret's hash in constant time,
-//!                            refuse expired / used up ──▶ Spend: compare the ticket's
-//!                            mod revision, put it with one use less — both go into the
-//!                            transaction that creates the node record (writes)
+//!                            refuse expired / used up ──▶ Spend (spend_plan), in the
+//!                            transaction that creates the node record (writes):
+//!                            limited: compare the mod revision, put one use less;
+//!                            unlimited: compare the create revision (not revoked),
+//!                            last-used put at most once a second, nested and guarded
 //!   List / Revoke / rotate ▶ list, revoke, revoke_all; prune drops tickets expired or
 //!                            used up for more than PRUNE_AFTER
 //! ```
-//! The rules ([`check`], [`spent`], [`prunable`]) are pure and unit-tested.
+//! The rules ([`check`], [`spent`], [`spend_plan`], [`prunable`]) are pure and
+//! unit-tested.
 //!
 //! May import only `error`, `layout` and `election` (its writes are leader writes);
 //! touches no node record.
@@ -321,12 +324,38 @@ pub async fn prune(
     Ok(pruned)
 }
 
+/// How a registration spends a ticket, decided on the stored ticket at `now`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SpendPlan {
+    /// A limited ticket: the ticket with one use less, written in the creating
+    /// transaction guarded by the ticket's mod revision (exact: concurrent
+    /// registrations on it serialize, none overspends).
+    Exact(RegisterTicket),
+    /// An unlimited ticket: the creating transaction only checks that it still exists
+    /// (its create revision), so registrations on it do not conflict. Its last-used
+    /// time is written when it is not already `now` (at most about once a second),
+    /// in a nested transaction guarded by the revision it was read at: a registration
+    /// that lost that race still registers, and the time never moves backwards.
+    Unlimited(Option<RegisterTicket>),
+}
+
+/// How a registration at `now` spends `stored` (see [`SpendPlan`]).
+pub fn spend_plan(stored: &RegisterTicket, now: u64) -> SpendPlan {
+    match stored.uses_left {
+        Some(_) => SpendPlan::Exact(spent(stored, now)),
+        None if stored.last_used_unix == now => SpendPlan::Unlimited(None),
+        None => SpendPlan::Unlimited(Some(spent(stored, now))),
+    }
+}
+
 /// One use of a ticket, to be made in the transaction that creates a node record: the
-/// comparison (the ticket unchanged since it was checked) and the write (one use less).
+/// comparisons (the ticket as it was checked) and the writes (see [`SpendPlan`]).
 pub struct Spend {
     pub id: String,
-    pub compare: Compare,
-    pub op: TxnOp,
+    /// A limited ticket: registrations on it conflict (better made one at a time).
+    pub exact: bool,
+    pub compares: Vec<Compare>,
+    pub ops: Vec<TxnOp>,
 }
 
 /// Checks `presented` (see [`check`]) against the stored ticket; the [`Spend`] to make
@@ -354,10 +383,36 @@ pub async fn authorize(
         }
         return Err(e);
     }
+    let read_at = Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision());
+    let (exact, compares, ops) = match spend_plan(&stored, now) {
+        SpendPlan::Exact(next) => (
+            true,
+            vec![read_at],
+            vec![TxnOp::put(key, next.encode_to_vec(), None)],
+        ),
+        SpendPlan::Unlimited(next) => (
+            false,
+            vec![Compare::create_revision(
+                key.clone(),
+                CompareOp::Equal,
+                kv.create_revision(),
+            )],
+            next.map(|next| {
+                TxnOp::txn(Txn::new().when([read_at]).and_then([TxnOp::put(
+                    key,
+                    next.encode_to_vec(),
+                    None,
+                )]))
+            })
+            .into_iter()
+            .collect(),
+        ),
+    };
     Ok(Spend {
         id: stored.id.clone(),
-        compare: Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision()),
-        op: TxnOp::put(key, spent(&stored, now).encode_to_vec(), None),
+        exact,
+        compares,
+        ops,
     })
 }
 
@@ -446,6 +501,30 @@ mod tests {
         assert_eq!(once.last_used_unix, 150);
         assert_eq!(spent(&once, 151).uses_left, Some(0));
         assert_eq!(spent(&ticket(&[1; 32], 0, None), 150).uses_left, None);
+    }
+
+    #[test]
+    fn limited_tickets_are_spent_exactly_unlimited_ones_note_their_use_once_a_second() {
+        let limited = ticket(&[1; SECRET_LEN], 0, Some(2));
+        assert_eq!(
+            spend_plan(&limited, 150),
+            SpendPlan::Exact(spent(&limited, 150))
+        );
+        let mut open = ticket(&[1; SECRET_LEN], 0, None);
+        assert_eq!(
+            spend_plan(&open, 150),
+            SpendPlan::Unlimited(Some(spent(&open, 150)))
+        );
+        open.last_used_unix = 150;
+        assert_eq!(spend_plan(&open, 150), SpendPlan::Unlimited(None));
+        assert_eq!(
+            spend_plan(&open, 151),
+            SpendPlan::Unlimited(Some(spent(&open, 151)))
+        );
+        // Limited tickets are written on every use, within one second too.
+        let mut used = limited.clone();
+        used.last_used_unix = 150;
+        assert_eq!(spend_plan(&used, 150), SpendPlan::Exact(spent(&used, 150)));
     }
 
     #[test]

@@ -135,7 +135,8 @@ pub async fn run(
         decommission_problems: Mutex::new(HashMap::new()),
         certificates: event::Value::new(),
         certificates_changed: tokio::sync::Notify::new(),
-        registrations: tokio::sync::Mutex::new(()),
+        limited_spends: tokio::sync::Mutex::new(()),
+        claims_indexed: tokio::sync::Mutex::new(None),
         scheduled: Mutex::new(Default::default()),
     });
 

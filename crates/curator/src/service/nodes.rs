@@ -5,8 +5,9 @@
 //! ```text
 //!   node                                   curator (leader)
 //!   RegisterNode(ticket) ─────────────────▶ a new key: ticket live (hash compared in
-//!                                          constant time), labels, address; record
-//!                                          and one use of the ticket in one txn
+//!                                          constant time), labels; record, its
+//!                                          address and join key claimed (index) and
+//!                                          one use of the ticket in one txn
 //!        ◀── stream: NEW … STANDBY ─────── record NEW (lifecycle::Register), then the
 //!                                          node snapshot as the owner approves
 //!   CommitNode ───────────────────────────▶ lifecycle::Commit: node certificate ensured
@@ -37,10 +38,11 @@ use super::status::{
     identity, node_update_status, record_address, record_key, self_signed_key, status_from,
 };
 use super::{issuance, membership, tickets, unlock};
+use crate::election::Leadership;
 use crate::error::NodeUpdateError;
 use crate::health::Tracker;
-use crate::lifecycle::{Event, TransitionError};
-use crate::{records, ticket, writes};
+use crate::lifecycle::{Event, Outcome, TransitionError};
+use crate::{records, writes};
 
 /// The longest version string a node may report.
 const MAX_VERSION_LEN: usize = 64;
@@ -134,20 +136,23 @@ fn on_crl(crl: &[u8], serial: &[u8]) -> bool {
     pki::crl_serials(crl).is_ok_and(|serials| serials.iter().any(|s| s == serial))
 }
 
-/// The live node (any state but DECOMMISSIONED) other than `id` whose record holds
-/// `address`, if any.
-fn address_holder<'a>(
-    mut nodes: impl Iterator<Item = &'a Node>,
-    id: &str,
-    address: IpAddr,
-) -> Option<String> {
-    nodes
-        .find(|n| {
-            n.id != id
-                && n.state != NodeState::Decommissioned as i32
-                && n.address.parse::<IpAddr>().ok() == Some(address)
-        })
-        .map(|n| n.id.clone())
+/// Waits until this tenure's leader has indexed the claims of every record (see
+/// `writes::claims`): once per tenure, before its first registration.
+async fn claims_indexed(shared: &Shared, leadership: &Leadership) -> Result<(), Status> {
+    let tenure = (leadership.key.clone(), leadership.revision);
+    let mut indexed = shared.claims_indexed.lock().await;
+    if indexed.as_ref() == Some(&tenure) {
+        return Ok(());
+    }
+    let written = writes::claims::backfill(&shared.curator, leadership)
+        .await
+        .map_err(status_from)?;
+    tracing::info!(
+        written,
+        "address and join key index complete for this tenure"
+    );
+    *indexed = Some(tenure);
+    Ok(())
 }
 
 #[tonic::async_trait]
@@ -234,71 +239,24 @@ impl api::curator_server::Curator for Services {
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
         unlock::check_registration(&r.data_join_key, &r.data_cluster_half)?;
         let leadership = self.0.leadership().await?;
-        let existing = records::load_node(&self.0.curator, &id)
-            .await
-            .map_err(status_from)?;
+        // Both read at once (each is a round of etcd's read index); the tombstone only
+        // matters when there is no record.
+        let (existing, deleted) = tokio::try_join!(
+            records::load_node(&self.0.curator, &id),
+            records::is_deleted(&self.0.curator, &id),
+        )
+        .map_err(status_from)?;
         // The ticket authorizes creating a record. A node that already registered this
         // key may repeat the call (a lost reply, a restart) even after the ticket was
         // rotated: it only learns its own state.
-        if existing.is_none()
-            && records::is_deleted(&self.0.curator, &id)
-                .await
-                .map_err(status_from)?
-        {
+        if existing.is_none() && deleted {
             tracing::warn!(node = id, "registration refused: the node was deleted");
             return Err(Status::permission_denied(format!(
                 "node {id} was deleted from this cluster; its key cannot register again"
             )));
         }
-        // Held until the record exists: the address check and the creation are one step
-        // on this leader (two registrations cannot both find an address free).
-        let _registration = match existing {
-            None => Some(self.0.registrations.lock().await),
-            Some(_) => None,
-        };
         if existing.is_none() {
-            // Refused early (nothing spent) when the ticket is no good; spent below, with
-            // the record's creation.
-            ticket::authorize(&self.0.curator, &leadership, &r.register_ticket)
-                .await
-                .map_err(|e| {
-                    tracing::warn!(node = id, "registration refused: {e}");
-                    tickets::ticket_status(e)
-                })?;
-            // The snapshot once it holds this tenure's writes (no range read of every
-            // record per registration), else etcd.
-            let fresh = self.0.fresh_nodes(&leadership).await;
-            let holder = match &fresh {
-                Some(snapshot) => address_holder(snapshot.nodes.values(), &id, address),
-                None => address_holder(
-                    records::list_nodes(&self.0.curator)
-                        .await
-                        .map_err(status_from)?
-                        .iter(),
-                    &id,
-                    address,
-                ),
-            };
-            if let Some(holder) = holder {
-                tracing::warn!(node = id, %address, holder, "registration refused: address in use");
-                return Err(Status::already_exists(format!(
-                    "address {address} belongs to node {holder}; every node needs an address of its own"
-                )));
-            }
-            let join_key_holder = match &fresh {
-                Some(snapshot) if !r.data_join_key.is_empty() => snapshot
-                    .nodes
-                    .values()
-                    .find(|n| n.id != id && n.data_join_key == r.data_join_key)
-                    .map(|n| n.id.clone()),
-                Some(_) => None,
-                None => unlock::join_key_holder(self, &id, &r.data_join_key).await?,
-            };
-            if let Some(holder) = join_key_holder {
-                return Err(Status::already_exists(format!(
-                    "this data join key belongs to node {holder}; every node needs its own"
-                )));
-            }
+            claims_indexed(&self.0, &leadership).await?;
         }
         let new_record = || Node {
             id: id.clone(),
@@ -326,15 +284,29 @@ impl api::curator_server::Curator for Services {
                 tracing::info!(node = id, %address, "registered a new node; it waits for approval");
                 node
             }
-            None => writes::apply_event(
-                &self.0.curator,
-                &leadership,
-                &id,
-                Some(&key),
-                Event::Register,
-                new_record,
-            )
+            // The record exists: the event only reads it. A record is never created
+            // here, without its ticket and claims: one gone meanwhile was deleted
+            // (records leave only that way).
+            None => writes::modify_node(&self.0.curator, &leadership, &id, |current| {
+                let node = current.ok_or_else(|| NodeUpdateError::Deleted(id.clone()))?;
+                if node.public_key != key {
+                    return Err(NodeUpdateError::KeyMismatch(id.clone()));
+                }
+                match crate::lifecycle::transition(Some(records::node_state(node)), Event::Register)
+                {
+                    Ok(Outcome::Unchanged) => Ok(None),
+                    Ok(_) => Err(crate::error::CuratorError::Protocol(
+                        "registering an existing record changes it",
+                    )
+                    .into()),
+                    Err(source) => Err(NodeUpdateError::Transition {
+                        id: id.clone(),
+                        source,
+                    }),
+                }
+            })
             .await
+            .and_then(|n| n.ok_or_else(|| NodeUpdateError::Deleted(id.clone())))
             .map_err(|e| match e {
                 NodeUpdateError::Transition {
                     source: TransitionError::Decommissioned(_),

@@ -126,9 +126,13 @@ pub struct Shared {
     pub(super) certificates: event::Value<Arc<CertificateView>>,
     /// Wakes the `certificates` runnable early: a certificate was just issued here.
     pub(super) certificates_changed: tokio::sync::Notify,
-    /// Held while RegisterNode checks that a new node's address is free and creates
-    /// its record, so that two registrations cannot take one address.
-    pub(super) registrations: tokio::sync::Mutex<()>,
+    /// Held while a registration spends a limited ticket (those spends conflict in
+    /// etcd; one at a time on the leader, none retries). Uniqueness of addresses and
+    /// join keys needs no lock: it is the `writes::claims` index.
+    pub(super) limited_spends: tokio::sync::Mutex<()>,
+    /// The leader tenure (election key, revision) whose `writes::claims::backfill` is
+    /// done: registrations wait for it, once per tenure.
+    pub(super) claims_indexed: tokio::sync::Mutex<Option<(Vec<u8>, i64)>>,
     /// How this member's last scheduled snapshot went (the `snapshots` runnable).
     pub(super) scheduled: Mutex<ScheduledOutcome>,
 }

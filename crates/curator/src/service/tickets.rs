@@ -6,8 +6,9 @@
 //!   ListRegisterTickets ─▶ ticket::prune, ticket::list (never a secret)
 //!   RevokeRegisterTicket ─▶ ticket::revoke      RotateRegisterTicket ─▶ ticket::revoke_all
 //!   RegisterNode (new key) ─▶ register_new: ticket::authorize ─▶ writes::create_node
-//!                            (record + one use less, one transaction; repeated when the
-//!                            ticket changed in between)
+//!                            (record + its claims + the ticket's use, one transaction;
+//!                            repeated when the ticket or a claim changed in between;
+//!                            limited tickets spent one at a time on this leader)
 //! ```
 //! Imports only `status` and `shared` of the service, and the crate's `ticket`,
 //! `writes`, `election`.
@@ -132,8 +133,10 @@ pub(super) async fn rotate(shared: &Shared, caller: &rpc::Identity) -> Result<()
 }
 
 /// Creates the record of a new node (`node`, NEW) with one use of the ticket it
-/// presented, in one transaction. `Ok(None)`: a record of this key exists already (a
-/// concurrent call of the same node), nothing was spent.
+/// presented and its address and data join key claimed (see `writes::claims`), in one
+/// transaction. `Ok(None)`: a record of this key exists already (a concurrent call of
+/// the same node), nothing was spent. The ticket is checked before the claims: a caller
+/// without a good ticket learns nothing about other nodes.
 pub(super) async fn register_new(
     shared: &Shared,
     leadership: &Leadership,
@@ -141,6 +144,9 @@ pub(super) async fn register_new(
     node: Node,
 ) -> Result<Option<Node>, Status> {
     let id = node.id.clone();
+    // Spends of a limited ticket conflict in etcd: on this leader they are made one at
+    // a time (etcd's guard keeps them exact regardless). Unlimited ones run in parallel.
+    let mut one_at_a_time = None;
     for _ in 0..SPEND_ATTEMPTS {
         let spend = ticket::authorize(&shared.curator, leadership, presented)
             .await
@@ -148,12 +154,16 @@ pub(super) async fn register_new(
                 tracing::warn!(node = id, "registration refused: {e}");
                 ticket_status(e)
             })?;
+        if spend.exact && one_at_a_time.is_none() {
+            one_at_a_time = Some(shared.limited_spends.lock().await);
+            continue;
+        }
         match writes::create_node(
             &shared.curator,
             leadership,
             node.clone(),
-            spend.compare,
-            spend.op,
+            spend.compares,
+            spend.ops,
         )
         .await
         {
@@ -162,6 +172,12 @@ pub(super) async fn register_new(
                 return Ok(Some(*node));
             }
             Ok(Created::Exists) => return Ok(None),
+            Ok(Created::Taken { what, holder }) => {
+                tracing::warn!(node = id, holder, "registration refused: {what} is taken");
+                return Err(Status::already_exists(format!(
+                    "{what} belongs to node {holder}; every node needs its own"
+                )));
+            }
             Ok(Created::GuardFailed) => continue,
             Err(e @ NodeUpdateError::Deleted(_)) => {
                 tracing::warn!(node = id, "registration refused: the node was deleted");

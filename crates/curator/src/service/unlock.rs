@@ -60,24 +60,6 @@ pub(super) fn check_registration(join_key: &[u8], half: &[u8]) -> Result<(), Sta
     }
 }
 
-/// The node (other than `id`) whose record holds `join_key` already, if any: a join key
-/// names one node, or UnlockData could answer the wrong one.
-pub(super) async fn join_key_holder(
-    services: &Services,
-    id: &str,
-    join_key: &[u8],
-) -> Result<Option<String>, Status> {
-    if join_key.is_empty() {
-        return Ok(None);
-    }
-    Ok(records::list_nodes(&services.0.curator)
-        .await
-        .map_err(status_from)?
-        .into_iter()
-        .find(|n| n.id != id && n.data_join_key == join_key)
-        .map(|n| n.id))
-}
-
 #[tonic::async_trait]
 impl api::data_unlock_server::DataUnlock for Services {
     async fn unlock_data(

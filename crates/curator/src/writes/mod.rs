@@ -9,14 +9,19 @@
 //!                           batch::attempt ── one guarded CAS per batch ──▶ etcd nodes/<id>
 //!   DeleteNode ──────────▶ delete_node ── guarded CAS: delete + tombstone ──▶ deleted/<id>
 //!   RegisterNode ────────▶ create_node ── one txn: record created if absent and not
-//!                                          tombstoned + the caller's extra guarded write
-//!                                          (a register ticket's use)
+//!                                          tombstoned, its claims (address, data join
+//!                                          key: `claims`) taken in the index, + the
+//!                                          caller's extra guarded writes (a ticket's use)
 //! ```
 //! Every write here is guarded by leadership (`election::guard`) and by the record's
-//! revision. May import only `error`, `layout`, `lifecycle`, `records` and `election`:
-//! nothing here knows of gRPC or of the curator's services.
+//! revision. A record's address and data join key are unique among records: the
+//! `claims` index entries are taken in the transaction creating the record, guarded by
+//! their revisions (see `claims`), so two registrations cannot both take one, on one
+//! leader or across a leader change. May import only `error`, `layout`, `lifecycle`,
+//! `records` and `election`: nothing here knows of gRPC or of the curator's services.
 
 mod batch;
+pub mod claims;
 
 use consensus::Namespaced;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
@@ -143,20 +148,24 @@ pub enum Created {
     New(Box<Node>),
     /// A record of this id exists already: nothing was written.
     Exists,
-    /// The extra comparison failed: nothing was written.
+    /// Another live record holds `what` (see `claims`): nothing was written.
+    Taken { what: String, holder: String },
+    /// An extra comparison or a claim's guard failed (changed since read): nothing was
+    /// written; read again.
     GuardFailed,
 }
 
 /// Creates `node` (state NEW, as `Event::Register` leads to) in one transaction with
-/// `also` (e.g. one use of a register ticket), guarded by leadership, by the record and
-/// its tombstone being absent, and by `guard`. The leader's batched writes of this
+/// its claims' index entries (see `claims`) and `also` (e.g. one use of a register
+/// ticket), guarded by leadership, by the record and its tombstone being absent, by
+/// each claim's entry as read, and by `guard`. The leader's batched writes of this
 /// record (`batch`) find it by their own CAS failing and re-read it.
 pub async fn create_node(
     curator: &Namespaced,
     leadership: &Leadership,
     mut node: Node,
-    guard: Compare,
-    also: TxnOp,
+    guard: Vec<Compare>,
+    also: Vec<TxnOp>,
 ) -> Result<Created, NodeUpdateError> {
     let id = node.id.clone();
     match transition(None, Event::Register).map_err(|source| NodeUpdateError::Transition {
@@ -168,19 +177,33 @@ pub async fn create_node(
     }
     let key = curator.key(&node_key(&id));
     let tombstone = curator.key(&tombstone_key(&id));
-    let txn = Txn::new()
-        .when([
-            election::guard(leadership),
-            Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-            Compare::create_revision(tombstone.clone(), CompareOp::Equal, 0),
-            guard,
-        ])
-        .and_then([TxnOp::put(key.clone(), node.encode_to_vec(), None), also])
-        .or_else([
-            TxnOp::get(leadership.key.clone(), None),
-            TxnOp::get(tombstone, Some(GetOptions::new().with_count_only())),
-            TxnOp::get(key, Some(GetOptions::new().with_count_only())),
-        ]);
+    let mut compares = vec![
+        election::guard(leadership),
+        Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+        Compare::create_revision(tombstone.clone(), CompareOp::Equal, 0),
+    ];
+    compares.extend(guard);
+    let mut ops = vec![TxnOp::put(key.clone(), node.encode_to_vec(), None)];
+    for claim in claims::claims(&node) {
+        match claims::read(curator, &claim, &id).await? {
+            Ok(read) => {
+                compares.extend(read.compares(curator));
+                ops.push(read.take(curator, &id));
+            }
+            Err(holder) => {
+                return Ok(Created::Taken {
+                    what: claim.what,
+                    holder,
+                });
+            }
+        }
+    }
+    ops.extend(also);
+    let txn = Txn::new().when(compares).and_then(ops).or_else([
+        TxnOp::get(leadership.key.clone(), None),
+        TxnOp::get(tombstone, Some(GetOptions::new().with_count_only())),
+        TxnOp::get(key, Some(GetOptions::new().with_count_only())),
+    ]);
     let response = curator
         .client()
         .txn(txn)
@@ -217,7 +240,8 @@ fn erases_data_key(state: NodeState) -> bool {
 }
 
 /// Deletes the record of `id` as the lifecycle allows (`Event::Delete`), leaving the
-/// record as it was under [`tombstone_key`]: one transaction guarded by leadership and
+/// record as it was under [`tombstone_key`] and dropping the index entries naming it
+/// (`claims::release`): one transaction guarded by leadership and
 /// by the record's revision, repeated when the record changed in between. Returns the
 /// deleted record.
 pub async fn delete_node(
@@ -258,10 +282,15 @@ pub async fn delete_node(
                 election::guard(leadership),
                 Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision()),
             ])
-            .and_then([
-                TxnOp::delete(key.clone(), None),
-                TxnOp::put(curator.key(&tombstone_key(id)), tombstone.clone(), None),
-            ])
+            .and_then(
+                [
+                    TxnOp::delete(key.clone(), None),
+                    TxnOp::put(curator.key(&tombstone_key(id)), tombstone.clone(), None),
+                ]
+                .into_iter()
+                .chain(claims::release(curator, &node))
+                .collect::<Vec<_>>(),
+            )
             .or_else([TxnOp::get(leadership.key.clone(), None)]);
         let response = curator
             .client()
