@@ -362,7 +362,9 @@ fn main() -> Result<()> {
         None => dir.path().to_path_buf(),
     };
     println!("nodes' directories: {}", path.display());
-    let pc = PartitionedCluster::create(&path, false, &[])
+    // Consensus members as recommended (README): TCP retransmission backoff bounded at
+    // 1 s, so that etcd's peer streams resume right after a heal.
+    let pc = PartitionedCluster::create(&path, false, &["--tcp-rto-max-ms", "1000"])
         .context("a cluster in network namespaces (needs root: ip netns)")?;
     if let Some(n) = heal_count {
         return heals(&pc, n);
