@@ -208,8 +208,7 @@ fn heal_once(pc: &PartitionedCluster, cut: usize) -> Result<Phases> {
                 healed,
                 within,
                 || {
-                    let t = Instant::now();
-                    let o = std::process::Command::new("etcdctl")
+                    std::process::Command::new("etcdctl")
                         .env("ETCDCTL_API", "3")
                         .arg(format!("--endpoints=unix://{}", socket.display()))
                         .args([
@@ -218,17 +217,8 @@ fn heal_once(pc: &PartitionedCluster, cut: usize) -> Result<Phases> {
                             "--consistency=l",
                             "heal-probe",
                         ])
-                        .output();
-                    if std::env::var_os("HEAL_DEBUG").is_some() {
-                        eprintln!(
-                            "DEBUG etcdctl at {:?} took {:?}: {:?}",
-                            healed.elapsed(),
-                            t.elapsed(),
-                            o.as_ref()
-                                .map(|o| String::from_utf8_lossy(&o.stderr).to_string())
-                        );
-                    }
-                    o.is_ok_and(|o| o.status.success())
+                        .output()
+                        .is_ok_and(|o| o.status.success())
                 },
             )
         });
@@ -252,17 +242,7 @@ fn heal_once(pc: &PartitionedCluster, cut: usize) -> Result<Phases> {
                 healed,
                 within,
                 || {
-                    let t = Instant::now();
-                    let st = pc.cluster.status(&endpoints);
-                    if std::env::var_os("HEAL_DEBUG").is_some() {
-                        eprintln!(
-                            "DEBUG status at {:?} took {:?}: {:?}",
-                            healed.elapsed(),
-                            t.elapsed(),
-                            st.as_ref().map(|s| s.1["unreachable"].clone())
-                        );
-                    }
-                    st.is_ok_and(|(ok, status)| {
+                    pc.cluster.status(&endpoints).is_ok_and(|(ok, status)| {
                         let members = status["members"].as_array().cloned().unwrap_or_default();
                         ok && members.len() == 3
                             && members
