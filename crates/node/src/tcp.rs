@@ -7,7 +7,7 @@
 //! a cut of 15 s. etcd's peer streams are such connections: the leader's writer toward
 //! the returning member blocks on the old stream until it resumes or etcd's 5 s write
 //! timeout fires, and meanwhile the member hears no leader (measured: its etcd followed a
-//! leader again 0.4–4.8 s after the heal; with a 1 s bound, ≤ 1.4 s). The value is read
+//! leader again 0.2–4.8 s after the heal; with a 1 s bound, ≤ 1.5 s). The value is read
 //! by each socket when it is created, so it is set before anything connects.
 //!
 //! A leaf: writes one sysctl file, imports no other module of this crate.
