@@ -97,6 +97,7 @@
 //!   retry           Backoff, ProblemLog, pause, call_until_answered
 //!   fatal           FatalSender, LeftCluster
 //!   crash           POLIS_CRASH_AFTER crash points (feature `crash-points`)
+//!   tcp             --tcp-rto-max-ms: TCP retransmission backoff ceiling (one sysctl)
 //!   storage         root layout, lock, atomic writes, protobuf files
 //!   logcapture      the tracing layer: every line → ring + rotated file (LogHub)
 //!     └──▶ logfile (ROOT/data/log/node.log, rotated), logring (bounded, pure)
@@ -110,6 +111,8 @@
 //!   root at once; a second node on a locked root refuses, naming the running one's PID.
 //! - The etcd peer and curator ports must be free at start; a port still held (e.g. by
 //!   the etcd of a node killed a moment ago) is polled for a few seconds before refusing.
+//! - With `--tcp-rto-max-ms`, the node's network namespace bounds TCP retransmission
+//!   backoff before etcd or any connection starts (`tcp`): a healed cut resumes fast.
 //! - The open-files soft limit is raised to the hard limit at start: the curator holds a
 //!   descriptor per client connection (see `rpc::server::Limits`).
 //! - SIGTERM/SIGINT cancel the whole tree; etcd gets SIGTERM (SIGKILL after 10 s), the
@@ -137,6 +140,7 @@ mod retry;
 mod settings;
 mod staleview;
 mod storage;
+mod tcp;
 mod values;
 
 // Start paths: once per start.
@@ -314,6 +318,12 @@ struct Common {
     /// etcd raft election timeout in milliseconds (at least 5 heartbeats).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=50000))]
     etcd_election_timeout_ms: u64,
+    /// Bounds TCP retransmission backoff in this node's network namespace, in
+    /// milliseconds (sets net.ipv4.tcp_rto_max_ms; Linux 6.15 or later; unset: the
+    /// kernel's, 120 s): after a network cut heals, etcd's peer streams and curator
+    /// connections resume within this bound (1000 recommended for consensus members).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(tcp::RTO_MAX_MS_MIN..=tcp::RTO_MAX_MS_MAX))]
+    tcp_rto_max_ms: Option<u64>,
     /// TTL of the curator's leadership lease, in seconds: how long a dead leader blocks
     /// failover.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=60))]
@@ -507,6 +517,13 @@ async fn run(start: Start) -> Result<()> {
         std::path::absolute(&start.root)
             .with_context(|| format!("resolving node root {}", start.root.display()))?,
     );
+    if let Some(ms) = args.tcp_rto_max_ms {
+        tcp::set_rto_max(ms).context("--tcp-rto-max-ms")?;
+        tracing::info!(
+            ms,
+            "TCP retransmission backoff bounded (net.ipv4.tcp_rto_max_ms)"
+        );
+    }
     match preflight::raise_open_files_limit() {
         Ok(limit) => tracing::info!(limit, "open files limit"),
         Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),

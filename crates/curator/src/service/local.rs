@@ -123,10 +123,19 @@ pub async fn member_status(
         .await
         .map_err(|e| Status::unavailable(format!("listing etcd members: {e}")))?;
     // etcd upkeep: the cluster's alarms as this member knows them (empty if it cannot
-    // say: the status above is what matters to a quorum check).
-    let alarms = consensus::maintenance::alarms(client)
-        .await
-        .unwrap_or_default();
+    // say: the status above is what matters to a quorum check). etcd 3.4 answers the
+    // alarm list through raft: a member without a leader holds the request for its 7 s
+    // request timeout (a member just healed from a cut made `cluster status` wait 5 s
+    // for it), so only with a leader, and bounded.
+    let alarms = if status.leader() == 0 {
+        Vec::new()
+    } else {
+        tokio::time::timeout(QUORUM_READ_BOUND, consensus::maintenance::alarms(client))
+            .await
+            .ok()
+            .and_then(|r| r.ok())
+            .unwrap_or_default()
+    };
     let header = status.header();
     Ok(api::GetConsensusStatusResponse {
         node_id: node_id.to_string(),

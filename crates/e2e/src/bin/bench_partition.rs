@@ -11,13 +11,19 @@
 //! - heal: a follower cut off until it is HEARTBEAT_TIMEOUT, healed → back (3 voters
 //!   answering, every node HEALTHY); also after each leader cut.
 //!
+//! `scripts/bench partition --heals N`: only heals, N of them, each after a cut long
+//! enough for the others to list the node HEARTBEAT_TIMEOUT, alternately of the curator
+//! leader's host and of a follower; per heal, when each step of the way back first held
+//! (see [`Phases`]), and the median and max of each.
+//!
 //! Goals (issue 16): failover ≤ 3 s, Unavailable ≤ lease TTL + 1 s (4 s), flapping gap
 //! ≤ 2 s, back ≤ 5 s. The last line is one JSON object.
 
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result};
-use e2e::{MEMBERS, PartitionedCluster, median};
+use anyhow::{Context, Result, bail};
+use e2e::{MEMBERS, Node, PartitionedCluster, median};
 
 fn ms(d: Duration) -> f64 {
     (d.as_secs_f64() * 10_000.0).round() / 10.0
@@ -66,16 +72,283 @@ fn leader_cut(
     Ok((failover, isolated, back))
 }
 
-fn main() -> Result<()> {
-    let samples: usize = match std::env::args().nth(1) {
-        Some(s) => s
-            .parse()
-            .with_context(|| format!("SAMPLES must be a number, got {s:?}"))?,
-        None => 3,
+/// The node in slot `i`.
+fn node(pc: &PartitionedCluster, i: usize) -> &Node {
+    match i {
+        0 => &pc.cluster.first,
+        i => &pc.others[i - 1],
+    }
+}
+
+/// The node's current log (the one its latest start writes: `node-N.log`, highest N).
+fn current_log(node: &Node) -> Result<PathBuf> {
+    let mut logs = Vec::new();
+    for entry in
+        std::fs::read_dir(&node.dir).with_context(|| format!("listing {}", node.dir.display()))?
+    {
+        let name = entry?.file_name().to_string_lossy().to_string();
+        if let Some(n) = name
+            .strip_prefix("node-")
+            .and_then(|r| r.strip_suffix(".log"))
+            .and_then(|n| n.parse::<u32>().ok())
+        {
+            logs.push((n, node.dir.join(name)));
+        }
+    }
+    logs.into_iter()
+        .max()
+        .map(|(_, p)| p)
+        .with_context(|| format!("no node log in {}", node.dir.display()))
+}
+
+/// Seconds since the Unix epoch of a JSON log line's `timestamp` (RFC 3339, UTC).
+fn line_time(line: &str) -> Option<f64> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    let ts = v["timestamp"].as_str()?;
+    let (date, time) = ts.trim_end_matches('Z').split_once('T')?;
+    let mut d = date.split('-').map(|x| x.parse::<i64>());
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    let mut t = time.split(':');
+    let (h, min, sec) = (
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+    );
+    // Days since the epoch of a proleptic Gregorian date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days as f64 * 86_400.0 + h * 3600.0 + min * 60.0 + sec)
+}
+
+/// The time after `since` (Unix seconds) of the first line of `log`, past byte `from`,
+/// containing any of `needles`.
+fn first_logged(log: &Path, from: u64, since: f64, needles: &[&str]) -> Option<Duration> {
+    let text = std::fs::read(log).ok()?;
+    let text = String::from_utf8_lossy(text.get(from as usize..)?).to_string();
+    text.lines()
+        .filter(|l| needles.iter().any(|n| l.contains(n)))
+        .find_map(line_time)
+        .map(|t| Duration::from_secs_f64((t - since).max(0.0)))
+}
+
+/// Polls `holds` (each poll bounded by its own command timeouts) until it is true: how
+/// long after `start` it first was; an error after `within`.
+fn first_held(
+    what: &str,
+    start: Instant,
+    within: Duration,
+    holds: impl Fn() -> bool,
+) -> Result<Duration> {
+    loop {
+        if holds() {
+            return Ok(start.elapsed());
+        }
+        if start.elapsed() > within {
+            bail!("{what} did not hold within {within:?} of the heal");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// When each step of a healed member's way back first held, counted from the heal.
+#[derive(Debug, Clone, Copy)]
+struct Phases {
+    /// Its etcd logged a peer "became active" (rafthttp reconnected).
+    etcd_peer: Option<Duration>,
+    /// Its etcd serves a linearizable read through its own socket (it follows a leader).
+    etcd_leader: Duration,
+    /// The node logged a heartbeat answered again.
+    heartbeat: Option<Duration>,
+    /// The others list it HEALTHY.
+    healthy: Duration,
+    /// `cluster status` shows 3 voters, all answering.
+    voters: Duration,
+}
+
+impl Phases {
+    /// Back: a voter following the leader, HEALTHY, and listed so by `cluster status`.
+    fn back(&self) -> Duration {
+        self.etcd_leader.max(self.healthy).max(self.voters)
+    }
+}
+
+/// Cuts slot `cut` off until the others list it HEARTBEAT_TIMEOUT, heals it and times
+/// each step back.
+fn heal_once(pc: &PartitionedCluster, cut: usize) -> Result<Phases> {
+    let rest: Vec<usize> = (0..MEMBERS.len()).filter(|i| *i != cut).collect();
+    let name = MEMBERS[cut];
+    pc.partition.cut(name)?;
+    let timed_out = e2e::wait_until("the cut-off member timed out", e2e::TIMEOUT, || {
+        pc.health(&rest, cut)
+            .is_ok_and(|h| h == "HEARTBEAT_TIMEOUT")
+    });
+    let log = current_log(node(pc, cut))?;
+    let from = std::fs::metadata(&log)
+        .with_context(|| format!("reading the size of {}", log.display()))?
+        .len();
+    pc.partition.heal(name)?;
+    let healed = Instant::now();
+    let healed_unix = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)?
+        .as_secs_f64();
+    timed_out?;
+    let within = e2e::TIMEOUT;
+    let socket = node(pc, cut).socket();
+    let endpoints = pc.member_endpoints();
+    let id = pc.ids[cut].clone();
+    let (etcd_leader, healthy, voters) = std::thread::scope(|scope| {
+        // Threads inherit the hub namespace of this one.
+        let etcd = scope.spawn(|| {
+            first_held(
+                "a linearizable read through its etcd",
+                healed,
+                within,
+                || {
+                    std::process::Command::new("etcdctl")
+                        .env("ETCDCTL_API", "3")
+                        .arg(format!("--endpoints=unix://{}", socket.display()))
+                        .args([
+                            "--command-timeout=1s",
+                            "get",
+                            "--consistency=l",
+                            "heal-probe",
+                        ])
+                        .output()
+                        .is_ok_and(|o| o.status.success())
+                },
+            )
+        });
+        let healthy = scope.spawn(|| {
+            first_held("HEALTHY in the node list", healed, within, || {
+                pc.cluster
+                    .ctl(&["--endpoints", &endpoints, "node", "list", "-o", "json"])
+                    .ok()
+                    .and_then(|(_, out, _)| serde_json::from_str::<serde_json::Value>(&out).ok())
+                    .and_then(|v| v.as_array().cloned())
+                    .is_some_and(|nodes| {
+                        nodes
+                            .iter()
+                            .any(|n| n["id"] == *id && n["health"] == "HEALTHY")
+                    })
+            })
+        });
+        let voters = scope.spawn(|| {
+            first_held(
+                "3 voters answering in cluster status",
+                healed,
+                within,
+                || {
+                    pc.cluster.status(&endpoints).is_ok_and(|(ok, status)| {
+                        let members = status["members"].as_array().cloned().unwrap_or_default();
+                        ok && members.len() == 3
+                            && members
+                                .iter()
+                                .all(|m| m["role"] == "voter" && m["answered"] == true)
+                    })
+                },
+            )
+        });
+        let join = |h: std::thread::ScopedJoinHandle<'_, Result<Duration>>| {
+            h.join().expect("a polling thread panicked")
+        };
+        anyhow::Ok((join(etcd)?, join(healthy)?, join(voters)?))
+    })?;
+    Ok(Phases {
+        etcd_peer: first_logged(&log, from, healed_unix, &["became active"]),
+        etcd_leader,
+        heartbeat: first_logged(
+            &log,
+            from,
+            healed_unix,
+            &[
+                "answers heartbeats again",
+                "heartbeats reach the curator again",
+            ],
+        ),
+        healthy,
+        voters,
+    })
+}
+
+/// `--heals N`: N heals, alternately of the curator leader's host and of a follower.
+fn heals(pc: &PartitionedCluster, n: usize) -> Result<()> {
+    let mut all = Vec::new();
+    for i in 0..n {
+        let leader = pc.leader(&[0, 1, 2])?;
+        let (cut, kind) = if i % 2 == 0 {
+            (leader, "leader")
+        } else {
+            ((leader + 1) % MEMBERS.len(), "follower")
+        };
+        let p = heal_once(pc, cut).with_context(|| format!("heal {i} ({kind})"))?;
+        let opt = |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.1}", ms(d)));
+        println!(
+            "heal {i} ({kind} {}): etcd peer active {} ms, etcd has a leader {:.1} ms, heartbeat answered {} ms, HEALTHY {:.1} ms, 3 voters {:.1} ms → back {:.1} ms",
+            MEMBERS[cut],
+            opt(p.etcd_peer),
+            ms(p.etcd_leader),
+            opt(p.heartbeat),
+            ms(p.healthy),
+            ms(p.voters),
+            ms(p.back())
+        );
+        all.push(p);
+    }
+    let stats = |f: &dyn Fn(&Phases) -> Option<Duration>| {
+        let v: Vec<f64> = all.iter().filter_map(f).map(ms).collect();
+        serde_json::json!({"median": median(v.clone()), "max": max(&v), "seen": v.len()})
     };
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "partition-heals",
+            "heals": n,
+            "etcd_peer_active_ms": stats(&|p| p.etcd_peer),
+            "etcd_leader_ms": stats(&|p| Some(p.etcd_leader)),
+            "heartbeat_answered_ms": stats(&|p| p.heartbeat),
+            "healthy_ms": stats(&|p| Some(p.healthy)),
+            "voters_ms": stats(&|p| Some(p.voters)),
+            "back_ms": stats(&|p| Some(p.back())),
+            "target_back_ms": 5000,
+        })
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let heal_count = match args.as_slice() {
+        [flag, n] if flag == "--heals" => Some(
+            n.parse::<usize>()
+                .with_context(|| format!("--heals takes a number, got {n:?}"))?,
+        ),
+        [flag] if flag == "--heals" => bail!("--heals takes a number (how many heals)"),
+        _ => None,
+    };
+    let samples: usize = match (heal_count, args.first()) {
+        (Some(_), _) | (None, None) => 3,
+        (None, Some(s)) => s
+            .parse()
+            .with_context(|| format!("SAMPLES must be a number or --heals N, got {s:?}"))?,
+    };
+    // POLIS_KEEP_TEST_DIR=1 keeps the nodes' logs for a look afterwards.
     let dir = tempfile::tempdir()?;
-    let pc = PartitionedCluster::create(dir.path(), false, &[])
+    let path = match std::env::var_os("POLIS_KEEP_TEST_DIR") {
+        Some(_) => dir.keep(),
+        None => dir.path().to_path_buf(),
+    };
+    println!("nodes' directories: {}", path.display());
+    // Consensus members as recommended (README): TCP retransmission backoff bounded at
+    // 1 s, so that etcd's peer streams resume right after a heal.
+    let pc = PartitionedCluster::create(&path, false, &["--tcp-rto-max-ms", "1000"])
         .context("a cluster in network namespaces (needs root: ip netns)")?;
+    if let Some(n) = heal_count {
+        return heals(&pc, n);
+    }
     let (mut failovers, mut isolated, mut backs) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..samples {
         let (f, iso, back) = leader_cut(&pc, false)?;
