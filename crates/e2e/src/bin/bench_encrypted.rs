@@ -20,10 +20,10 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use e2e::{Cluster, Node, TIMEOUT, is_home_line, median};
+use e2e::{Cluster, Node, TIMEOUT, is_home_line, median, timed_calls};
 use proto::api;
 use serde_json::json;
 
@@ -136,49 +136,28 @@ async fn writes(
     id: &str,
     duration: Duration,
 ) -> (usize, usize) {
-    let deadline = Instant::now() + duration;
-    let tasks: Vec<_> = clients
-        .iter()
-        .cloned()
-        .enumerate()
-        .map(|(w, c)| {
-            let id = id.to_string();
-            tokio::spawn(async move {
-                let (mut ok, mut failed) = (0, 0);
-                for i in 0..MAX_CALLS {
-                    if Instant::now() >= deadline {
-                        break;
-                    }
-                    let outcome = c
-                        .call(|ch| {
-                            let request = api::UpdateNodeLabelsRequest {
-                                id: id.clone(),
-                                upsert: HashMap::from([(format!("bench-{w}"), i.to_string())]),
-                                delete: vec![],
-                            };
-                            async move {
-                                api::management_client::ManagementClient::new(ch)
-                                    .update_node_labels(request)
-                                    .await
-                            }
-                        })
-                        .await;
-                    if outcome.is_ok() {
-                        ok += 1
-                    } else {
-                        failed += 1
-                    }
+    let id = id.to_string();
+    let calls = timed_calls(clients, duration, MAX_CALLS, move |c, w, i| {
+        let id = id.clone();
+        async move {
+            c.call(|ch| {
+                let request = api::UpdateNodeLabelsRequest {
+                    id: id.clone(),
+                    upsert: HashMap::from([(format!("bench-{w}"), i.to_string())]),
+                    delete: vec![],
+                };
+                async move {
+                    api::management_client::ManagementClient::new(ch)
+                        .update_node_labels(request)
+                        .await
                 }
-                (ok, failed)
             })
-        })
-        .collect();
-    let mut total = (0, 0);
-    for t in tasks {
-        let (ok, failed) = t.await.expect("a benchmark client panicked");
-        total = (total.0 + ok, total.1 + failed);
-    }
-    total
+            .await
+            .map(drop)
+        }
+    })
+    .await;
+    (calls.ok, calls.failed)
 }
 
 fn main() -> Result<()> {
