@@ -18,6 +18,30 @@ pub fn median(mut samples: Vec<f64>) -> f64 {
     }
 }
 
+/// The benches' `[SECONDS_PER_MEASUREMENT] [ROUNDS]` arguments (program name skipped),
+/// defaulted where absent; ROUNDS is held to 1..=20, SECONDS is left to the caller's
+/// bounds.
+pub fn seconds_and_rounds(
+    mut args: impl Iterator<Item = String>,
+    default_seconds: f64,
+    default_rounds: usize,
+) -> anyhow::Result<(f64, usize)> {
+    use anyhow::Context;
+    let seconds = match args.next() {
+        Some(a) => a
+            .parse()
+            .with_context(|| format!("SECONDS_PER_MEASUREMENT must be a number, not {a:?}"))?,
+        None => default_seconds,
+    };
+    let rounds: usize = match args.next() {
+        Some(a) => a
+            .parse()
+            .with_context(|| format!("ROUNDS must be a number, not {a:?}"))?,
+        None => default_rounds,
+    };
+    Ok((seconds, rounds.clamp(1, 20)))
+}
+
 /// What [`timed_calls`] counted, summed over clients (and over measurements by
 /// [`Calls::merge`]).
 #[derive(Debug, Default)]
@@ -109,6 +133,39 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
         assert!(median(vec![]).is_nan());
+    }
+
+    #[test]
+    fn seconds_and_rounds_default_bound_and_name_bad_input() {
+        let args = |v: &[&str]| {
+            v.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .into_iter()
+        };
+        assert_eq!(seconds_and_rounds(args(&[]), 5.0, 3).unwrap(), (5.0, 3));
+        assert_eq!(
+            seconds_and_rounds(args(&["0.3"]), 5.0, 3).unwrap(),
+            (0.3, 3)
+        );
+        assert_eq!(
+            seconds_and_rounds(args(&["1", "99"]), 5.0, 3).unwrap(),
+            (1.0, 20)
+        );
+        assert_eq!(
+            seconds_and_rounds(args(&["1", "0"]), 5.0, 3).unwrap(),
+            (1.0, 1)
+        );
+        let e = seconds_and_rounds(args(&["x"]), 5.0, 3).unwrap_err();
+        assert!(
+            e.to_string().contains("SECONDS_PER_MEASUREMENT") && e.to_string().contains("\"x\""),
+            "{e}"
+        );
+        let e = seconds_and_rounds(args(&["1", "-2"]), 5.0, 3).unwrap_err();
+        assert!(
+            e.to_string().contains("ROUNDS") && e.to_string().contains("\"-2\""),
+            "{e}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,7 +28,8 @@
 //!      net       unique_loopback(), NetNs (deleted on drop)
 //!      wait      TIMEOUT, wait_until()
 //!      certs     pem_der(), peer_accepts()
-//!      bench     median(), timed_calls() (the API benches' client loop) → Calls
+//!      bench     median(), seconds_and_rounds(), timed_calls() (the API benches'
+//!                client loop) → Calls
 //!      datadev   fscrypt_usable(), data_image(), Mounts (unmounts on drop)
 //!      partition Partition: hub bridge + a namespace per node, cut (both ways /
 //!                outgoing only), heal, enter_hub(); all deleted on drop
@@ -51,7 +52,7 @@ mod process;
 mod scrape;
 mod wait;
 
-pub use bench::{Calls, median, timed_calls};
+pub use bench::{Calls, median, seconds_and_rounds, timed_calls};
 pub use certs::{peer_accepts, pem_der};
 pub use cluster::{Cluster, endpoints};
 pub use ctl::polisctl;

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use e2e::{Calls, Cluster, timed_calls};
+use e2e::{Calls, Cluster, seconds_and_rounds, timed_calls};
 use proto::api;
 
 /// Calls per client and measurement, at most (a bound on a runaway loop).
@@ -46,20 +46,7 @@ struct Totals {
 }
 
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let seconds: f64 = args
-        .next()
-        .map(|a| a.parse())
-        .transpose()
-        .context("SECONDS_PER_MEASUREMENT must be a number")?
-        .unwrap_or(2.0);
-    let rounds: usize = args
-        .next()
-        .map(|a| a.parse())
-        .transpose()
-        .context("ROUNDS must be a number")?
-        .unwrap_or(2)
-        .clamp(1, 20);
+    let (seconds, rounds) = seconds_and_rounds(std::env::args().skip(1), 2.0, 2)?;
     let duration = Duration::from_secs_f64(seconds.clamp(0.2, 60.0));
     let dir = tempfile::tempdir()?;
     let cluster = Cluster::bootstrap(dir.path())?;

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use e2e::{Cluster, METRICS_PORT, TIMEOUT, http_get, timed_calls};
+use anyhow::Result;
+use e2e::{Cluster, METRICS_PORT, TIMEOUT, http_get, seconds_and_rounds, timed_calls};
 use proto::api;
 use serde_json::json;
 
@@ -62,20 +62,7 @@ async fn measure(
 }
 
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let seconds: f64 = args
-        .next()
-        .map(|a| a.parse())
-        .transpose()
-        .context("SECONDS_PER_MEASUREMENT must be a number")?
-        .unwrap_or(5.0);
-    let rounds: usize = args
-        .next()
-        .map(|a| a.parse())
-        .transpose()
-        .context("ROUNDS must be a number")?
-        .unwrap_or(3)
-        .clamp(1, 20);
+    let (seconds, rounds) = seconds_and_rounds(std::env::args().skip(1), 5.0, 3)?;
     let duration = Duration::from_secs_f64(seconds.clamp(0.5, 60.0));
     let dir = tempfile::tempdir()?;
     let mut cluster = Cluster::bootstrap(dir.path())?;

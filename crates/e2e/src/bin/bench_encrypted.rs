@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use e2e::{Cluster, Node, TIMEOUT, is_home_line, median, timed_calls};
+use e2e::{Cluster, Node, TIMEOUT, is_home_line, median, seconds_and_rounds, timed_calls};
 use proto::api;
 use serde_json::json;
 
@@ -161,20 +161,7 @@ async fn writes(
 }
 
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let seconds: f64 = args
-        .next()
-        .map(|a| a.parse())
-        .transpose()
-        .context("SECONDS_PER_MEASUREMENT must be a number")?
-        .unwrap_or(5.0);
-    let rounds: usize = args
-        .next()
-        .map(|a| a.parse())
-        .transpose()
-        .context("ROUNDS must be a number")?
-        .unwrap_or(3)
-        .clamp(1, 20);
+    let (seconds, rounds) = seconds_and_rounds(std::env::args().skip(1), 5.0, 3)?;
     ensure!(
         datafs::fscrypt::kernel_supports_ext4_encryption(),
         "this kernel lacks ext4 encryption (/sys/fs/ext4/features/encryption)"
