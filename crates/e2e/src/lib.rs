@@ -18,7 +18,8 @@
 //!   4  partitioned PartitionedCluster: 3 members (+ worker) in a Partition's
 //!                namespaces, owner in the hub; leader(), write(), is_back()
 //!   3  cluster   Cluster: bootstrap + takeownership, register/approve/add_worker,
-//!                owner client, node list and member polls; endpoints()
+//!                owner client, node list and member polls; endpoints(),
+//!                write_label()
 //!   2  node      Node: params, start (crash points), log progress (Home, state,
 //!                curator), etcdctl on its socket; is_home_line()
 //!      etcd      BareEtcd: etcd alone, with polis-node's flags and peer TLS files
@@ -54,7 +55,7 @@ mod wait;
 
 pub use bench::{Calls, median, seconds_and_rounds, timed_calls};
 pub use certs::{peer_accepts, pem_der};
-pub use cluster::{Cluster, endpoints};
+pub use cluster::{Cluster, endpoints, write_label};
 pub use ctl::polisctl;
 pub use datadev::{Mounts, data_image, fscrypt_usable};
 pub use etcd::BareEtcd;

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use e2e::{Calls, Cluster, seconds_and_rounds, timed_calls};
+use e2e::{Calls, Cluster, seconds_and_rounds, timed_calls, write_label};
 use proto::api;
 
 /// Calls per client and measurement, at most (a bound on a runaway loop).
@@ -120,23 +120,8 @@ fn main() -> Result<()> {
                             timed_calls(&curators, duration, MAX_CALLS, move |c, w, i| {
                                 let id = id.clone();
                                 async move {
-                                    c.call(|ch| {
-                                        let request = api::UpdateNodeLabelsRequest {
-                                            id: id.clone(),
-                                            upsert: HashMap::from([(
-                                                format!("bench-{w}"),
-                                                i.to_string(),
-                                            )]),
-                                            delete: vec![],
-                                        };
-                                        async move {
-                                            api::management_client::ManagementClient::new(ch)
-                                                .update_node_labels(request)
-                                                .await
-                                        }
-                                    })
-                                    .await
-                                    .map(drop)
+                                    write_label(&c, &id, &format!("bench-{w}"), &i.to_string())
+                                        .await
                                 }
                             })
                             .await

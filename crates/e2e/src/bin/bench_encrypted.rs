@@ -23,8 +23,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use e2e::{Cluster, Node, TIMEOUT, is_home_line, median, seconds_and_rounds, timed_calls};
-use proto::api;
+use e2e::{
+    Cluster, Node, TIMEOUT, is_home_line, median, seconds_and_rounds, timed_calls, write_label,
+};
 use serde_json::json;
 
 const CLIENTS: usize = 16;
@@ -139,22 +140,7 @@ async fn writes(
     let id = id.to_string();
     let calls = timed_calls(clients, duration, MAX_CALLS, move |c, w, i| {
         let id = id.clone();
-        async move {
-            c.call(|ch| {
-                let request = api::UpdateNodeLabelsRequest {
-                    id: id.clone(),
-                    upsert: HashMap::from([(format!("bench-{w}"), i.to_string())]),
-                    delete: vec![],
-                };
-                async move {
-                    api::management_client::ManagementClient::new(ch)
-                        .update_node_labels(request)
-                        .await
-                }
-            })
-            .await
-            .map(drop)
-        }
+        async move { write_label(&c, &id, &format!("bench-{w}"), &i.to_string()).await }
     })
     .await;
     (calls.ok, calls.failed)
