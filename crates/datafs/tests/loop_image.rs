@@ -10,31 +10,31 @@ use datafs::{DataKey, Error, FormatPolicy, Half, Owner, Spec, mounts};
 
 const IMAGE_LEN: u64 = 64 << 20;
 
-fn usable() -> bool {
-    if !datafs::fscrypt::kernel_supports_ext4_encryption() {
-        println!("SKIPPED: this kernel lacks ext4 encryption (/sys/fs/ext4/features/encryption)");
-        return false;
-    }
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "these tests need root (loop devices, mount)"
-    );
-    true
-}
-
 /// An image file with the directories to mount it on; unmounts leftovers when dropped.
 struct Image {
     dir: tempfile::TempDir,
 }
 
 impl Image {
-    fn new() -> Image {
+    /// A new all-zero image, or `None` (with a printed reason) where the kernel lacks
+    /// ext4 encryption.
+    fn usable() -> Option<Image> {
+        if !datafs::fscrypt::kernel_supports_ext4_encryption() {
+            println!(
+                "SKIPPED: this kernel lacks ext4 encryption (/sys/fs/ext4/features/encryption)"
+            );
+            return None;
+        }
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "these tests need root (loop devices, mount)"
+        );
         let dir = tempfile::tempdir().unwrap();
         let f = fs::File::create(dir.path().join("data.img")).unwrap();
         f.set_len(IMAGE_LEN).unwrap();
-        Image { dir }
+        Some(Image { dir })
     }
     fn path(&self) -> PathBuf {
         self.dir.path().join("data.img")
@@ -62,6 +62,29 @@ impl Image {
             },
             key,
         )
+    }
+    /// Opens it as node n1 of cluster-1 with its key.
+    fn open_own(&self, format: FormatPolicy) -> Result<datafs::Volume, Error> {
+        self.open(&owner("n1"), &key(1, 2), format)
+    }
+    /// Runs `mkfs.ext4 -q -F ARGS` on the image.
+    fn mkfs(&self, args: &[&str]) {
+        let out = std::process::Command::new("mkfs.ext4")
+            .args(["-q", "-F"])
+            .args(args)
+            .arg(self.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    /// Mounts the image as an attacker would, with no key added, on `DIR/raw`; returns
+    /// that (the loop device detaches once it is unmounted).
+    fn mount_raw(&self) -> PathBuf {
+        let raw = self.dir.path().join("raw");
+        fs::create_dir_all(&raw).unwrap();
+        let dev = datafs::loopdev::attach(&self.path()).unwrap();
+        mounts::mount(dev.path(), &raw, Some("ext4"), 0).unwrap();
+        raw
     }
     fn bytes(&self) -> Vec<u8> {
         fs::read(self.path()).unwrap()
@@ -100,13 +123,10 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 #[test]
 fn formats_once_and_reads_back_after_remount() {
-    if !usable() {
+    let Some(img) = Image::usable() else {
         return;
-    }
-    let img = Image::new();
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
-        .unwrap();
+    };
+    let v = img.open_own(FormatPolicy::IfEmpty).unwrap();
     assert!(v.formatted());
     assert_eq!(v.data_dir(), img.data_dir());
     fs::create_dir(img.data_dir().join("node")).unwrap();
@@ -120,9 +140,7 @@ fn formats_once_and_reads_back_after_remount() {
         "data visible after close"
     );
 
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
-        .unwrap();
+    let v = img.open_own(FormatPolicy::IfEmpty).unwrap();
     assert!(!v.formatted(), "our own file system was formatted again");
     assert_eq!(
         fs::read(img.data_dir().join("node/key.der")).unwrap(),
@@ -133,13 +151,10 @@ fn formats_once_and_reads_back_after_remount() {
 
 #[test]
 fn a_wrong_key_is_refused_and_leaves_nothing_mounted() {
-    if !usable() {
+    let Some(img) = Image::usable() else {
         return;
-    }
-    let img = Image::new();
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
-        .unwrap();
+    };
+    let v = img.open_own(FormatPolicy::IfEmpty).unwrap();
     fs::write(img.data_dir().join("f"), b"x").unwrap();
     v.close().unwrap();
     for wrong in [key(1, 3), key(9, 2)] {
@@ -153,22 +168,17 @@ fn a_wrong_key_is_refused_and_leaves_nothing_mounted() {
         assert!(!mounts::is_mount_point(&img.data_dir()).unwrap());
     }
     // The right key still opens the untouched data.
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
-        .unwrap();
+    let v = img.open_own(FormatPolicy::IfEmpty).unwrap();
     assert_eq!(fs::read(img.data_dir().join("f")).unwrap(), b"x");
     v.close().unwrap();
 }
 
 #[test]
 fn the_raw_image_holds_no_plaintext_of_node_data() {
-    if !usable() {
+    let Some(img) = Image::usable() else {
         return;
-    }
-    let img = Image::new();
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
-        .unwrap();
+    };
+    let v = img.open_own(FormatPolicy::IfEmpty).unwrap();
     let secret = b"polis-secret-contents-7f3a9c1e2b";
     let name = "polis-secret-name-5d8e0a";
     let mut f = fs::File::create(img.data_dir().join(name)).unwrap();
@@ -200,22 +210,14 @@ fn the_raw_image_holds_no_plaintext_of_node_data() {
 
 #[test]
 fn without_the_key_the_data_cannot_be_read() {
-    if !usable() {
+    let Some(img) = Image::usable() else {
         return;
-    }
-    let img = Image::new();
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
-        .unwrap();
+    };
+    let v = img.open_own(FormatPolicy::IfEmpty).unwrap();
     fs::write(img.data_dir().join("plain-name"), b"contents").unwrap();
     v.close().unwrap();
 
-    // Mount the image as an attacker would: no key added.
-    let raw = img.dir.path().join("raw");
-    fs::create_dir(&raw).unwrap();
-    let dev = datafs::loopdev::attach(&img.path()).unwrap();
-    mounts::mount(dev.path(), &raw, Some("ext4"), 0).unwrap();
-    drop(dev);
+    let raw = img.mount_raw();
     let names: Vec<_> = fs::read_dir(raw.join("data"))
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -229,18 +231,12 @@ fn without_the_key_the_data_cannot_be_read() {
 
 #[test]
 fn a_device_holding_something_else_is_refused_unless_told_to_format() {
-    if !usable() {
+    let Some(img) = Image::usable() else {
         return;
-    }
-    let img = Image::new();
-    let out = std::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-L", "home"])
-        .arg(img.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    };
+    img.mkfs(&["-L", "home"]);
     let before = img.bytes();
-    match img.open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty) {
+    match img.open_own(FormatPolicy::IfEmpty) {
         Err(e @ Error::Foreign { .. }) => {
             let msg = e.to_string();
             assert!(msg.contains("labelled \"home\""), "{msg}");
@@ -250,20 +246,17 @@ fn a_device_holding_something_else_is_refused_unless_told_to_format() {
     }
     assert!(img.bytes() == before, "a refused device was changed");
 
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::Always)
-        .unwrap();
+    let v = img.open_own(FormatPolicy::Always).unwrap();
     assert!(v.formatted());
     v.close().unwrap();
 }
 
 #[test]
 fn a_device_of_another_node_is_refused_by_name() {
-    if !usable() {
+    let Some(img) = Image::usable() else {
         return;
-    }
-    let img = Image::new();
-    img.open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
+    };
+    img.open_own(FormatPolicy::IfEmpty)
         .unwrap()
         .close()
         .unwrap();
@@ -286,19 +279,14 @@ fn a_device_of_another_node_is_refused_by_name() {
 
 #[test]
 fn mounts_left_by_a_killed_process_are_taken_over() {
-    if !usable() {
+    let Some(img) = Image::usable() else {
         return;
-    }
-    let img = Image::new();
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
-        .unwrap();
+    };
+    let v = img.open_own(FormatPolicy::IfEmpty).unwrap();
     fs::write(img.data_dir().join("f"), b"kept").unwrap();
     // As if the process were killed: nothing is closed.
     std::mem::forget(v);
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
-        .unwrap();
+    let v = img.open_own(FormatPolicy::IfEmpty).unwrap();
     assert_eq!(fs::read(img.data_dir().join("f")).unwrap(), b"kept");
     assert_eq!(
         loops_bound_to(&img.path()),
@@ -310,13 +298,12 @@ fn mounts_left_by_a_killed_process_are_taken_over() {
 
 #[test]
 fn plain_data_in_the_data_directory_is_not_hidden() {
-    if !usable() {
+    let Some(img) = Image::usable() else {
         return;
-    }
-    let img = Image::new();
+    };
     fs::create_dir(img.data_dir()).unwrap();
     fs::write(img.data_dir().join("old"), b"plain").unwrap();
-    match img.open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty) {
+    match img.open_own(FormatPolicy::IfEmpty) {
         Err(Error::DataDirNotEmpty { path }) => assert_eq!(path, img.data_dir()),
         other => panic!("expected DataDirNotEmpty, got {other:?}"),
     }
@@ -334,10 +321,9 @@ fn loops_bound_to(image: &Path) -> usize {
 
 #[test]
 fn a_block_device_is_used_as_is() {
-    if !usable() {
+    let Some(img) = Image::usable() else {
         return;
-    }
-    let img = Image::new();
+    };
     let dev = datafs::loopdev::attach(&img.path()).unwrap();
     let (fs_dir, data_dir, image, own) = (img.fs_dir(), img.data_dir(), img.path(), owner("n1"));
     let on_device = Spec {
@@ -368,31 +354,25 @@ fn a_block_device_is_used_as_is() {
 
 #[test]
 fn a_missing_or_corrupted_marker_is_named() {
-    if !usable() {
+    let Some(img) = Image::usable() else {
         return;
-    }
-    let img = Image::new();
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
-        .unwrap();
+    };
+    let v = img.open_own(FormatPolicy::IfEmpty).unwrap();
     fs::write(img.data_dir().join("f"), b"x").unwrap();
     let marker = img.fs_dir().join(datafs::marker::FILE);
     fs::write(&marker, b"garbage\n").unwrap();
     v.close().unwrap();
-    match img.open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty) {
+    match img.open_own(FormatPolicy::IfEmpty) {
         Err(e @ Error::Marker { .. }) => assert!(e.to_string().contains("garbage"), "{e}"),
         other => panic!("expected Marker, got {other:?}"),
     }
 
     // Missing while node data exists: refused, not silently re-marked.
     let v = {
-        let raw = img.dir.path().join("raw");
-        fs::create_dir(&raw).unwrap();
-        let dev = datafs::loopdev::attach(&img.path()).unwrap();
-        mounts::mount(dev.path(), &raw, Some("ext4"), 0).unwrap();
+        let raw = img.mount_raw();
         fs::remove_file(raw.join(datafs::marker::FILE)).unwrap();
         mounts::unmount(&raw).unwrap();
-        img.open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
+        img.open_own(FormatPolicy::IfEmpty)
     };
     match v {
         Err(e @ Error::Marker { .. }) => assert!(e.to_string().contains("missing"), "{e}"),
@@ -403,46 +383,26 @@ fn a_missing_or_corrupted_marker_is_named() {
 
 #[test]
 fn a_format_interrupted_before_its_marker_is_completed() {
-    if !usable() {
+    let Some(img) = Image::usable() else {
         return;
-    }
-    let img = Image::new();
+    };
     // What a crash right after mkfs leaves: our file system, no marker, no directory.
-    let out = std::process::Command::new("mkfs.ext4")
-        .args([
-            "-q",
-            "-F",
-            "-b",
-            "4096",
-            "-O",
-            "encrypt",
-            "-L",
-            datafs::probe::LABEL,
-        ])
-        .arg(img.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
-        .unwrap();
+    img.mkfs(&["-b", "4096", "-O", "encrypt", "-L", datafs::probe::LABEL]);
+    let v = img.open_own(FormatPolicy::IfEmpty).unwrap();
     assert!(!v.formatted());
     fs::write(img.data_dir().join("f"), b"x").unwrap();
     v.close().unwrap();
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
-        .unwrap();
+    let v = img.open_own(FormatPolicy::IfEmpty).unwrap();
     assert_eq!(fs::read(img.data_dir().join("f")).unwrap(), b"x");
     v.close().unwrap();
 }
 
 #[test]
 fn never_formats_under_the_never_policy() {
-    if !usable() {
+    let Some(img) = Image::usable() else {
         return;
-    }
-    let img = Image::new();
-    match img.open(&owner("n1"), &key(1, 2), FormatPolicy::Never) {
+    };
+    match img.open_own(FormatPolicy::Never) {
         Err(e @ Error::Unformatted { .. }) => assert!(e.to_string().contains("all zeros"), "{e}"),
         other => panic!("expected Unformatted, got {other:?}"),
     }
@@ -450,39 +410,27 @@ fn never_formats_under_the_never_policy() {
         img.bytes().iter().all(|&b| b == 0),
         "an empty device was written"
     );
-    img.open(&owner("n1"), &key(1, 2), FormatPolicy::IfEmpty)
+    img.open_own(FormatPolicy::IfEmpty)
         .unwrap()
         .close()
         .unwrap();
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::Never)
-        .unwrap();
+    let v = img.open_own(FormatPolicy::Never).unwrap();
     assert!(!v.formatted());
     v.close().unwrap();
 }
 
 #[test]
 fn unless_own_formats_everything_but_the_owners_file_system() {
-    if !usable() {
+    let Some(img) = Image::usable() else {
         return;
-    }
-    let img = Image::new();
-    let out = std::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-L", "home"])
-        .arg(img.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::UnlessOwn)
-        .unwrap();
+    };
+    img.mkfs(&["-L", "home"]);
+    let v = img.open_own(FormatPolicy::UnlessOwn).unwrap();
     assert!(v.formatted(), "a foreign file system was kept");
     fs::write(img.data_dir().join("f"), b"mine").unwrap();
     v.close().unwrap();
     // Its own: kept (a resumed first start).
-    let v = img
-        .open(&owner("n1"), &key(1, 2), FormatPolicy::UnlessOwn)
-        .unwrap();
+    let v = img.open_own(FormatPolicy::UnlessOwn).unwrap();
     assert!(!v.formatted());
     assert_eq!(fs::read(img.data_dir().join("f")).unwrap(), b"mine");
     v.close().unwrap();

@@ -1,6 +1,7 @@
 //! A cluster under test: bootstrap the first node and take ownership, add nodes
 //! (register parameters, approve), polisctl with the owner's config, an owner client,
-//! and polls of what the cluster reports (node list, consensus members).
+//! one label write through it ([`write_label`]), and polls of what the cluster reports
+//! (node list, consensus members).
 //!
 //! The top of the harness: uses nodes, the polisctl wrapper and waits.
 
@@ -8,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use proto::api;
 
 use crate::ctl::polisctl;
 use crate::node::Node;
@@ -181,6 +183,31 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// One label write, `key=value` on node `id`, through `client` (it follows the leader).
+pub async fn write_label(
+    client: &rpc::CuratorClient,
+    id: &str,
+    key: &str,
+    value: &str,
+) -> Result<(), rpc::CallError> {
+    let request = api::UpdateNodeLabelsRequest {
+        id: id.to_string(),
+        upsert: [(key.to_string(), value.to_string())].into(),
+        delete: vec![],
+    };
+    client
+        .call(|channel| {
+            let request = request.clone();
+            async move {
+                api::management_client::ManagementClient::new(channel)
+                    .update_node_labels(request)
+                    .await
+            }
+        })
+        .await
+        .map(drop)
 }
 
 impl Cluster {

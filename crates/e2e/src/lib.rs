@@ -18,7 +18,8 @@
 //!   4  partitioned PartitionedCluster: 3 members (+ worker) in a Partition's
 //!                namespaces, owner in the hub; leader(), write(), is_back()
 //!   3  cluster   Cluster: bootstrap + takeownership, register/approve/add_worker,
-//!                owner client, node list and member polls; endpoints()
+//!                owner client, node list and member polls; endpoints(),
+//!                write_label()
 //!   2  node      Node: params, start (crash points), log progress (Home, state,
 //!                curator), etcdctl on its socket; is_home_line()
 //!      etcd      BareEtcd: etcd alone, with polis-node's flags and peer TLS files
@@ -30,7 +31,8 @@
 //!      net       unique_loopback(), NetNs (deleted on drop)
 //!      wait      TIMEOUT, wait_until()
 //!      certs     pem_der(), peer_accepts()
-//!      bench     median()
+//!      bench     median(), seconds_and_rounds(), timed_calls() (the API benches'
+//!                client loop) → Calls
 //!      datadev   fscrypt_usable(), data_image(), Mounts (unmounts on drop)
 //!      partition Partition: hub bridge + a namespace per node, cut (both ways /
 //!                outgoing only), heal, enter_hub(); all deleted on drop
@@ -54,9 +56,9 @@ mod scrape;
 mod scrape_bench;
 mod wait;
 
-pub use bench::median;
+pub use bench::{Calls, median, seconds_and_rounds, timed_calls};
 pub use certs::{peer_accepts, pem_der};
-pub use cluster::{Cluster, endpoints};
+pub use cluster::{Cluster, endpoints, write_label};
 pub use ctl::polisctl;
 pub use datadev::{Mounts, data_image, fscrypt_usable};
 pub use etcd::BareEtcd;

@@ -2,6 +2,13 @@
 //! image registers, restarts unlocking through the curator, waits (Split) while no
 //! curator answers, and leaves nothing readable on its image. Root only; skipped with a
 //! printed reason where the kernel lacks ext4 encryption.
+//!
+//! Three cases only add an encrypted worker of their own to the cluster (each named and
+//! in a directory apart, so none depends on another or on their order) and share one
+//! bootstrapped cluster in one test, [`encrypted_workers_on_one_cluster`], which runs
+//! each of them and names every one that failed. The restart case stops and restarts the
+//! cluster's only member, which would break the others mid-call: it has a cluster of its
+//! own.
 
 use std::path::Path;
 
@@ -72,19 +79,53 @@ fn refused(copy: &mut Node, img: &str, why: &str) -> Result<()> {
     Ok(())
 }
 
+/// A case run on the shared cluster.
+type Case = fn(&Cluster) -> Result<()>;
+
+/// The cases that share one cluster: each adds only workers of its own.
+const SHARED_CASES: [(&str, Case); 3] = [
+    (
+        "a_copy_of_a_decommissioned_or_deleted_worker_never_unlocks",
+        a_copy_of_a_decommissioned_or_deleted_worker_never_unlocks,
+    ),
+    (
+        "an_encrypted_worker_killed_while_mounted_restarts",
+        an_encrypted_worker_killed_while_mounted_restarts,
+    ),
+    (
+        "a_foreign_device_needs_the_format_flag",
+        a_foreign_device_needs_the_format_flag,
+    ),
+];
+
 #[test]
-fn a_copy_of_a_decommissioned_or_deleted_worker_never_unlocks() -> Result<()> {
+fn encrypted_workers_on_one_cluster() -> Result<()> {
     if !fscrypt_usable() {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
     let cluster = Cluster::bootstrap(dir.path())?;
-    let img = data_image(&dir.path().join("w.img"))?;
-    let _mounts = Mounts(dir.path().join("w/root"));
-    let _stolen_mounts = Mounts(dir.path().join("copy/root"));
-    let (mut node, id) = encrypted_worker(&cluster, "w", &img)?;
+    let failed: Vec<String> = SHARED_CASES
+        .iter()
+        .filter_map(|(name, case)| case(&cluster).err().map(|e| format!("{name}: {e:#}")))
+        .collect();
+    ensure!(failed.is_empty(), "{}", failed.join("\n"));
+    Ok(())
+}
+
+/// A worker of the shared cluster, `name`, on its own image: (image, guard unmounting
+/// what it leaves mounted).
+fn worker_image(cluster: &Cluster, name: &str) -> Result<(String, Mounts)> {
+    let img = data_image(&cluster.dir.join(format!("{name}.img")))?;
+    Ok((img, Mounts(cluster.dir.join(name).join("root"))))
+}
+
+fn a_copy_of_a_decommissioned_or_deleted_worker_never_unlocks(cluster: &Cluster) -> Result<()> {
+    let (img, _mounts) = worker_image(cluster, "stolen")?;
+    let copy_dir = cluster.dir.join("copy");
+    let _stolen_mounts = Mounts(copy_dir.join("root"));
+    let (mut node, id) = encrypted_worker(cluster, "stolen", &img)?;
     node.stop_cleanly()?;
-    let copy_dir = dir.path().join("copy");
     std::fs::create_dir(&copy_dir)?;
     let (mut copy, stolen_img) = steal(&node, &img, &copy_dir)?;
 
@@ -97,7 +138,7 @@ fn a_copy_of_a_decommissioned_or_deleted_worker_never_unlocks() -> Result<()> {
     node.start(&["--data-device", &img])?;
     node.wait_home()?;
     ensure!(
-        !record_half(&cluster, &format!("nodes/{id}"))?.is_empty(),
+        !record_half(cluster, &format!("nodes/{id}"))?.is_empty(),
         "the record holds no cluster half"
     );
     cluster.ctl_retry(&["node", "decommission", &id])?;
@@ -110,14 +151,14 @@ fn a_copy_of_a_decommissioned_or_deleted_worker_never_unlocks() -> Result<()> {
     cluster.wait_node(&id, "DECOMMISSIONED", None)?;
     // Erased, not only refused: a state change alone would leave it in every backup.
     ensure!(
-        record_half(&cluster, &format!("nodes/{id}"))?.is_empty(),
+        record_half(cluster, &format!("nodes/{id}"))?.is_empty(),
         "the decommissioned record still holds the cluster half"
     );
     refused(&mut copy, &stolen_img, "DECOMMISSIONED")?;
 
     cluster.ctl_retry(&["node", "delete", &id])?;
     ensure!(
-        record_half(&cluster, &format!("deleted/{id}"))?.is_empty(),
+        record_half(cluster, &format!("deleted/{id}"))?.is_empty(),
         "the tombstone holds the cluster half"
     );
     refused(
@@ -196,16 +237,9 @@ fn an_encrypted_worker_joins_restarts_through_the_curator_and_hides_its_data() -
     Ok(())
 }
 
-#[test]
-fn an_encrypted_worker_killed_while_mounted_restarts() -> Result<()> {
-    if !fscrypt_usable() {
-        return Ok(());
-    }
-    let dir = tempfile::tempdir()?;
-    let cluster = Cluster::bootstrap(dir.path())?;
-    let img = data_image(&dir.path().join("w.img"))?;
-    let _mounts = Mounts(dir.path().join("w/root"));
-    let (mut node, id) = encrypted_worker(&cluster, "w", &img)?;
+fn an_encrypted_worker_killed_while_mounted_restarts(cluster: &Cluster) -> Result<()> {
+    let (img, _mounts) = worker_image(cluster, "killed")?;
+    let (mut node, id) = encrypted_worker(cluster, "killed", &img)?;
     let root = node.root.clone();
     for _ in 0..2 {
         node.proc().signal(libc::SIGKILL);
@@ -234,23 +268,16 @@ fn an_encrypted_worker_killed_while_mounted_restarts() -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn a_foreign_device_needs_the_format_flag() -> Result<()> {
-    if !fscrypt_usable() {
-        return Ok(());
-    }
-    let dir = tempfile::tempdir()?;
-    let cluster = Cluster::bootstrap(dir.path())?;
-    let img = data_image(&dir.path().join("w.img"))?;
+fn a_foreign_device_needs_the_format_flag(cluster: &Cluster) -> Result<()> {
+    let (img, _mounts) = worker_image(cluster, "foreign")?;
     let out = std::process::Command::new("mkfs.ext4")
         .args(["-q", "-F", "-L", "home"])
         .arg(&img)
         .output()?;
     ensure!(out.status.success(), "mkfs: {out:?}");
-    let _mounts = Mounts(dir.path().join("w/root"));
-    let params = cluster.register_params("w")?;
+    let params = cluster.register_params("foreign")?;
     let params = params.to_str().context("utf-8")?;
-    let mut node = cluster.new_node("w")?;
+    let mut node = cluster.new_node("foreign")?;
     node.start(&["--params", params, "--data-device", &img])?;
     let status = node.proc().wait_exit(TIMEOUT)?;
     let out = node.proc().output();

@@ -16,77 +16,14 @@
 //! Usage: bench-api [SECONDS_PER_MEASUREMENT] [ROUNDS]   (default 2 and 2)
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
-use e2e::Cluster;
+use e2e::{Calls, Cluster, seconds_and_rounds, timed_calls, write_label};
 use proto::api;
 
 /// Calls per client and measurement, at most (a bound on a runaway loop).
 const MAX_CALLS: usize = 1_000_000;
-
-#[derive(Default)]
-struct Sample {
-    calls: usize,
-    failed: usize,
-    elapsed: Duration,
-    latencies: Vec<Duration>,
-    first_error: Option<String>,
-}
-
-impl Sample {
-    fn merge(&mut self, other: Sample) {
-        self.calls += other.calls;
-        self.failed += other.failed;
-        self.elapsed = self.elapsed.max(other.elapsed);
-        self.latencies.extend(other.latencies);
-        if self.first_error.is_none() {
-            self.first_error = other.first_error;
-        }
-    }
-}
-
-/// Runs `call(client, i)` in a loop on every client for `duration`; merged over clients.
-async fn measure<C, F, Fut>(clients: &[C], duration: Duration, call: F) -> Sample
-where
-    C: Clone + Send + 'static,
-    F: Fn(C, usize) -> Fut + Clone + Send + 'static,
-    Fut: Future<Output = Result<(), String>> + Send,
-{
-    let started = Instant::now();
-    let deadline = started + duration;
-    let tasks: Vec<_> = clients
-        .iter()
-        .cloned()
-        .map(|client| {
-            let call = call.clone();
-            tokio::spawn(async move {
-                let mut sample = Sample::default();
-                for i in 0..MAX_CALLS {
-                    let t = Instant::now();
-                    if t >= deadline {
-                        break;
-                    }
-                    let outcome = call(client.clone(), i).await;
-                    sample.latencies.push(t.elapsed());
-                    sample.calls += 1;
-                    if let Err(e) = outcome {
-                        sample.failed += 1;
-                        sample.first_error.get_or_insert(e);
-                    }
-                }
-                sample.elapsed = started.elapsed();
-                sample
-            })
-        })
-        .collect();
-    let mut total = Sample::default();
-    for t in tasks {
-        total.merge(t.await.expect("a benchmark client panicked"));
-    }
-    total
-}
 
 fn p99_ms(latencies: &mut [Duration]) -> f64 {
     if latencies.is_empty() {
@@ -104,25 +41,12 @@ fn round(x: f64, digits: i32) -> f64 {
 
 #[derive(Default)]
 struct Totals {
-    curator: Sample,
-    etcd: Sample,
+    curator: Calls,
+    etcd: Calls,
 }
 
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let seconds: f64 = args
-        .next()
-        .map(|a| a.parse())
-        .transpose()
-        .context("SECONDS_PER_MEASUREMENT must be a number")?
-        .unwrap_or(2.0);
-    let rounds: usize = args
-        .next()
-        .map(|a| a.parse())
-        .transpose()
-        .context("ROUNDS must be a number")?
-        .unwrap_or(2)
-        .clamp(1, 20);
+    let (seconds, rounds) = seconds_and_rounds(std::env::args().skip(1), 2.0, 2)?;
     let duration = Duration::from_secs_f64(seconds.clamp(0.2, 60.0));
     let dir = tempfile::tempdir()?;
     let cluster = Cluster::bootstrap(dir.path())?;
@@ -161,7 +85,7 @@ fn main() -> Result<()> {
                 for kind in kinds {
                     let curator = match kind {
                         "ListNodes" => {
-                            measure(&curators, duration, |c, _| async move {
+                            timed_calls(&curators, duration, MAX_CALLS, |c, _, _| async move {
                                 c.call(|ch| async move {
                                     api::management_client::ManagementClient::new(ch)
                                         .list_nodes(api::ListNodesRequest::default())
@@ -169,13 +93,12 @@ fn main() -> Result<()> {
                                 })
                                 .await
                                 .map(drop)
-                                .map_err(|e| e.to_string())
                             })
                             .await
                         }
                         "DescribeNode" => {
                             let id = id.clone();
-                            measure(&curators, duration, move |c, _| {
+                            timed_calls(&curators, duration, MAX_CALLS, move |c, _, _| {
                                 let id = id.clone();
                                 async move {
                                     c.call(|ch| {
@@ -188,35 +111,17 @@ fn main() -> Result<()> {
                                     })
                                     .await
                                     .map(drop)
-                                    .map_err(|e| e.to_string())
                                 }
                             })
                             .await
                         }
                         _ => {
                             let id = id.clone();
-                            let writers: Vec<_> = curators.iter().cloned().enumerate().collect();
-                            measure(&writers, duration, move |(w, c), i| {
+                            timed_calls(&curators, duration, MAX_CALLS, move |c, w, i| {
                                 let id = id.clone();
                                 async move {
-                                    c.call(|ch| {
-                                        let request = api::UpdateNodeLabelsRequest {
-                                            id: id.clone(),
-                                            upsert: HashMap::from([(
-                                                format!("bench-{w}"),
-                                                i.to_string(),
-                                            )]),
-                                            delete: vec![],
-                                        };
-                                        async move {
-                                            api::management_client::ManagementClient::new(ch)
-                                                .update_node_labels(request)
-                                                .await
-                                        }
-                                    })
-                                    .await
-                                    .map(drop)
-                                    .map_err(|e| e.to_string())
+                                    write_label(&c, &id, &format!("bench-{w}"), &i.to_string())
+                                        .await
                                 }
                             })
                             .await
@@ -225,7 +130,7 @@ fn main() -> Result<()> {
                     let etcd = match kind {
                         "ListNodes" => {
                             let prefix = node_prefix.clone();
-                            measure(&etcds, duration, move |mut c, _| {
+                            timed_calls(&etcds, duration, MAX_CALLS, move |mut c, _, _| {
                                 let prefix = prefix.clone();
                                 async move {
                                     c.get(
@@ -234,31 +139,23 @@ fn main() -> Result<()> {
                                     )
                                     .await
                                     .map(drop)
-                                    .map_err(|e| e.to_string())
                                 }
                             })
                             .await
                         }
                         "DescribeNode" => {
                             let key = record_key.clone();
-                            measure(&etcds, duration, move |mut c, _| {
+                            timed_calls(&etcds, duration, MAX_CALLS, move |mut c, _, _| {
                                 let key = key.clone();
-                                async move {
-                                    c.get(key, None).await.map(drop).map_err(|e| e.to_string())
-                                }
+                                async move { c.get(key, None).await.map(drop) }
                             })
                             .await
                         }
                         _ => {
                             let value = record.clone();
-                            measure(&etcds, duration, move |mut c, _| {
+                            timed_calls(&etcds, duration, MAX_CALLS, move |mut c, _, _| {
                                 let value = value.clone();
-                                async move {
-                                    c.put("bench/record", value, None)
-                                        .await
-                                        .map(drop)
-                                        .map_err(|e| e.to_string())
-                                }
+                                async move { c.put("bench/record", value, None).await.map(drop) }
                             })
                             .await
                         }
@@ -270,7 +167,7 @@ fn main() -> Result<()> {
             }
             for kind in kinds {
                 let t = results.get_mut(&(clients, kind)).expect("measured");
-                let per_s = |s: &Sample| s.calls as f64 / (rounds as f64 * duration.as_secs_f64());
+                let per_s = |s: &Calls| s.total() as f64 / (rounds as f64 * duration.as_secs_f64());
                 let (c, e) = (per_s(&t.curator), per_s(&t.etcd));
                 let (cp, ep) = (
                     p99_ms(&mut t.curator.latencies),

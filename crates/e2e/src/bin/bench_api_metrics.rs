@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use e2e::{Cluster, METRICS_PORT, TIMEOUT, http_get};
+use anyhow::Result;
+use e2e::{Cluster, METRICS_PORT, TIMEOUT, http_get, seconds_and_rounds, timed_calls};
 use proto::api;
 use serde_json::json;
 
@@ -27,75 +27,42 @@ const CLIENTS: usize = 16;
 /// Calls per client and measurement, at most (a bound on a runaway loop).
 const MAX_CALLS: usize = 1_000_000;
 
-/// Calls made by every client in `duration` (failed calls are counted apart).
+/// Calls made by every client in `duration` (failed calls are counted apart): ListNodes
+/// and DescribeNode in turn.
 async fn measure(
     clients: &[Arc<rpc::CuratorClient>],
     id: &str,
     duration: Duration,
 ) -> (usize, usize) {
-    let deadline = Instant::now() + duration;
-    let tasks: Vec<_> = clients
-        .iter()
-        .cloned()
-        .map(|c| {
-            let id = id.to_string();
-            tokio::spawn(async move {
-                let (mut ok, mut failed) = (0, 0);
-                for i in 0..MAX_CALLS {
-                    if Instant::now() >= deadline {
-                        break;
-                    }
-                    let id = id.clone();
-                    let outcome = c
-                        .call(|ch| {
-                            let id = id.clone();
-                            async move {
-                                let mut m = api::management_client::ManagementClient::new(ch);
-                                if i % 2 == 0 {
-                                    m.list_nodes(api::ListNodesRequest::default())
-                                        .await
-                                        .map(|r| r.map(drop))
-                                } else {
-                                    m.describe_node(api::DescribeNodeRequest { id })
-                                        .await
-                                        .map(|r| r.map(drop))
-                                }
-                            }
-                        })
-                        .await;
-                    if outcome.is_ok() {
-                        ok += 1
+    let id = id.to_string();
+    let calls = timed_calls(clients, duration, MAX_CALLS, move |c, _, i| {
+        let id = id.clone();
+        async move {
+            c.call(|ch| {
+                let id = id.clone();
+                async move {
+                    let mut m = api::management_client::ManagementClient::new(ch);
+                    if i % 2 == 0 {
+                        m.list_nodes(api::ListNodesRequest::default())
+                            .await
+                            .map(|r| r.map(drop))
                     } else {
-                        failed += 1
+                        m.describe_node(api::DescribeNodeRequest { id })
+                            .await
+                            .map(|r| r.map(drop))
                     }
                 }
-                (ok, failed)
             })
-        })
-        .collect();
-    let mut total = (0, 0);
-    for t in tasks {
-        let (ok, failed) = t.await.expect("a benchmark client panicked");
-        total = (total.0 + ok, total.1 + failed);
-    }
-    total
+            .await
+            .map(drop)
+        }
+    })
+    .await;
+    (calls.ok, calls.failed)
 }
 
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let seconds: f64 = args
-        .next()
-        .map(|a| a.parse())
-        .transpose()
-        .context("SECONDS_PER_MEASUREMENT must be a number")?
-        .unwrap_or(5.0);
-    let rounds: usize = args
-        .next()
-        .map(|a| a.parse())
-        .transpose()
-        .context("ROUNDS must be a number")?
-        .unwrap_or(3)
-        .clamp(1, 20);
+    let (seconds, rounds) = seconds_and_rounds(std::env::args().skip(1), 5.0, 3)?;
     let duration = Duration::from_secs_f64(seconds.clamp(0.5, 60.0));
     let dir = tempfile::tempdir()?;
     let mut cluster = Cluster::bootstrap(dir.path())?;

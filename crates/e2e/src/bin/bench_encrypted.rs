@@ -20,11 +20,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use e2e::{Cluster, Node, TIMEOUT, is_home_line, median};
-use proto::api;
+use e2e::{
+    Cluster, Node, TIMEOUT, is_home_line, median, seconds_and_rounds, timed_calls, write_label,
+};
 use serde_json::json;
 
 const CLIENTS: usize = 16;
@@ -136,66 +137,17 @@ async fn writes(
     id: &str,
     duration: Duration,
 ) -> (usize, usize) {
-    let deadline = Instant::now() + duration;
-    let tasks: Vec<_> = clients
-        .iter()
-        .cloned()
-        .enumerate()
-        .map(|(w, c)| {
-            let id = id.to_string();
-            tokio::spawn(async move {
-                let (mut ok, mut failed) = (0, 0);
-                for i in 0..MAX_CALLS {
-                    if Instant::now() >= deadline {
-                        break;
-                    }
-                    let outcome = c
-                        .call(|ch| {
-                            let request = api::UpdateNodeLabelsRequest {
-                                id: id.clone(),
-                                upsert: HashMap::from([(format!("bench-{w}"), i.to_string())]),
-                                delete: vec![],
-                            };
-                            async move {
-                                api::management_client::ManagementClient::new(ch)
-                                    .update_node_labels(request)
-                                    .await
-                            }
-                        })
-                        .await;
-                    if outcome.is_ok() {
-                        ok += 1
-                    } else {
-                        failed += 1
-                    }
-                }
-                (ok, failed)
-            })
-        })
-        .collect();
-    let mut total = (0, 0);
-    for t in tasks {
-        let (ok, failed) = t.await.expect("a benchmark client panicked");
-        total = (total.0 + ok, total.1 + failed);
-    }
-    total
+    let id = id.to_string();
+    let calls = timed_calls(clients, duration, MAX_CALLS, move |c, w, i| {
+        let id = id.clone();
+        async move { write_label(&c, &id, &format!("bench-{w}"), &i.to_string()).await }
+    })
+    .await;
+    (calls.ok, calls.failed)
 }
 
 fn main() -> Result<()> {
-    let mut args = std::env::args().skip(1);
-    let seconds: f64 = args
-        .next()
-        .map(|a| a.parse())
-        .transpose()
-        .context("SECONDS_PER_MEASUREMENT must be a number")?
-        .unwrap_or(5.0);
-    let rounds: usize = args
-        .next()
-        .map(|a| a.parse())
-        .transpose()
-        .context("ROUNDS must be a number")?
-        .unwrap_or(3)
-        .clamp(1, 20);
+    let (seconds, rounds) = seconds_and_rounds(std::env::args().skip(1), 5.0, 3)?;
     ensure!(
         datafs::fscrypt::kernel_supports_ext4_encryption(),
         "this kernel lacks ext4 encryption (/sys/fs/ext4/features/encryption)"

@@ -207,22 +207,12 @@ fn recover_once() -> Result<(f64, f64)> {
     let mut write = 0u64;
     loop {
         write += 1;
-        let request = api::UpdateNodeLabelsRequest {
-            id: target.clone(),
-            upsert: [("bench-recover".to_string(), write.to_string())].into(),
-            delete: vec![],
-        };
+        let value = write.to_string();
+        // The timeout is made inside the runtime (it needs its timer).
         let served = runtime.block_on(async {
             tokio::time::timeout(
                 Duration::from_secs(2),
-                owner.call(|channel| {
-                    let request = request.clone();
-                    async move {
-                        api::management_client::ManagementClient::new(channel)
-                            .update_node_labels(request)
-                            .await
-                    }
-                }),
+                e2e::write_label(&owner, &target, "bench-recover", &value),
             )
             .await
         });
