@@ -145,6 +145,9 @@ pub(super) async fn commit_node_certificate(
     let certificate = match newest {
         Some((der, validity)) if validity.not_after > pki::unix_now() => der,
         None => {
+            // Test builds: widen the window between the fence's read and the recording
+            // (fenced_issuing test).
+            crate::pause::pause_point("node-commit-fenced", id).await;
             // Ensure semantics: racing commits get the certificate the first one recorded.
             store
                 .ensure_certificate_guarded(&base, vec![guard], || {
