@@ -1,8 +1,9 @@
 //! Fenced issuing (issue 15): a certificate being issued while its node is
-//! decommissioned is either revoked by the decommission or never recorded nor handed
-//! out. The curator's test hook `POLIS_PAUSE_AT=node-certificate-signed:<ms>` (built
-//! with `--features node/crash-points`) widens the window between signing a renewed
-//! node certificate and recording it; the test decommissions the node inside it.
+//! decommissioned or deleted is either revoked by it or never recorded nor handed
+//! out. The curator's test hooks (`POLIS_PAUSE_AT`, built with `--features
+//! node/crash-points`) widen the window between the fence's read and the recording:
+//! `node-certificate-signed:<ms>` for a renewal (the node is decommissioned inside it),
+//! `node-commit-fenced:<ms>` for a first commit (the STANDBY node is deleted inside it).
 //! Real polis-node and etcd processes on 127.x addresses.
 
 use std::net::SocketAddr;
@@ -15,23 +16,20 @@ use proto::api;
 /// How long the curator pauses between signing and recording a renewed certificate.
 const PAUSE: &str = "node-certificate-signed:8000";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_renewal_racing_a_decommission_leaves_no_valid_certificate() -> Result<()> {
-    // Before: the renewal recorded its certificate after the decommission listed and
-    // revoked the node's certificates, and handed it out: valid and not revoked.
-    let dir = tempfile::tempdir()?;
-    let mut cluster = tokio::task::block_in_place(|| -> Result<Cluster> {
-        let first_dir = dir.path().join("n0");
+/// A one-node cluster whose curator pauses at `pause` (`POLIS_PAUSE_AT`), owned.
+fn paused_cluster(dir: &std::path::Path, pause: &str) -> Result<Cluster> {
+    tokio::task::block_in_place(|| -> Result<Cluster> {
+        let first_dir = dir.join("n0");
         std::fs::create_dir_all(&first_dir)?;
         let mut first = Node::new(&first_dir);
         let params = first.bootstrap_params_with(&["--node-certificate-lifetime", "60s"])?;
         first.start_with_env(
             &["--params", params.to_str().context("utf-8 path")?],
-            &[("POLIS_PAUSE_AT", PAUSE)],
+            &[("POLIS_PAUSE_AT", pause)],
         )?;
         first.wait_home()?;
         let cluster = Cluster {
-            dir: dir.path().to_path_buf(),
+            dir: dir.to_path_buf(),
             config: first_dir.join("config"),
             first,
             node_args: Vec::new(),
@@ -39,7 +37,15 @@ async fn a_renewal_racing_a_decommission_leaves_no_valid_certificate() -> Result
         let endpoint = cluster.first.address.to_string();
         cluster.ctl_retry(&["--endpoints", &endpoint, "takeownership", "--accept-ca"])?;
         Ok(cluster)
-    })?;
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_racing_a_decommission_leaves_no_valid_certificate() -> Result<()> {
+    // Before: the renewal recorded its certificate after the decommission listed and
+    // revoked the node's certificates, and handed it out: valid and not revoked.
+    let dir = tempfile::tempdir()?;
+    let mut cluster = paused_cluster(dir.path(), PAUSE)?;
     let register =
         tokio::task::block_in_place(|| read_register_params(&cluster.register_params("racer")?))?;
     let endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
@@ -139,6 +145,85 @@ async fn a_renewal_racing_a_decommission_leaves_no_valid_certificate() -> Result
                 tonic::Code::Aborted | tonic::Code::FailedPrecondition
             ),
             "renewal refused with an unexpected status: {status}"
+        ),
+    }
+    // Keep the cluster alive until here.
+    cluster.first.proc();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_commit_racing_a_deletion_records_no_certificate() -> Result<()> {
+    // CommitNode reads the record once, for its lifecycle check and for the guard its
+    // certificate is recorded under; the curator pauses (`node-commit-fenced`) between
+    // that read and the recording, and the owner deletes the STANDBY node inside it.
+    // Unguarded, the certificate would be recorded after the deletion revoked the
+    // node's certificates: valid and unrevoked, for a node that no longer exists.
+    let dir = tempfile::tempdir()?;
+    let mut cluster = paused_cluster(dir.path(), "node-commit-fenced:8000")?;
+    let register =
+        tokio::task::block_in_place(|| read_register_params(&cluster.register_params("racer")?))?;
+    let endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
+    let trust = rpc::ServerTrust::PinnedCa(register.ca_certificate.clone());
+    let key = identity::NodeKey::generate()?;
+    let id = key.node_id();
+    let channel = rpc::connect(endpoint, &trust, Some(&rpc::self_signed(&key)?)).await?;
+    let mut curator = api::curator_client::CuratorClient::new(channel);
+    let mut updates = curator
+        .register_node(api::RegisterNodeRequest {
+            register_ticket: register.register_ticket.clone(),
+            address: "127.0.0.1".into(),
+            labels: Default::default(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    updates.message().await?.context("NEW")?;
+    tokio::task::block_in_place(|| cluster.ctl_retry(&["node", "approve", &id]))?;
+    let commit =
+        tokio::spawn(
+            async move { anyhow::Ok(curator.commit_node(api::CommitNodeRequest {}).await) },
+        );
+    tokio::task::block_in_place(|| -> Result<()> {
+        cluster
+            .first
+            .proc()
+            .wait_for_line(Duration::from_secs(60), |l| {
+                l.contains("pause point reached") && l.contains(&id)
+            })
+            .context("the commit to reach its pause point")?;
+        cluster.ctl_retry(&["node", "delete", &id])?;
+        Ok(())
+    })?;
+    let answer = commit.await??;
+    let owner = tokio::task::block_in_place(|| cluster.owner_client())?;
+    let listed = owner
+        .call(|c| async move {
+            api::management_client::ManagementClient::new(c)
+                .list_certificates(api::ListCertificatesRequest {})
+                .await
+        })
+        .await?;
+    let now = pki::unix_now();
+    let valid: Vec<_> = listed
+        .certificates
+        .iter()
+        .filter(|c| c.node_id == id && !c.revoked && c.not_after_unix > now)
+        .map(|c| c.name.clone())
+        .collect();
+    assert!(
+        valid.is_empty(),
+        "the deleted node holds valid, unrevoked certificates: {valid:?}"
+    );
+    match answer {
+        Ok(committed) => panic!(
+            "a deleted node was committed: {} byte certificate handed out",
+            committed.into_inner().node_certificate.len()
+        ),
+        Err(status) => assert_eq!(
+            status.code(),
+            tonic::Code::Aborted,
+            "commit refused with an unexpected status: {status}"
         ),
     }
     // Keep the cluster alive until here.

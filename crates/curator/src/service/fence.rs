@@ -35,6 +35,14 @@ pub(super) async fn check(
     may: impl Fn(&Node) -> bool,
     why: &str,
 ) -> Result<Fence, Status> {
+    require(read(shared, id).await?, id, may, why)
+}
+
+/// Node `id`'s record as it is now, with the guard on its mod revision (`None`: it has
+/// no record). Callers that decide more on the record than [`require`] does (CommitNode:
+/// its lifecycle transition) read it once, here, and decide on the record the guard
+/// compares.
+pub(super) async fn read(shared: &Shared, id: &str) -> Result<Option<Fence>, Status> {
     let key = shared.curator.key(&layout::node_key(id));
     let response = shared
         .curator
@@ -43,20 +51,34 @@ pub(super) async fn check(
         .await
         .map_err(|e| Status::unavailable(format!("reading the record of node {id}: {e}")))?;
     let Some(kv) = response.kvs().first() else {
+        return Ok(None);
+    };
+    let node = records::decode_node(id, kv.value()).map_err(status_from)?;
+    Ok(Some(Fence {
+        guard: Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision()),
+        node,
+    }))
+}
+
+/// The fence of a record [`read`] unless it has none or `may` refuses it
+/// (FailedPrecondition, naming `why`).
+pub(super) fn require(
+    fence: Option<Fence>,
+    id: &str,
+    may: impl Fn(&Node) -> bool,
+    why: &str,
+) -> Result<Fence, Status> {
+    let Some(fence) = fence else {
         return Err(Status::failed_precondition(format!(
             "node {id} has no record: no certificate is issued to it"
         )));
     };
-    let node = records::decode_node(id, kv.value()).map_err(status_from)?;
-    if !may(&node) {
+    if !may(&fence.node) {
         return Err(Status::failed_precondition(format!(
             "node {id}: no certificate is issued to it: {why}"
         )));
     }
-    Ok(Fence {
-        guard: Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision()),
-        node,
-    })
+    Ok(fence)
 }
 
 /// The status for a recording the guard refused (or another recording failure).

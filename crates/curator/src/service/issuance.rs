@@ -33,6 +33,7 @@ use super::etcd_members;
 use super::fence::{self, Fence};
 use super::shared::Shared;
 use super::status::{etcd_status, record_address, record_key, status_from};
+use crate::election::Leadership;
 use crate::{layout, records, templates};
 
 /// The cluster configuration (certificate lifetimes); the default when none is stored.
@@ -54,36 +55,99 @@ async fn cluster_ca(shared: &Shared) -> Result<(pki::CaStore, pki::Ca), Status> 
     Ok((store, ca))
 }
 
-/// CommitNode: node `id`'s node certificate, for `key` at `address`: the newest one
-/// recorded while it is valid (a repeated commit gets the same one), else a new one —
-/// recorded as `node-<id>` the first time, as a renewal (`node-<id>-<serial>`) after the
-/// first expired (a commit repeated after a long time). Returns it and the cluster CA
-/// (DER).
+/// A leader tenure: its election key and that key's create revision.
+type Tenure = (Vec<u8>, i64);
+
+/// The cluster CA as loaded in one leader tenure, kept while it is the CA this curator
+/// trusts (`CuratorConfig::ca_certificate`). Safe because the cluster CA is never
+/// replaced: it is created once, create-if-absent (`pki::CaStore::ensure_ca`, at
+/// bootstrap), nothing writes it afterwards, and a curator trusts one CA for its whole
+/// run. Were a rotation ever added, the cache ends with the tenure and never serves a
+/// CA other than the trusted one. A few entries: one per curator leading in this
+/// process (tests run several).
+static CLUSTER_CA: std::sync::Mutex<Vec<(Tenure, pki::Ca)>> = std::sync::Mutex::new(Vec::new());
+
+/// Cached tenures kept before the oldest is dropped.
+const CACHED_CAS: usize = 8;
+
+/// [`cluster_ca`], loaded once per leader tenure (see [`CLUSTER_CA`]): CommitNode's
+/// round trip for it saved on every enrolment.
+async fn tenure_cluster_ca(
+    shared: &Shared,
+    leadership: &Leadership,
+) -> Result<(pki::CaStore, pki::Ca), Status> {
+    let tenure = (leadership.key.clone(), leadership.revision);
+    let trusted = &shared.config.ca_certificate;
+    let cached = CLUSTER_CA
+        .lock()
+        .expect("CA cache poisoned")
+        .iter()
+        .find(|(t, ca)| *t == tenure && ca.cert_der == *trusted)
+        .map(|(_, ca)| ca.clone());
+    if let Some(ca) = cached {
+        return Ok((layout::cluster_pki(&shared.curator), ca));
+    }
+    let (store, ca) = cluster_ca(shared).await?;
+    if ca.cert_der == *trusted {
+        let mut cache = CLUSTER_CA.lock().expect("CA cache poisoned");
+        cache.retain(|(t, _)| *t != tenure);
+        if cache.len() >= CACHED_CAS {
+            cache.remove(0);
+        }
+        cache.push((tenure, ca.clone()));
+    }
+    Ok((store, ca))
+}
+
+/// CommitNode: node `id`'s node certificate, for `key`: the newest one recorded while
+/// it is valid (a repeated commit gets the same one), else a new one — recorded as
+/// `node-<id>` the first time, as a renewal (`node-<id>-<serial>`) after the first
+/// expired (a commit repeated after a long time). `admit` decides on the record as read
+/// (`None`: no record) and answers the address to certify. Returns the certificate and
+/// the cluster CA (DER).
+///
+/// The record, the cluster configuration, the cluster CA (once per `leadership`
+/// tenure) and the recorded certificates are read at once: one round trip instead of
+/// four in a row. The record read is the fence's (its guard compares that record's
+/// revision), so `admit` and the fence decide on the very record the recording is
+/// guarded by; refusals come before any other read's failure.
 pub(super) async fn commit_node_certificate(
     shared: &Shared,
+    leadership: &Leadership,
     id: &str,
     key: &[u8; 32],
-    address: IpAddr,
+    admit: impl FnOnce(Option<&Node>) -> Result<IpAddr, Status>,
 ) -> Result<(Vec<u8>, Vec<u8>), Status> {
-    // Checked first: the record must still be this STANDBY (or UP) node's when the
-    // certificate is recorded (see `fence`).
-    let Fence { guard, .. } = fence::check(
-        shared,
+    let base = layout::node_certificate_prefix(id);
+    let store = layout::cluster_pki(&shared.curator);
+    let (record, configuration, ca, newest) = tokio::join!(
+        fence::read(shared, id),
+        configuration(shared),
+        tenure_cluster_ca(shared, leadership),
+        newest_recorded(&store, &base),
+    );
+    let record = record?;
+    let address = admit(record.as_ref().map(|f| &f.node))?;
+    // The record must still be this STANDBY (or UP) node's when the certificate is
+    // recorded (see `fence`).
+    let Fence { guard, .. } = fence::require(
+        record,
         id,
         |n| {
             n.public_key == key.as_slice()
                 && matches!(records::node_state(n), NodeState::Standby | NodeState::Up)
         },
         "it is not STANDBY or UP with this key",
-    )
-    .await?;
-    let lifetime = templates::node_certificate_lifetime(Some(&configuration(shared).await?));
-    let (store, ca) = cluster_ca(shared).await?;
-    let base = layout::node_certificate_prefix(id);
-    let newest = newest_recorded(&store, &base).await?;
+    )?;
+    let lifetime = templates::node_certificate_lifetime(Some(&configuration?));
+    let (store, ca) = ca?;
+    let newest = newest?;
     let certificate = match newest {
         Some((der, validity)) if validity.not_after > pki::unix_now() => der,
         None => {
+            // Test builds: widen the window between the fence's read and the recording
+            // (fenced_issuing test).
+            crate::pause::pause_point("node-commit-fenced", id).await;
             // Ensure semantics: racing commits get the certificate the first one recorded.
             store
                 .ensure_certificate_guarded(&base, vec![guard], || {

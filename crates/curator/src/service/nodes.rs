@@ -338,28 +338,28 @@ impl api::curator_server::Curator for Services {
         let key = self_signed_key(&request)?;
         let id = identity::node_id(&key);
         let leadership = self.0.leadership().await?;
-        let node = records::load_node(&self.0.curator, &id)
-            .await
-            .map_err(status_from)?;
         // Refuse before issuing anything; the guarded write below decides for real.
-        let transition_status = |source: TransitionError| {
-            let code = match source {
-                TransitionError::Decommissioned(_) => tonic::Code::PermissionDenied,
-                _ => tonic::Code::FailedPrecondition,
-            };
-            Status::new(code, format!("node {id}: {source}"))
+        // Decided on the record the certificate's recording is fenced by (one read).
+        let admit = |node: Option<&Node>| {
+            crate::lifecycle::transition(node.map(records::node_state), Event::Commit).map_err(
+                |source| {
+                    let code = match source {
+                        TransitionError::Decommissioned(_) => tonic::Code::PermissionDenied,
+                        _ => tonic::Code::FailedPrecondition,
+                    };
+                    Status::new(code, format!("node {id}: {source}"))
+                },
+            )?;
+            let node = node.expect("the transition refuses a missing record");
+            if node.public_key != key {
+                return Err(Status::permission_denied(format!(
+                    "node {id} is registered with a different key"
+                )));
+            }
+            record_address(node)
         };
-        crate::lifecycle::transition(node.as_ref().map(records::node_state), Event::Commit)
-            .map_err(transition_status)?;
-        let node = node.expect("the transition refuses a missing record");
-        if node.public_key != key {
-            return Err(Status::permission_denied(format!(
-                "node {id} is registered with a different key"
-            )));
-        }
-        let address = record_address(&node)?;
         let (certificate, ca_certificate) =
-            issuance::commit_node_certificate(&self.0, &id, &key, address).await?;
+            issuance::commit_node_certificate(&self.0, &leadership, &id, &key, admit).await?;
         let node = writes::apply_event(
             &self.0.curator,
             &leadership,
