@@ -58,43 +58,32 @@ async fn cluster_ca(shared: &Shared) -> Result<(pki::CaStore, pki::Ca), Status> 
 /// A leader tenure: its election key and that key's create revision.
 type Tenure = (Vec<u8>, i64);
 
-/// The cluster CA as loaded in one leader tenure, kept while it is the CA this curator
-/// trusts (`CuratorConfig::ca_certificate`). Safe because the cluster CA is never
-/// replaced: it is created once, create-if-absent (`pki::CaStore::ensure_ca`, at
+/// [`cluster_ca`], loaded once per leader tenure (`Shared::tenure_ca`): CommitNode's
+/// round trip for it saved on every enrolment. Kept only while it is the CA this
+/// curator trusts (`CuratorConfig::ca_certificate`). Safe because the cluster CA is
+/// never replaced: it is created once, create-if-absent (`pki::CaStore::ensure_ca`, at
 /// bootstrap), nothing writes it afterwards, and a curator trusts one CA for its whole
 /// run. Were a rotation ever added, the cache ends with the tenure and never serves a
-/// CA other than the trusted one. A few entries: one per curator leading in this
-/// process (tests run several).
-static CLUSTER_CA: std::sync::Mutex<Vec<(Tenure, pki::Ca)>> = std::sync::Mutex::new(Vec::new());
-
-/// Cached tenures kept before the oldest is dropped.
-const CACHED_CAS: usize = 8;
-
-/// [`cluster_ca`], loaded once per leader tenure (see [`CLUSTER_CA`]): CommitNode's
-/// round trip for it saved on every enrolment.
+/// CA other than the trusted one.
 async fn tenure_cluster_ca(
     shared: &Shared,
     leadership: &Leadership,
 ) -> Result<(pki::CaStore, pki::Ca), Status> {
-    let tenure = (leadership.key.clone(), leadership.revision);
+    let tenure: Tenure = (leadership.key.clone(), leadership.revision);
     let trusted = &shared.config.ca_certificate;
-    let cached = CLUSTER_CA
+    let cached = shared
+        .tenure_ca
         .lock()
         .expect("CA cache poisoned")
-        .iter()
-        .find(|(t, ca)| *t == tenure && ca.cert_der == *trusted)
+        .as_ref()
+        .filter(|(t, ca)| *t == tenure && ca.cert_der == *trusted)
         .map(|(_, ca)| ca.clone());
     if let Some(ca) = cached {
         return Ok((layout::cluster_pki(&shared.curator), ca));
     }
     let (store, ca) = cluster_ca(shared).await?;
     if ca.cert_der == *trusted {
-        let mut cache = CLUSTER_CA.lock().expect("CA cache poisoned");
-        cache.retain(|(t, _)| *t != tenure);
-        if cache.len() >= CACHED_CAS {
-            cache.remove(0);
-        }
-        cache.push((tenure, ca.clone()));
+        *shared.tenure_ca.lock().expect("CA cache poisoned") = Some((tenure, ca.clone()));
     }
     Ok((store, ca))
 }

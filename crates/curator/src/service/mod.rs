@@ -136,6 +136,7 @@ pub async fn run(
         certificates: event::Value::new(),
         certificates_changed: tokio::sync::Notify::new(),
         limited_spends: tokio::sync::Mutex::new(()),
+        tenure_ca: Mutex::new(None),
         claims_indexed: tokio::sync::Mutex::new(None),
         scheduled: Mutex::new(Default::default()),
     });

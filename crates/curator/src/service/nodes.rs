@@ -75,12 +75,33 @@ fn snapshot_stream<T>(
 where
     T: PartialEq + Clone + Send + 'static,
 {
+    snapshot_stream_from(shared, revocable, None, view)
+}
+
+/// [`snapshot_stream`] whose first message is `first` (what the handler just wrote or
+/// read), sent at once: the client never waits for the snapshot to catch up to learn
+/// it, even when the snapshot never shows it (a record deleted before its watch event
+/// was applied).
+fn snapshot_stream_from<T>(
+    shared: &Shared,
+    revocable: Option<Vec<u8>>,
+    first: Option<T>,
+    view: impl Fn(&NodeSnapshot) -> Option<T> + Send + Sync + 'static,
+) -> UpdateStream<T>
+where
+    T: PartialEq + Clone + Send + 'static,
+{
     let mut snapshots = shared.nodes.watch();
     let mut live = shared.nodes_live.watch();
     let mut crls = shared.crl.watch();
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
-        let mut last: Option<T> = None;
+        if let Some(first) = &first
+            && tx.send(Ok(first.clone())).await.is_err()
+        {
+            return;
+        }
+        let mut last: Option<T> = first;
         let mut current: Option<NodeSnapshot> = None;
         loop {
             let snapshot = tokio::select! {
@@ -319,11 +340,14 @@ impl api::curator_server::Curator for Services {
             node_id: id.clone(),
             state: node.state,
         };
-        // The answer starts from what was just written; the snapshot may lag it by one
-        // watch event, and states only move forward, so older states are not repeated.
-        let stream = snapshot_stream(&self.0, None, move |nodes| {
+        // The answer starts with what was just written (at once: a record deleted before
+        // the snapshot showed it would otherwise leave the caller waiting for good); the
+        // snapshot may lag it by one watch event, and states only move forward, so older
+        // states are not repeated.
+        let floor = first.state;
+        let stream = snapshot_stream_from(&self.0, None, Some(first), move |nodes| {
             let state = nodes.nodes.get(&id).map(|n| n.state)?;
-            (state >= first.state).then(|| api::RegistrationUpdate {
+            (state >= floor).then(|| api::RegistrationUpdate {
                 node_id: id.clone(),
                 state,
             })

@@ -135,6 +135,9 @@ pub struct Shared {
     pub(super) claims_indexed: tokio::sync::Mutex<Option<(Vec<u8>, i64)>>,
     /// How this member's last scheduled snapshot went (the `snapshots` runnable).
     pub(super) scheduled: Mutex<ScheduledOutcome>,
+    /// The cluster CA (with its key) as loaded in one leader tenure (election key,
+    /// revision), for `issuance` (see `issuance::tenure_cluster_ca`).
+    pub(super) tenure_ca: Mutex<Option<((Vec<u8>, i64), pki::Ca)>>,
 }
 
 impl Shared {
