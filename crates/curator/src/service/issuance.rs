@@ -31,7 +31,7 @@ use tonic::Status;
 
 use super::etcd_members;
 use super::fence::{self, Fence};
-use super::shared::Shared;
+use super::shared::{Shared, Tenure};
 use super::status::{etcd_status, record_address, record_key, status_from};
 use crate::election::Leadership;
 use crate::{layout, records, templates};
@@ -54,9 +54,6 @@ async fn cluster_ca(shared: &Shared) -> Result<(pki::CaStore, pki::Ca), Status> 
         .ok_or_else(|| Status::internal("the cluster has no CA"))?;
     Ok((store, ca))
 }
-
-/// A leader tenure: its election key and that key's create revision.
-type Tenure = (Vec<u8>, i64);
 
 /// [`cluster_ca`], loaded once per leader tenure (`Shared::tenure_ca`): CommitNode's
 /// round trip for it saved on every enrolment. Kept only while it is the CA this

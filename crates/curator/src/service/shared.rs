@@ -96,6 +96,9 @@ pub struct Snapshot {
 
 pub type NodeSnapshot = Arc<Snapshot>;
 
+/// A leader tenure: its election key and that key's create revision.
+pub type Tenure = (Vec<u8>, i64);
+
 /// Shared by all services of one curator.
 pub struct Shared {
     pub(super) config: CuratorConfig,
@@ -132,12 +135,12 @@ pub struct Shared {
     pub(super) limited_spends: tokio::sync::Mutex<()>,
     /// The leader tenure (election key, revision) whose `writes::claims::backfill` is
     /// done: registrations wait for it, once per tenure.
-    pub(super) claims_indexed: tokio::sync::Mutex<Option<(Vec<u8>, i64)>>,
+    pub(super) claims_indexed: tokio::sync::Mutex<Option<Tenure>>,
     /// How this member's last scheduled snapshot went (the `snapshots` runnable).
     pub(super) scheduled: Mutex<ScheduledOutcome>,
     /// The cluster CA (with its key) as loaded in one leader tenure (election key,
     /// revision), for `issuance` (see `issuance::tenure_cluster_ca`).
-    pub(super) tenure_ca: Mutex<Option<((Vec<u8>, i64), pki::Ca)>>,
+    pub(super) tenure_ca: Mutex<Option<(Tenure, pki::Ca)>>,
 }
 
 impl Shared {
