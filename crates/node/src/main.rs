@@ -57,6 +57,9 @@
 //!     │             join with --force-new-cluster for one etcd start; --data-device:
 //!     │             unlocked from a surviving member or the owner's backup first
 //!     └──▶ preflight, restore (serve_backup: a backup's snapshot read), datadev
+//!   flags           the command line (clap): Args, subcommands, Start (what one start
+//!     │             needs of them)
+//!     └──▶ datadev (DataDevice), tcp (its bounds)
 //!   restore         `polis-node restore`: an empty root made the only member of a
 //!     │             backup's cluster (etcdctl snapshot restore, one etcd start), then
 //!     │             a join; --data-device: on a new encrypted device
@@ -147,6 +150,7 @@ mod values;
 mod bootstrap;
 mod datadev;
 mod decision;
+mod flags;
 mod join;
 mod preflight;
 mod recover;
@@ -168,197 +172,20 @@ mod logcapture;
 // Orchestration.
 mod roleserver;
 
-use std::net::IpAddr;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use clap::{Parser, ValueEnum};
+use clap::Parser as _;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cluster_state::ClusterState;
 use crate::fatal::LeftCluster;
+use crate::flags::{Args, LogFormat, Start};
 use crate::settings::{ForceNewCluster, Settings};
 use crate::storage::Root;
 use crate::values::NodeValues;
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-/// Runs a Polis node.
-#[derive(Debug, Parser)]
-#[command(
-    name = "polis-node",
-    version,
-    args_conflicts_with_subcommands = true,
-    subcommand_negates_reqs = true
-)]
-struct Args {
-    #[command(subcommand)]
-    command: Option<Command>,
-    /// Node root directory (created 0700 if absent).
-    #[arg(long, required = true)]
-    root: Option<PathBuf>,
-    /// This node's address; peers and clients reach it here. Must be on this machine.
-    #[arg(long, required = true)]
-    address: Option<IpAddr>,
-    /// Node parameters file [default: ROOT/esp/parameters.pb]. Only read by a node
-    /// that does not belong to a cluster yet.
-    #[arg(long)]
-    params: Option<PathBuf>,
-    /// Keep ROOT/data on this device (a block device, or a file used through a loop
-    /// device), encrypted with a key split between this node's ESP and the cluster.
-    /// Formatted on the first start when empty. Consensus members unlock each other
-    /// (port 7837) when no curator runs yet.
-    #[arg(long, value_name = "DEV")]
-    data_device: Option<PathBuf>,
-    /// Format the data device on the first start even though it holds something.
-    #[arg(long, requires = "data_device")]
-    data_device_format: bool,
-    #[command(flatten)]
-    common: Common,
-}
-
-#[derive(Debug, clap::Subcommand)]
-enum Command {
-    /// After a quorum loss: make this stopped surviving consensus member the only member
-    /// of its cluster, keeping everything it committed, then run it as usual. Refused
-    /// while a majority of the other members still answer (unless --force).
-    Recover(RecoverArgs),
-    /// Make a new node, on an empty or absent root, the only consensus member and curator
-    /// of the cluster a backup (`polisctl cluster backup`) was taken from, then run it
-    /// as usual. Later starts are the usual `polis-node --root ROOT --address ADDR`.
-    Restore(RestoreArgs),
-    /// Point a stopped node at curators it cannot find by itself (after a restore onto a
-    /// new address): its cluster directory is replaced by the given endpoints
-    /// (host or host:port). The node is not started; start it as usual afterwards.
-    SetCurators(SetCuratorsArgs),
-}
-
-#[derive(Debug, clap::Args)]
-struct SetCuratorsArgs {
-    /// The node's root.
-    #[arg(long)]
-    root: PathBuf,
-    /// Curator endpoints, e.g. the restored member's address.
-    #[arg(required = true)]
-    endpoints: Vec<String>,
-}
-
-#[derive(Debug, clap::Args)]
-struct RestoreArgs {
-    /// The new node root: empty or absent.
-    #[arg(long)]
-    root: PathBuf,
-    /// This node's address (a former member's lets the workers return by themselves).
-    #[arg(long)]
-    address: IpAddr,
-    /// The backup file.
-    #[arg(long)]
-    backup: PathBuf,
-    /// Keep the new ROOT/data on this encrypted device (as `polis-node --data-device`);
-    /// formatted when empty.
-    #[arg(long, value_name = "DEV")]
-    data_device: Option<PathBuf>,
-    /// Format the data device even though it holds something.
-    #[arg(long, requires = "data_device")]
-    data_device_format: bool,
-    #[command(flatten)]
-    common: Common,
-}
-
-#[derive(Debug, clap::Args)]
-struct RecoverArgs {
-    /// The surviving member's node root.
-    #[arg(long)]
-    root: PathBuf,
-    /// This node's address [default: the one it joined its cluster with].
-    #[arg(long)]
-    address: Option<IpAddr>,
-    /// Recover even though a majority of the other members answer on their etcd peer
-    /// ports (they must be lost for good, or they would form a second cluster).
-    #[arg(long)]
-    force: bool,
-    /// The member's encrypted data device (its `--data-device`); unlocked with the half a
-    /// surviving member keeps, else with --backup. Never formatted.
-    #[arg(long, value_name = "DEV")]
-    data_device: Option<PathBuf>,
-    /// A backup of this cluster (`polisctl cluster backup`): this node's cluster half is
-    /// read from its record there when no surviving member answers with it.
-    #[arg(long, requires = "data_device")]
-    backup: Option<PathBuf>,
-    #[command(flatten)]
-    common: Common,
-}
-
-/// Flags of every start, recover included.
-#[derive(Debug, Clone, clap::Args)]
-struct Common {
-    /// Log format on stderr.
-    #[arg(long, value_enum, default_value = "text")]
-    log_format: LogFormat,
-    /// Where `/metrics` (Prometheus) is served over plain HTTP [default: the node's
-    /// address when it is a loopback one, else 127.0.0.1; port 7839].
-    #[arg(long, value_name = "ADDR:PORT")]
-    metrics_listen: Option<std::net::SocketAddr>,
-    /// Serve no metrics (and count no RPCs).
-    #[arg(long, conflicts_with = "metrics_listen")]
-    no_metrics: bool,
-    /// The etcd binary (Debian: apt-get install etcd-server).
-    #[arg(long, env = "POLIS_ETCD_BINARY", default_value = consensus::config::DEFAULT_ETCD_BINARY)]
-    etcd_binary: PathBuf,
-    /// etcd raft heartbeat interval in milliseconds.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=5000))]
-    etcd_heartbeat_ms: u64,
-    /// etcd raft election timeout in milliseconds (at least 5 heartbeats).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(50..=50000))]
-    etcd_election_timeout_ms: u64,
-    /// Bounds TCP retransmission backoff in this node's network namespace, in
-    /// milliseconds (sets net.ipv4.tcp_rto_max_ms; Linux 6.15 or later; unset: the
-    /// kernel's, 120 s): after a network cut heals, etcd's peer streams and curator
-    /// connections resume within this bound (1000 recommended for consensus members).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(tcp::RTO_MAX_MS_MIN..=tcp::RTO_MAX_MS_MAX))]
-    tcp_rto_max_ms: Option<u64>,
-    /// TTL of the curator's leadership lease, in seconds: how long a dead leader blocks
-    /// failover.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=60))]
-    curator_lease_ttl: u64,
-    /// How often this node heartbeats, in milliseconds (for tests; every node of a
-    /// cluster must use the same period and timeout).
-    #[arg(long, hide = true, default_value_t = curator::health::Timing::DEFAULT.period().as_millis() as u64)]
-    heartbeat_period_ms: u64,
-    /// After how long without a heartbeat the curator (on this node, when it leads)
-    /// reports a node as timed out, and this node calls itself Split when no curator
-    /// answered its heartbeats, in milliseconds (for tests; at least 3 periods).
-    #[arg(long, hide = true, default_value_t = curator::health::Timing::DEFAULT.timeout().as_millis() as u64)]
-    heartbeat_timeout_ms: u64,
-    /// etcd upkeep: how often the curator leader looks at the members' databases, in
-    /// milliseconds (for tests).
-    #[arg(long, hide = true, default_value_t = curator::upkeep::Settings::DEFAULT.period.as_millis() as u64)]
-    etcd_upkeep_period_ms: u64,
-    /// etcd upkeep: no member's database is defragmented below this size, in bytes (for
-    /// tests).
-    #[arg(long, hide = true, default_value_t = curator::upkeep::Settings::DEFAULT.defrag_floor_bytes)]
-    etcd_defrag_floor_bytes: u64,
-    /// Scheduled snapshots: let the owner set intervals from 1 s up (else at least 1
-    /// minute), for tests.
-    #[arg(long, hide = true)]
-    snapshot_short_intervals: bool,
-    /// RegisterNode and Escrow calls a second this node's curator takes from one source
-    /// address (bursts of twice that); 0: no limit (for tests and benchmarks that
-    /// register many nodes from one address).
-    #[arg(long, hide = true, default_value_t = 10)]
-    entry_rate_per_second: u32,
-    /// Logs this many lines a second from `root.logtest` (for tests and `bench logs`:
-    /// a node that logs fast).
-    #[arg(long, hide = true, default_value_t = 0)]
-    log_test_lines_per_second: u32,
-}
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("POLIS_LOG")
@@ -397,26 +224,10 @@ async fn log_test(rate: u32) {
     }
 }
 
-/// What this process does, from its flags.
-struct Start {
-    root: PathBuf,
-    /// `None`: recover, address from the sealed configuration.
-    address: Option<IpAddr>,
-    params: Option<PathBuf>,
-    /// `Some(force)`: `polis-node recover`.
-    recover: Option<bool>,
-    /// `polis-node recover --backup`.
-    recover_backup: Option<PathBuf>,
-    /// `Some(backup file)`: `polis-node restore`.
-    restore: Option<PathBuf>,
-    data_device: Option<datadev::DataDevice>,
-    args: Common,
-}
-
 fn main() -> ExitCode {
     let parsed = Args::parse();
-    let start = match parsed.command {
-        Some(Command::SetCurators(a)) => {
+    let start = match flags::invocation(parsed) {
+        flags::Invocation::SetCurators(a) => {
             let root = Root::new(a.root);
             return match set_curators::set_curators(&root, &a.endpoints) {
                 Ok(saved) => {
@@ -434,45 +245,7 @@ fn main() -> ExitCode {
                 }
             };
         }
-        Some(Command::Recover(r)) => Start {
-            root: r.root,
-            address: r.address,
-            params: None,
-            recover: Some(r.force),
-            recover_backup: r.backup,
-            restore: None,
-            data_device: r.data_device.map(|device| datadev::DataDevice {
-                device,
-                format: false,
-            }),
-            args: r.common,
-        },
-        Some(Command::Restore(r)) => Start {
-            root: r.root,
-            address: Some(r.address),
-            params: None,
-            recover: None,
-            recover_backup: None,
-            restore: Some(r.backup),
-            data_device: r.data_device.map(|device| datadev::DataDevice {
-                device,
-                format: r.data_device_format,
-            }),
-            args: r.common,
-        },
-        None => Start {
-            root: parsed.root.expect("clap requires --root"),
-            address: Some(parsed.address.expect("clap requires --address")),
-            params: parsed.params,
-            recover: None,
-            recover_backup: None,
-            restore: None,
-            data_device: parsed.data_device.map(|device| datadev::DataDevice {
-                device,
-                format: parsed.data_device_format,
-            }),
-            args: parsed.common,
-        },
+        flags::Invocation::Start(start) => *start,
     };
     init_logging(start.args.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
