@@ -102,21 +102,8 @@ async fn a_renewal_racing_a_decommission_leaves_no_valid_certificate() -> Result
         cluster.wait_node(&id, "DECOMMISSIONED", None)
     })?;
     let answer = renewal.await??;
-    let owner = tokio::task::block_in_place(|| cluster.owner_client())?;
-    let listed = owner
-        .call(|c| async move {
-            api::management_client::ManagementClient::new(c)
-                .list_certificates(api::ListCertificatesRequest {})
-                .await
-        })
-        .await?;
-    let now = pki::unix_now();
-    let valid: Vec<_> = listed
-        .certificates
-        .iter()
-        .filter(|c| c.node_id == id && !c.revoked && c.not_after_unix > now)
-        .map(|c| c.name.clone())
-        .collect();
+    let listed = listed_certificates(&cluster).await?;
+    let valid = valid_names(&listed, &id);
     assert!(
         valid.is_empty(),
         "the decommissioned node holds valid, unrevoked certificates: {valid:?}"
@@ -196,21 +183,7 @@ async fn a_first_commit_racing_a_deletion_records_no_certificate() -> Result<()>
         Ok(())
     })?;
     let answer = commit.await??;
-    let owner = tokio::task::block_in_place(|| cluster.owner_client())?;
-    let listed = owner
-        .call(|c| async move {
-            api::management_client::ManagementClient::new(c)
-                .list_certificates(api::ListCertificatesRequest {})
-                .await
-        })
-        .await?;
-    let now = pki::unix_now();
-    let valid: Vec<_> = listed
-        .certificates
-        .iter()
-        .filter(|c| c.node_id == id && !c.revoked && c.not_after_unix > now)
-        .map(|c| c.name.clone())
-        .collect();
+    let valid = valid_names(&listed_certificates(&cluster).await?, &id);
     assert!(
         valid.is_empty(),
         "the deleted node holds valid, unrevoked certificates: {valid:?}"
@@ -229,4 +202,27 @@ async fn a_first_commit_racing_a_deletion_records_no_certificate() -> Result<()>
     // Keep the cluster alive until here.
     cluster.first.proc();
     Ok(())
+}
+
+/// Every certificate the cluster recorded, as the owner lists them.
+async fn listed_certificates(cluster: &Cluster) -> Result<api::ListCertificatesResponse> {
+    let owner = tokio::task::block_in_place(|| cluster.owner_client())?;
+    Ok(owner
+        .call(|c| async move {
+            api::management_client::ManagementClient::new(c)
+                .list_certificates(api::ListCertificatesRequest {})
+                .await
+        })
+        .await?)
+}
+
+/// The names of node `id`'s certificates in `listed` that are unrevoked and unexpired.
+fn valid_names(listed: &api::ListCertificatesResponse, id: &str) -> Vec<String> {
+    let now = pki::unix_now();
+    listed
+        .certificates
+        .iter()
+        .filter(|c| c.node_id == id && !c.revoked && c.not_after_unix > now)
+        .map(|c| c.name.clone())
+        .collect()
 }
