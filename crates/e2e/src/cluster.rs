@@ -66,6 +66,26 @@ impl Cluster {
         Ok(cluster)
     }
 
+    /// After a recover: node `id`, asked through `endpoint`, still shows the label value
+    /// `label` (what was written before the majority was lost), and a new label write
+    /// (`recovered=yes`) is served.
+    pub fn label_survived_recover(&self, endpoint: &str, id: &str, label: &str) -> Result<()> {
+        let out = self.ctl_retry(&["--endpoints", endpoint, "node", "describe", id])?;
+        anyhow::ensure!(
+            out.contains(label),
+            "the label is gone after recover:\n{out}"
+        );
+        self.ctl_retry(&[
+            "--endpoints",
+            endpoint,
+            "node",
+            "label",
+            id,
+            "recovered=yes",
+        ])?;
+        Ok(())
+    }
+
     /// Three consensus members on encrypted images (`--data-device`, `imgs[0..3]`): the
     /// first bootstrapped on its image in `dir/n0`, then `m1` and `m2` registered on theirs
     /// and given the role; returns once the first one's own half left its ESP (another

@@ -208,19 +208,7 @@ fn encrypted_members_recover_and_restore_from_the_owners_backup() -> Result<()> 
         datafs::mounts::is_mount_point(&data0)?,
         "the recovered member's data is not the encrypted mount"
     );
-    let out = describe(&cluster, &endpoint, &id0)?;
-    ensure!(
-        out.contains(label),
-        "the label is gone after recover:\n{out}"
-    );
-    cluster.ctl_retry(&[
-        "--endpoints",
-        &endpoint,
-        "node",
-        "label",
-        &id0,
-        "recovered=yes",
-    ])?;
+    cluster.label_survived_recover(&endpoint, &id0, label)?;
     ensure!(
         esp0.join("data-cluster-half").exists(),
         "the only member keeps its half in its ESP (nobody else could answer)"

@@ -110,19 +110,7 @@ fn an_encrypted_survivor_recovers_with_its_half_from_another_survivor() -> Resul
             .contains("another member handed this node its cluster half"),
         "the half did not come from the other survivor"
     );
-    let out = cluster.ctl_retry(&["--endpoints", &endpoint, "node", "describe", &id0])?;
-    ensure!(
-        out.contains(label),
-        "the label is gone after recover:\n{out}"
-    );
-    cluster.ctl_retry(&[
-        "--endpoints",
-        &endpoint,
-        "node",
-        "label",
-        &id0,
-        "recovered=yes",
-    ])?;
+    cluster.label_survived_recover(&endpoint, &id0, label)?;
     // The waiting survivor unlocks through the recovered one and keeps its half again:
     // the recovered one's ESP lets go of it.
     m1.wait_home()?;
