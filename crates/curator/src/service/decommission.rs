@@ -47,10 +47,7 @@ pub(super) async fn start(
     leadership: &Leadership,
     id: &str,
 ) -> Result<Node, Status> {
-    let node = records::load_node(&shared.curator, id)
-        .await
-        .map_err(status_from)?
-        .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))?;
+    let node = shared.existing_node(id).await?;
     if records::node_state(&node) == NodeState::Up && has_consensus_role(&node) {
         membership::may_leave(shared, &node).await.map_err(|s| {
             Status::new(

@@ -55,10 +55,7 @@ async fn request_removal(
     leadership: &Leadership,
     id: &str,
 ) -> Result<Node, Status> {
-    let node = records::load_node(&shared.curator, id)
-        .await
-        .map_err(status_from)?
-        .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))?;
+    let node = shared.existing_node(id).await?;
     if !has_role(&node) || removal_pending(&node) {
         // Not a holder (or an earlier removal finished, the role going last): nothing
         // in etcd is this node's to remove, whatever member its address may match.
@@ -97,10 +94,7 @@ async fn request_removal(
             "removal of the ConsensusMember role recorded"
         );
     }
-    records::load_node(&shared.curator, id)
-        .await
-        .map_err(status_from)?
-        .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))
+    shared.existing_node(id).await
 }
 
 /// Carries out the recorded removal of node `id`'s role (the caller holds the
@@ -119,10 +113,7 @@ pub(super) async fn carry_out_removal(
     leadership: &Leadership,
     id: &str,
 ) -> Result<Node, Status> {
-    let node = records::load_node(&shared.curator, id)
-        .await
-        .map_err(status_from)?
-        .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))?;
+    let node = shared.existing_node(id).await?;
     if !removal_pending(&node) {
         return Ok(node);
     }

@@ -144,6 +144,14 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Node `id`'s record as etcd has it now, or NotFound naming the node.
+    pub(super) async fn existing_node(&self, id: &str) -> Result<Node, Status> {
+        crate::records::load_node(&self.curator, id)
+            .await
+            .map_err(super::status::status_from)?
+            .ok_or_else(|| Status::not_found(format!("node {id} does not exist")))
+    }
+
     /// The current leadership, or Unavailable naming the leader.
     pub(super) async fn leadership(&self) -> Result<Leadership, Status> {
         if let Some(Role::Leader(l)) = self.role.current() {
