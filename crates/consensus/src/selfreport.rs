@@ -43,6 +43,8 @@ pub struct SelfReport {
     pub db_size_in_use: i64,
     /// `etcd_server_quota_backend_bytes`.
     pub quota_backend_bytes: u64,
+    /// `etcd_debugging_mvcc_current_revision`: the revision its applied data reaches.
+    pub revision: i64,
     /// Every peer etcd shows (by member ID): connected now or not.
     pub peers: BTreeMap<u64, bool>,
 }
@@ -116,6 +118,7 @@ pub fn parse(text: &str) -> SelfReport {
             "etcd_server_leader_changes_seen_total" => report.leader_changes_seen = value as u64,
             "etcd_server_quota_backend_bytes" => report.quota_backend_bytes = value as u64,
             "etcd_mvcc_db_total_size_in_bytes" => report.db_size = value as i64,
+            "etcd_debugging_mvcc_current_revision" => report.revision = value as i64,
             "etcd_mvcc_db_total_size_in_use_in_bytes" => report.db_size_in_use = value as i64,
             "etcd_network_active_peers" => {
                 if let Some(id) = label(labels, "Remote").and_then(member_id) {
@@ -174,6 +177,7 @@ mod tests {
                     etcd_server_proposals_committed_total 0\n\
                     etcd_server_proposals_applied_total 1234\n\
                     etcd_mvcc_db_total_size_in_bytes 2.097152e+06\n\
+                    etcd_debugging_mvcc_current_revision 57\n\
                     etcd_mvcc_db_total_size_in_use_in_bytes 65536\n\
                     etcd_server_leader_changes_seen_total 3\n\
                     etcd_server_is_leader 0\n\
@@ -192,6 +196,7 @@ mod tests {
                 db_size: 2_097_152,
                 db_size_in_use: 65536,
                 quota_backend_bytes: 2 << 30,
+                revision: 57,
                 peers: BTreeMap::new(),
             }
         );

@@ -22,6 +22,8 @@
 //!                              (pki crate): node-<id>[-<serial>], owner-<serial>
 //!   leader/<lease>             LeaderElectionValue of the elected curator election
 //!   audit/<µs>-<seq>-<curator> api::AuditEntry: one audited call          audit
+//!   cluster/epochs/<ms>-<node> config::ClusterEpoch: one recover or       epochs
+//!                              restore since the bootstrap (the chain)
 //! ```
 //! and inside `namespaced:etcd-pki/` the etcd peer CA ([`etcd_pki`]), whose certificates
 //! are recorded as `peer-<id>[-<member>[-<serial>]]`.
@@ -36,6 +38,14 @@ pub const NAMESPACE: &str = "curator";
 pub const INITIAL_OWNER_KEY: &str = "global/initial_owner";
 pub const CLUSTER_CONFIGURATION_KEY: &str = "cluster/configuration";
 pub const REGISTER_TICKET_KEY: &str = "global/register_ticket";
+
+/// Prefix of the cluster's epochs ([`epoch_key`]).
+pub const EPOCHS_PREFIX: &str = "cluster/epochs/";
+
+/// Where one epoch is recorded: by its identity, so the keys sort as the epochs do.
+pub fn epoch_key(made_unix_ms: u64, made_by: &str) -> String {
+    format!("{EPOCHS_PREFIX}{made_unix_ms:020}-{made_by}")
+}
 
 /// Prefix of every register ticket's key ([`ticket_key`]).
 pub const TICKETS_PREFIX: &str = "tickets/";

@@ -31,6 +31,7 @@
 //!                leader write)
 //!   ───────────────────────────────────────────────────────────────────────────────
 //!   election     leader election, the guard every leader write carries
+//!   epochs       the cluster's epochs (recover, restore): the chain, one recorded
 //!   records      node records decoded, loaded, listed, watched; owner, configuration
 //!   bootstrap    the bootstrap records (first node, owner, configuration): all or none
 //!   ───────────────────────────────────────────────────────────────────────────────
@@ -98,6 +99,7 @@ pub mod audit;
 mod bootstrap;
 pub mod chunkmap;
 pub mod election;
+pub mod epochs;
 pub mod error;
 pub mod health;
 pub mod layout;

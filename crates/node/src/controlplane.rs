@@ -37,10 +37,11 @@ use crate::bootstrap::{self, Step};
 use crate::cluster_state::Contact;
 use crate::curator_client::curator_client;
 use crate::datapeers;
+use crate::epochs;
 use crate::fatal::FatalSender;
 use crate::files::{
-    forget_consensus, has_etcd_data, peer_tls_files, record_quota, recorded_membership,
-    recorded_quota, write_peer_files,
+    has_etcd_data, peer_tls_files, record_quota, recorded_membership, recorded_quota,
+    write_peer_files,
 };
 use crate::memberbook;
 use crate::membership::Membership;
@@ -48,6 +49,7 @@ use crate::rejoin;
 use crate::retry::{Answer, call_until_answered, pause};
 use crate::settings::Settings;
 use crate::storage::{Root, read_file, read_proto, write_proto};
+use crate::superseded;
 use crate::values::{LocalEtcd, NodeValues, RunningServices, apply_contact};
 
 /// How this start brings up the local etcd member.
@@ -160,7 +162,7 @@ enum VoterWait {
     Cancelled,
     /// The cluster holds another member (this learner) for this node: the running
     /// member is not its member any more (see `rejoin`).
-    NotMember(u64),
+    NotMember(u64, Vec<proto::config::ClusterEpoch>),
 }
 
 /// Waits until the local member answers a linearizable read: it is a voter with a
@@ -204,7 +206,7 @@ async fn wait_voter(
             if let rejoin::Verdict::NotMember { learner } =
                 rejoin::verdict(Some(running.member_id), answer)
             {
-                return Ok(VoterWait::NotMember(learner));
+                return Ok(VoterWait::NotMember(learner, rejoin::epochs_of(&asked)));
             }
         }
         let step = Duration::from_millis(25);
@@ -259,6 +261,21 @@ pub async fn run(
     let quota = recorded_quota(&settings.root)?;
     let config = etcd_config(&settings, &node_id, &start, quota);
     let forcing = config.force_new_cluster;
+    // A member of an older epoch never serves: asked before its etcd starts (a
+    // recovering member asks while it settles, below).
+    if matches!(start, EtcdStart::Existing)
+        && !forcing
+        && let Some(newer) = superseded::check(&settings, &values).await?
+    {
+        return superseded::step_down(&ctx, &settings, &values, newer).await;
+    }
+    let settling = forcing.then(|| {
+        tokio::spawn(superseded::settle(
+            settings.clone(),
+            values.clone(),
+            superseded::SETTLE,
+        ))
+    });
     let _services = ServicesStop(values.services.clone(), values.local_etcd.clone());
     let status = event::Value::<Status>::new();
     let etcd_status = status.clone();
@@ -287,8 +304,9 @@ pub async fn run(
             Status::Running(r) => r,
             Status::Stopped => unreachable!("filtered for Running"),
         },
-        learner = rejoin::until_not_member(&ctx, &settings, &values, own), if asking => {
-            return Err(leave_stale_member(etcd, &settings, own, learner).await.into());
+        (learner, chain) = rejoin::until_not_member(&ctx, &settings, &values, own), if asking => {
+            etcd.stop().await;
+            return leave_stale_member(&ctx, &settings, &values, own, learner, &chain).await;
         }
         _ = ctx.cancelled() => return Ok(()),
     };
@@ -298,6 +316,18 @@ pub async fn run(
             "recovered: this etcd member is now the only member of its cluster, with \
              everything it had committed"
         );
+    }
+    if let Some(settling) = settling {
+        let curator_ns = running.namespaced(curator::layout::NAMESPACE);
+        let epoch = record_claim(&settings, &curator_ns).await?;
+        if let Ok(Some(newer)) = settling.await {
+            tracing::warn!(
+                own = proto::epoch::describe(&epoch),
+                "another recovery made a newer epoch while this one settled: stepping down"
+            );
+            etcd.stop().await;
+            return superseded::step_down(&ctx, &settings, &values, newer).await;
+        }
     }
     set_services(&values, true, false);
     // From now on, with or without a quorum, the log port answers about this member.
@@ -309,11 +339,10 @@ pub async fn run(
         match wait_voter(&ctx, &running, &settings, &values).await? {
             VoterWait::Voter => {}
             VoterWait::Cancelled => return Ok(()),
-            VoterWait::NotMember(learner) => {
+            VoterWait::NotMember(learner, chain) => {
                 let own = Some(running.member_id);
-                return Err(leave_stale_member(etcd, &settings, own, learner)
-                    .await
-                    .into());
+                etcd.stop().await;
+                return leave_stale_member(&ctx, &settings, &values, own, learner, &chain).await;
             }
         }
     }
@@ -386,47 +415,102 @@ pub async fn run(
         _ = ctx.cancelled() => return Ok(()),
     }
     set_services(&values, true, true);
+    sync_epoch(&settings, &running).await;
     // Home once, as the node enters its cluster; a split node gets back to Home only
     // through its heartbeats (a restarted control plane says nothing about contact).
     apply_contact(&values.cluster_state, Contact::Joined);
     ctx.signal_healthy();
-    // The status reports whether the etcd member still runs.
+    // The status reports whether the etcd member still runs; the other members are
+    // asked for their epochs (a newer one: this member stops serving at once, and its
+    // next start steps down).
+    let mut watch = tokio::time::interval(superseded::WATCH_EVERY);
     loop {
         tokio::select! {
             s = status_watcher.get() => match s {
                 Ok(s) => set_services(&values, matches!(s, Status::Running(_)), true),
                 Err(_) => return Ok(()),
             },
+            _ = watch.tick() => match superseded::check(&settings, &values).await {
+                Ok(Some(newer)) => {
+                    return Err(format!(
+                        "a newer epoch of this cluster answers (member {} at {}): this \
+                         member stops serving",
+                        newer.answer.node_id, newer.ip
+                    )
+                    .into());
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("asking the other members for their epochs: {e:#}"),
+            },
             _ = ctx.cancelled() => return Ok(()),
         }
     }
 }
 
-/// The cluster answered that this node's etcd member (`own`) is no member any more
-/// (see `rejoin`): stops etcd, drops its data and peer credentials (as when the role is
-/// taken, `forget_consensus`), and fails, so that the control plane starts again
-/// without etcd data: it joins as learner `learner` and is promoted.
-async fn leave_stale_member(
-    etcd: supervisor::Stoppable,
+/// Records a recovery's claimed epoch (kept beside the data by `recover`) in the
+/// now-forced etcd, once, and beside the data again with its record's revision.
+async fn record_claim(
     settings: &Settings,
+    curator_ns: &consensus::Namespaced,
+) -> Result<proto::config::ClusterEpoch> {
+    let claim = epochs::load(&settings.root)?;
+    if claim.record_revision != 0 || proto::epoch::is_bootstrap(&claim) {
+        return Ok(claim);
+    }
+    let recorded = curator::epochs::record(curator_ns, &claim)
+        .await
+        .context("recording the recovered cluster's new epoch")?;
+    epochs::keep(&settings.root, &recorded)?;
+    tracing::warn!(
+        epoch = proto::epoch::describe(&recorded),
+        revision = recorded.record_revision,
+        "this cluster's new epoch is recorded"
+    );
+    Ok(recorded)
+}
+
+/// Keeps beside the data the epoch its etcd holds (a member that joined a recovered or
+/// restored cluster as a learner holds that cluster's epochs once it is a voter).
+async fn sync_epoch(settings: &Settings, running: &Running) {
+    let curator_ns = running.namespaced(curator::layout::NAMESPACE);
+    let chain = match curator::epochs::chain(&curator_ns, true).await {
+        Ok(chain) => chain,
+        Err(e) => {
+            tracing::warn!("reading the cluster's epochs: {e}");
+            return;
+        }
+    };
+    let held = proto::epoch::latest(&chain);
+    match epochs::load(&settings.root) {
+        Ok(kept) if proto::epoch::same(&kept, &held) || proto::epoch::newer(&kept, &held) => {}
+        _ => {
+            if let Err(e) = epochs::keep(&settings.root, &held) {
+                tracing::warn!("{e:#}");
+            }
+        }
+    }
+}
+
+/// The cluster answered that this node's etcd member (`own`) is no member any more
+/// (see `rejoin`), and holds learner `learner` for it: with etcd stopped, its data and
+/// peer credentials go (as when the role is taken, `forget_consensus`) — unless the
+/// cluster's epochs (`chain`) show the data holds writes the cluster lacks: then it is
+/// kept and the member holds back (`superseded::drop_or_hold`). Dropped, the control
+/// plane fails and starts again without etcd data: it joins as learner `learner`.
+async fn leave_stale_member(
+    ctx: &supervisor::Context,
+    settings: &Settings,
+    values: &NodeValues,
     own: Option<u64>,
     learner: u64,
-) -> anyhow::Error {
-    etcd.stop().await;
+    chain: &[proto::config::ClusterEpoch],
+) -> supervisor::RunnableResult {
     let own = own.map_or("unrecorded".into(), |m| format!("{m:x}"));
-    if let Err(e) = forget_consensus(&settings.root) {
-        return e.context("removing the etcd data of a member the cluster no longer has");
-    }
-    tracing::warn!(
-        old_member = own,
-        learner = format!("{learner:x}"),
-        "this node's etcd member is no longer a member of its cluster (removed by a recovery \
-         or restore): its etcd data was removed; rejoining as a learner"
+    let why = format!(
+        "etcd member {own} is no longer a member of its cluster (removed by a recovery or \
+         restore; the cluster holds learner {learner:x} for this node)"
     );
-    anyhow!(
-        "etcd member {own} is no longer a member of its cluster; its stale data was removed, \
-         the control plane starts again as learner {learner:x}"
-    )
+    superseded::drop_or_hold(ctx, settings, values, &why, chain).await
 }
 
 fn set_services(values: &NodeValues, etcd_member: bool, curator: bool) {

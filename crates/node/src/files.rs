@@ -146,8 +146,12 @@ pub fn forget_consensus(root: &Root) -> Result<()> {
         }
     }
     // Encrypted data: a former member keeps no other member's cluster half; nor the
-    // member list it named its peers by.
-    for file in [root.esp().join("data-peers"), root.etcd_members()] {
+    // member list it named its peers by, nor the epoch of data it no longer has.
+    for file in [
+        root.esp().join("data-peers"),
+        root.etcd_members(),
+        root.etcd_epoch(),
+    ] {
         match std::fs::remove_file(&file) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -34,7 +34,7 @@ use crate::logring::{LineFilter, LogLine};
 use crate::memberbook;
 use crate::settings::Settings;
 use crate::storage::{read_file, read_proto};
-use crate::values::NodeValues;
+use crate::values::{HeldBack, NodeValues};
 
 /// Lines read from the ring at once by a follower.
 const BATCH: usize = 256;
@@ -193,8 +193,30 @@ impl MemberStatus {
             peers_known: true,
             from_metrics: true,
             leader_changes_seen: report.leader_changes_seen,
+            revision: report.revision,
             ..Default::default()
         })
+    }
+
+    /// What a member that holds back (its etcd stopped, see `superseded`) says of
+    /// itself: its node, the epoch of the data it keeps, how far that data reaches, why.
+    fn held_back_answer(&self, held: HeldBack) -> api::GetConsensusStatusResponse {
+        let root = &self.settings.root;
+        let sealed: Option<proto::config::SealedConfiguration> =
+            read_proto(&root.sealed_configuration(), "sealed configuration").ok();
+        let recorded = recorded_membership(root, sealed.as_ref())
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        api::GetConsensusStatusResponse {
+            node_id: self.node_id.clone(),
+            member_id: recorded.etcd_member_id,
+            cluster_id: recorded.etcd_cluster_id,
+            revision: held.revision,
+            held_back: held.reason,
+            from_metrics: true,
+            ..Default::default()
+        }
     }
 }
 
@@ -231,17 +253,44 @@ impl api::curator_local_server::CuratorLocal for MemberStatus {
         &self,
         _: Request<api::GetConsensusStatusRequest>,
     ) -> Result<Response<api::GetConsensusStatusResponse>, Status> {
+        let held = self.values.held_back.current().flatten();
+        // The epoch this node's data belongs to, as recorded beside it (the answer from
+        // a serving etcd carries the epoch its data holds instead).
+        let recorded_epoch = || {
+            crate::epochs::load(&self.settings.root)
+                .map_err(|e| tracing::warn!("reading this node's cluster epoch: {e:#}"))
+                .ok()
+        };
         let Some(Some(local)) = self.values.local_etcd.current() else {
             // etcd may run without serving clients yet (it takes a quorum after a
             // restart): its metrics still answer.
-            return self.self_report().await.map(Response::new);
+            let mut answer = match (self.self_report().await, held) {
+                (Ok(answer), held) => api::GetConsensusStatusResponse {
+                    held_back: held.map(|h| h.reason).unwrap_or_default(),
+                    ..answer
+                },
+                (Err(_), Some(held)) => self.held_back_answer(held),
+                (Err(e), None) => return Err(e),
+            };
+            answer.epoch = recorded_epoch();
+            return Ok(Response::new(answer));
         };
         let mut client = local.client;
         let answer =
             curator::service::member_status(&mut client, &self.node_id, local.quota_backend_bytes)
                 .await?;
         let run_dir = self.settings.root.consensus_run_dir();
-        let answer = curator::service::with_peer_view(answer, Some(&run_dir)).await;
+        let mut answer = curator::service::with_peer_view(answer, Some(&run_dir)).await;
+        // A recover's claim is recorded beside the data before its etcd holds it.
+        if let Some(recorded) = recorded_epoch()
+            && answer
+                .epoch
+                .as_ref()
+                .is_none_or(|e| proto::epoch::newer(&recorded, e))
+        {
+            answer.epoch = Some(recorded);
+        }
+        answer.held_back = held.map(|h| h.reason).unwrap_or_default();
         Ok(Response::new(answer))
     }
 

@@ -131,6 +131,7 @@ mod crash;
 mod curator_client;
 mod datakeys;
 mod datapeers;
+mod epochs;
 mod exporter;
 mod fatal;
 mod files;
@@ -143,6 +144,7 @@ mod retry;
 mod settings;
 mod staleview;
 mod storage;
+mod superseded;
 mod tcp;
 mod values;
 
@@ -395,6 +397,7 @@ async fn run(start: Start) -> Result<()> {
         services: event::Value::new(),
         applied_view: event::Value::new(),
         local_etcd: event::Value::new(),
+        held_back: event::Value::new(),
     };
     values.services.set(Default::default());
     values.cluster_state.set(ClusterState::Unknown);

@@ -41,10 +41,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use proto::config::SealedConfiguration;
+use proto::config::{ClusterEpoch, SealedConfiguration};
 
 use crate::crash::check_crash_points;
 use crate::datadev::{self, DataDevice};
+use crate::epochs;
 use crate::files::{has_etcd_data, recorded_membership};
 use crate::preflight::{self, Flags, Plan};
 use crate::restore::{self, RestoreFlags};
@@ -163,12 +164,30 @@ async fn checks(root: &Root, flags: &RecoverFlags, address: IpAddr) -> Result<Pl
         );
     }
     preflight::check_member_start(&start, root, &join)?;
-    let others: Vec<SocketAddr> = join
+    let member_ips: Vec<IpAddr> = join
         .directory
         .iter()
         .map(|e| e.ip())
         .filter(|ip| *ip != address)
-        .map(|ip| SocketAddr::new(ip, consensus::config::PEER_PORT))
+        .collect();
+    let own_epoch = epochs::load(root)?;
+    let etcdctl = restore::etcdctl_binary(&flags.etcd_binary);
+    let own_revision = epochs::data_revision(&etcdctl, root)
+        .with_context(|| format!("reading the revision of node {node}'s etcd data"))?;
+    let answers = ask_members(root, &member_ips).await?;
+    for (ip, answer) in &answers {
+        match answer {
+            Ok(answer) => {
+                if let Some(why) = refusal(&own_epoch, own_revision, *ip, answer) {
+                    bail!("refusing to recover node {node}: {why}");
+                }
+            }
+            Err(e) => tracing::info!(member = %ip, "no answer on its node port: {e}"),
+        }
+    }
+    let others: Vec<SocketAddr> = member_ips
+        .iter()
+        .map(|ip| SocketAddr::new(*ip, consensus::config::PEER_PORT))
         .collect();
     let answering = answering_peers(&others).await;
     if majority_answering(answering.len(), others.len()) {
@@ -191,13 +210,80 @@ async fn checks(root: &Root, flags: &RecoverFlags, address: IpAddr) -> Result<Pl
             "--force: recovering although a majority of the other members answer"
         );
     }
+    // The claim of the new epoch, kept before etcd is forced: a crash after the force
+    // leaves data that says it is no longer of the old epoch.
+    let claim = epochs::successor(&own_epoch, &node, "recover", own_revision);
+    epochs::keep(root, &claim)?;
     tracing::warn!(
         node,
         others = others.len(),
         answering = answering.len(),
-        "recovering: this member's etcd becomes a one-member cluster from its own data"
+        revision = own_revision,
+        epoch = proto::epoch::describe(&claim),
+        "recovering: this member's etcd becomes a one-member cluster from its own data, in a \
+         new epoch"
     );
     Ok(Plan::Join(Arc::new(join)))
+}
+
+/// How long each other member gets to answer on its node port.
+const MEMBER_ANSWER: Duration = Duration::from_secs(2);
+
+/// Asks the other consensus members `ips` on their node ports, with this node's
+/// certificate (the node does not run: its root is locked by this command).
+async fn ask_members(root: &Root, ips: &[IpAddr]) -> Result<Vec<epochs::MemberAnswer>> {
+    let credentials = crate::values::NodeCredentials::default().slot(root)?;
+    let ca = crate::storage::read_file(&root.cluster_ca(), "cluster CA certificate")?;
+    let crl = rpc::CrlSlot::new();
+    let saved_crl = root.cluster_crl();
+    if saved_crl.exists() {
+        let der = crate::storage::read_file(&saved_crl, "cluster CRL")?;
+        if let Err(e) = crl.offer(&ca, &der) {
+            tracing::warn!("ignoring the saved cluster CRL: {e}");
+        }
+    }
+    let trust = rpc::ServerTrust::ClusterMember { ca, crl };
+    Ok(epochs::ask_members(ips, &trust, &credentials, MEMBER_ANSWER).await)
+}
+
+/// Why the answer of member `ip` forbids recovering this node (pure), whose data
+/// belongs to `own_epoch` and reaches `own_revision`: it serves a cluster, it is of a
+/// newer epoch (recovered or restored already), or its data is further ahead.
+/// `--force` overrides none of these: the member is not lost, it answered.
+pub fn refusal(
+    own_epoch: &ClusterEpoch,
+    own_revision: i64,
+    ip: IpAddr,
+    answer: &proto::api::GetConsensusStatusResponse,
+) -> Option<String> {
+    let theirs = epochs::answered_epoch(answer);
+    let who = format!("member {} ({ip})", answer.node_id);
+    if proto::epoch::newer(&theirs, own_epoch) {
+        return Some(format!(
+            "{who} is in a newer {} than this node's {}: the cluster was recovered or restored \
+             there already; start this node as usual (it rejoins that cluster, keeping its data \
+             if it holds writes the cluster lacks)",
+            proto::epoch::describe(&theirs),
+            proto::epoch::describe(own_epoch)
+        ));
+    }
+    if answer.leader_id != 0 {
+        return Some(format!(
+            "{who} serves a cluster: its etcd member follows leader {:x} (revision {}, {}); \
+             recover is only for a cluster that lost its quorum",
+            answer.leader_id,
+            answer.revision,
+            proto::epoch::describe(&theirs)
+        ));
+    }
+    if answer.revision > own_revision {
+        return Some(format!(
+            "{who} is further ahead: its etcd data reaches revision {}, this node's {own_revision}; \
+             recover {} instead (stop this node, run recover on its root)",
+            answer.revision, answer.node_id
+        ));
+    }
+    None
 }
 
 /// An encrypted member's data device unlocked with its cluster half: from its ESP or a

@@ -30,6 +30,7 @@
 use std::time::Duration;
 
 use proto::api;
+use proto::config::ClusterEpoch;
 
 use crate::curator_client::curator_client;
 use crate::retry::pause;
@@ -91,10 +92,20 @@ pub fn classify(result: &Result<api::JoinConsensusResponse, rpc::CallError>) -> 
     }
 }
 
-/// Asks the cluster once (bounded by [`ASK_TIMEOUT`]) for this node's membership.
-pub async fn ask(settings: &Settings, values: &NodeValues) -> Answer {
+/// The cluster's epochs a JoinConsensus answer named (empty: a refusal, or none since
+/// the bootstrap).
+pub fn epochs_of(result: &Result<api::JoinConsensusResponse, rpc::CallError>) -> Vec<ClusterEpoch> {
+    match result {
+        Ok(r) => r.epochs.clone(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Asks the cluster once (bounded by [`ASK_TIMEOUT`]) for this node's membership; with
+/// the cluster's epochs.
+pub async fn ask(settings: &Settings, values: &NodeValues) -> (Answer, Vec<ClusterEpoch>) {
     let Ok(client) = curator_client(settings, values) else {
-        return Answer::Other;
+        return (Answer::Other, Vec::new());
     };
     client.set_endpoints(values.curators.current().unwrap_or_default());
     let call = client.call(|channel| async move {
@@ -103,27 +114,29 @@ pub async fn ask(settings: &Settings, values: &NodeValues) -> Answer {
             .await
     });
     match tokio::time::timeout(ASK_TIMEOUT, call).await {
-        Ok(result) => classify(&result),
-        Err(_) => Answer::Other,
+        Ok(result) => (classify(&result), epochs_of(&result)),
+        Err(_) => (Answer::Other, Vec::new()),
     }
 }
 
 /// Resolves once the cluster answers that this node's etcd member (`own`, when known)
-/// is no member any more, with the learner it holds for this node instead; asks every
-/// [`ASK_AFTER`] while the caller waits for etcd. Never resolves when cancelled.
+/// is no member any more, with the learner it holds for this node instead (and the
+/// cluster's epochs); asks every [`ASK_AFTER`] while the caller waits for etcd. Never
+/// resolves when cancelled.
 pub async fn until_not_member(
     ctx: &supervisor::Context,
     settings: &Settings,
     values: &NodeValues,
     own: Option<u64>,
-) -> u64 {
+) -> (u64, Vec<ClusterEpoch>) {
     let mut said_member = false;
     loop {
         if !pause(ctx, ASK_AFTER).await {
             std::future::pending::<()>().await;
         }
-        match verdict(own, ask(settings, values).await) {
-            Verdict::NotMember { learner } => return learner,
+        let (answer, epochs) = ask(settings, values).await;
+        match verdict(own, answer) {
+            Verdict::NotMember { learner } => return (learner, epochs),
             Verdict::Member if !said_member => {
                 said_member = true;
                 tracing::info!(

@@ -366,6 +366,7 @@ async fn write_cluster_state(
 ) -> Result<(Vec<u8>, u64)> {
     let node_id = key.node_id();
     let curator_ns = running.namespaced(curator::layout::NAMESPACE);
+    start_epoch(root, &curator_ns, &node_id).await?;
     let cluster_pki = curator::cluster_pki(&curator_ns);
     let etcd_pki = curator::layout::etcd_pki(running.client.clone());
     let what = |w: &str| format!("backup {}: {w}", flags.backup.display());
@@ -438,6 +439,35 @@ async fn write_cluster_state(
     }
     mark_former_members(&curator_ns, &node_id).await?;
     Ok((cluster_ca.cert_der, quota))
+}
+
+/// The restored cluster's new epoch (see `proto::epoch`), recorded in its etcd before
+/// anything else is written there (so the backup's history ends at the revision it
+/// names) and beside its data: former members of the backup's cluster that hold more
+/// than the backup never serve again, nor drop what the backup lacks.
+async fn start_epoch(
+    root: &Root,
+    curator_ns: &consensus::Namespaced,
+    node_id: &str,
+) -> Result<proto::config::ClusterEpoch> {
+    let chain = curator::epochs::chain(curator_ns, false)
+        .await
+        .context("reading the backup's cluster epochs")?;
+    let revision = curator_ns
+        .client()
+        .get(curator_ns.key(curator::layout::EPOCHS_PREFIX), None)
+        .await
+        .context("reading the restored revision")?
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or_default();
+    let parent = proto::epoch::latest(&chain);
+    let epoch = crate::epochs::successor(&parent, node_id, "restore", revision);
+    let recorded = curator::epochs::record(curator_ns, &epoch)
+        .await
+        .context("recording the restored cluster's epoch")?;
+    crate::epochs::keep(root, &recorded)?;
+    Ok(recorded)
 }
 
 /// Every other node's record loses the etcd member ID it recorded: none of those members

@@ -106,6 +106,10 @@ impl Root {
     pub fn etcd_members(&self) -> PathBuf {
         self.data().join("etcd").join("members.pb")
     }
+    /// The cluster epoch this node's etcd data belongs to (`epochs`).
+    pub fn etcd_epoch(&self) -> PathBuf {
+        self.data().join("etcd").join("epoch.pb")
+    }
     /// The backend quota this node's etcd member runs with (etcd upkeep).
     pub fn etcd_quota(&self) -> PathBuf {
         self.data().join("etcd").join("quota.pb")

@@ -39,6 +39,16 @@ pub struct NodeValues {
     /// once etcd serves, before any quorum): the log port answers GetConsensusStatus
     /// from it (see `crate::logserver`). `None` when it does not run.
     pub local_etcd: event::Value<Option<LocalEtcd>>,
+    /// Set while this consensus member does not serve because a newer epoch of its
+    /// cluster exists (see `crate::superseded`): the log port answers it.
+    pub held_back: event::Value<Option<HeldBack>>,
+}
+
+/// Why a member holds back, and the revision its (kept) etcd data reaches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldBack {
+    pub reason: String,
+    pub revision: i64,
 }
 
 /// A client of the local etcd member, and the backend quota it runs with.

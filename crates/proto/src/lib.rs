@@ -7,12 +7,14 @@
 //!
 //! It also holds the validation rules of API fields that clients and servers must agree
 //! on (`labels`), so that `polisctl` refuses bad input before sending it and the curator
-//! refuses it again; and the bounds of the etcd backend quota (`quota`) and of the
+//! refuses it again; the order of cluster epochs and when a former member may drop
+//! its data (`epoch`); and the bounds of the etcd backend quota (`quota`) and of the
 //! scheduled snapshots' interval and count (`snapshots`).
 //!
 //! Invariant: these are the only serialization formats Polis writes; changing a field
 //! number breaks existing clusters, so fields are only ever added.
 
+pub mod epoch;
 pub mod labels;
 pub mod quota;
 pub mod snapshots;

@@ -137,7 +137,16 @@ pub async fn member_status(
             .unwrap_or_default()
     };
     let header = status.header();
+    // The epoch of this member's data, from its own applied state (no quorum needed).
+    let curator_ns = consensus::Namespaced::new(client.clone(), crate::layout::NAMESPACE);
+    let epoch = tokio::time::timeout(QUORUM_READ_BOUND, crate::epochs::chain(&curator_ns, true))
+        .await
+        .map_err(|_| Status::unavailable("the local etcd member does not answer"))?
+        .map_err(|e| Status::unavailable(format!("reading the cluster's epochs: {e}")))?;
     Ok(api::GetConsensusStatusResponse {
+        epoch: Some(proto::epoch::latest(&epoch)),
+        epoch_chain: epoch,
+        revision: header.map(|h| h.revision()).unwrap_or_default(),
         node_id: node_id.to_string(),
         member_id: header.map(|h| h.member_id()).unwrap_or_default(),
         cluster_id: header.map(|h| h.cluster_id()).unwrap_or_default(),

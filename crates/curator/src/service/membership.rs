@@ -253,7 +253,11 @@ pub(super) async fn join(
         });
     }
     let etcd_quota_bytes = join_quota(shared).await?;
+    let epochs = crate::epochs::chain(&shared.curator, false)
+        .await
+        .map_err(status_from)?;
     Ok(api::JoinConsensusResponse {
+        epochs,
         peer_certificate: certificate,
         peer_ca_certificate,
         peer_crl: crl,

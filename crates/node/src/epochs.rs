@@ -1,0 +1,194 @@
+//! This node's side of cluster epochs (`proto::epoch`): the epoch its etcd data belongs
+//! to (`data/etcd/epoch.pb`; absent: the bootstrap's), the revision its stopped etcd
+//! data reaches, and what the other consensus members answer about themselves on their
+//! node ports (CuratorLocal.GetConsensusStatus on :7836, answered with or without a
+//! quorum) — the question `recover` asks before it changes anything, and that every
+//! member asks before and while it serves (`controlplane`), so that a member of an older
+//! epoch never serves once a newer one exists.
+//!
+//! ```text
+//!   recover: claim (parent = data's epoch, parent_revision = data's revision)
+//!            ─▶ epoch.pb (record_revision 0) ─▶ etcd forced ─▶ recorded in etcd
+//!            ─▶ epoch.pb (record_revision set)
+//!   restore: recorded in the restored etcd ─▶ epoch.pb
+//!   joined as a learner: the cluster's latest, once a voter ─▶ epoch.pb
+//! ```
+//! A leaf: imports only `storage`; may not start or stop anything.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use proto::api;
+use proto::config::ClusterEpoch;
+
+use crate::storage::{Root, read_proto, write_proto};
+
+/// The epoch this node's etcd data belongs to (the bootstrap's when none is recorded).
+pub fn load(root: &Root) -> Result<ClusterEpoch> {
+    let path = root.etcd_epoch();
+    if !path.exists() {
+        return Ok(ClusterEpoch::default());
+    }
+    read_proto(&path, "cluster epoch")
+}
+
+/// Records the epoch this node's etcd data belongs to (atomic, 0600).
+pub fn keep(root: &Root, epoch: &ClusterEpoch) -> Result<()> {
+    write_proto(&root.etcd_epoch(), epoch).with_context(|| {
+        format!(
+            "recording the cluster epoch in {}",
+            root.etcd_epoch().display()
+        )
+    })
+}
+
+/// The epoch a recover or restore (`kind`) by node `made_by` starts now after `parent`.
+pub fn successor(
+    parent: &ClusterEpoch,
+    made_by: &str,
+    kind: &str,
+    parent_revision: i64,
+) -> ClusterEpoch {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default();
+    proto::epoch::successor(parent, now, made_by, kind, parent_revision)
+}
+
+/// The revision the etcd data under `root` reaches, read from its database file with
+/// `etcdctl snapshot status` (etcd must not run on it); 0 without a database (a member
+/// that never started holds no write).
+pub fn data_revision(etcdctl: &Path, root: &Root) -> Result<i64> {
+    let db = root.etcd_data().join("member").join("snap").join("db");
+    if !db.exists() {
+        return Ok(0);
+    }
+    let output = std::process::Command::new(etcdctl)
+        .arg("snapshot")
+        .arg("status")
+        .arg(&db)
+        .args(["-w", "json"])
+        .env("ETCDCTL_API", "3")
+        .output()
+        .with_context(|| format!("running {} snapshot status", etcdctl.display()))?;
+    if !output.status.success() {
+        bail!(
+            "{} snapshot status {} failed: {}",
+            etcdctl.display(),
+            db.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    parse_status_revision(&output.stdout).ok_or_else(|| {
+        anyhow!(
+            "etcdctl snapshot status of {} named no revision",
+            db.display()
+        )
+    })
+}
+
+/// The `revision` of `etcdctl snapshot status -w json`'s answer.
+fn parse_status_revision(json: &[u8]) -> Option<i64> {
+    let value: serde_json::Value = serde_json::from_slice(json).ok()?;
+    value.get("revision")?.as_i64()
+}
+
+/// What one other member answered on its node port, or why it did not.
+pub type MemberAnswer = (IpAddr, Result<api::GetConsensusStatusResponse, String>);
+
+/// Asks each of `members` (addresses of consensus members) on its node port, all at
+/// once, each bounded by `bound`, presenting `credentials` and accepting any node
+/// certificate of the cluster (`trust`).
+pub async fn ask_members(
+    members: &[IpAddr],
+    trust: &rpc::ServerTrust,
+    credentials: &rpc::CredentialSlot,
+    bound: Duration,
+) -> Vec<MemberAnswer> {
+    let mut asks = tokio::task::JoinSet::new();
+    for ip in members.iter().copied() {
+        let (trust, credentials) = (trust.clone(), credentials.clone());
+        asks.spawn(async move {
+            let endpoint = SocketAddr::new(ip, rpc::NODE_LOGS_PORT);
+            let ask = async {
+                let channel = rpc::connect_with(endpoint, &trust, Some(&credentials))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                api::curator_local_client::CuratorLocalClient::new(channel)
+                    .get_consensus_status(api::GetConsensusStatusRequest {})
+                    .await
+                    .map(|r| r.into_inner())
+                    .map_err(|s| s.message().to_string())
+            };
+            let answer = match tokio::time::timeout(bound, ask).await {
+                Ok(answer) => answer,
+                Err(_) => Err(format!("no answer within {} ms", bound.as_millis())),
+            };
+            (ip, answer)
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(answer) = asks.join_next().await {
+        if let Ok(answer) = answer {
+            answers.push(answer);
+        }
+    }
+    answers.sort_by_key(|(ip, _)| *ip);
+    answers
+}
+
+/// The epoch a member answered (the bootstrap's when it named none).
+pub fn answered_epoch(answer: &api::GetConsensusStatusResponse) -> ClusterEpoch {
+    answer.epoch.clone().unwrap_or_default()
+}
+
+/// The first of `answers` whose epoch is newer than `own`: this node must not serve.
+pub fn newer_member<'a>(
+    own: &ClusterEpoch,
+    answers: &'a [MemberAnswer],
+) -> Option<(IpAddr, &'a api::GetConsensusStatusResponse)> {
+    answers.iter().find_map(|(ip, answer)| match answer {
+        Ok(a) if proto::epoch::newer(&answered_epoch(a), own) => Some((*ip, a)),
+        _ => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_revision_of_etcdctls_status() {
+        let json = br#"{"hash":1872909544,"revision":3,"totalKey":6,"totalSize":20480}"#;
+        assert_eq!(parse_status_revision(json), Some(3));
+        assert_eq!(parse_status_revision(b"{}"), None);
+        assert_eq!(parse_status_revision(b"not json"), None);
+    }
+
+    #[test]
+    fn only_a_newer_epoch_names_a_member() {
+        let own = ClusterEpoch {
+            made_unix_ms: 10,
+            made_by: "polis-a".into(),
+            ..Default::default()
+        };
+        let older = api::GetConsensusStatusResponse::default();
+        let newer = api::GetConsensusStatusResponse {
+            epoch: Some(ClusterEpoch {
+                made_unix_ms: 11,
+                made_by: "polis-b".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let a: IpAddr = "127.0.0.2".parse().unwrap();
+        let b: IpAddr = "127.0.0.3".parse().unwrap();
+        let answers = vec![(a, Ok(older)), (b, Err("refused".into()))];
+        assert!(newer_member(&own, &answers).is_none());
+        let answers = vec![(a, Ok(newer))];
+        assert_eq!(newer_member(&own, &answers).map(|(ip, _)| ip), Some(a));
+    }
+}
