@@ -5,9 +5,9 @@
 //! write is there; the kept former member started again with its old root rejoins by
 //! itself (learner, then voter); a fresh node given the role makes 3 voters again; a
 //! former member whose role went while it was down comes back as a worker.
-//! Before that, on the healthy cluster, each refusal: a running root, a worker, a majority
-//! of the other members still answering, a root without etcd data — exit 1, one line
-//! saying why, root unchanged.
+//! Before that, on the healthy cluster, each refusal: a running root, a worker, another
+//! member answering that it serves a cluster, a root without etcd data — exit 1, one
+//! line saying why, root unchanged.
 //!
 //! One cluster for the whole file: the phases build on each other.
 
@@ -229,7 +229,7 @@ fn a_lost_majority_is_recovered_and_former_members_return_by_themselves() -> Res
     check_refusal(
         dir.path(),
         &m2.root,
-        "2 of the 2 other consensus members still answer on their etcd peer ports",
+        "serves a cluster: its etcd member follows leader",
         true,
     )?;
     // A member's root whose etcd data is gone (a copy, so that m2 stays whole).
@@ -334,12 +334,13 @@ fn a_lost_majority_is_recovered_and_former_members_return_by_themselves() -> Res
     }
     assert_eq!(labels["recovered"], "yes");
 
-    // The kept former member, started with its old root: refused by the survivor's etcd,
-    // it learns it is no member any more, wipes its stale etcd data and rejoins.
+    // The kept former member, started with its old root: the survivor answers a newer
+    // epoch whose history holds all of the kept member's data (the survivor led), so it
+    // drops its stale etcd data and rejoins.
     let old_member = std::fs::read(kept.root.join("data/etcd/member.pb")).ok();
     kept.start(&[])?;
     kept.proc().wait_for_line(TIMEOUT, |l| {
-        l.contains("no longer a member of its cluster") && l.contains("rejoining as a learner")
+        l.contains("holds nothing the cluster lacks") && l.contains("rejoins as a learner")
     })?;
     kept.wait_for_curator()?;
     cluster.wait_members(&endpoints(&[&survivor, &kept]), 2, 0)?;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-use e2e::{Cluster, Proc, TIMEOUT, bin};
+use e2e::{Cluster, Proc, TIMEOUT, bin, wait_until};
 
 /// Fast heartbeats (the same on every node), so that the worker's return shows quickly.
 const NODE_ARGS: [&str; 2] = ["--heartbeat-period-ms=300", "--heartbeat-timeout-ms=1500"];
@@ -255,8 +255,29 @@ fn restore_from_a_backup_file_brings_the_cluster_back_on_a_new_root() -> Result<
     let labels = labels_of(&cluster, &worker_id)?;
     assert_eq!(labels["restored"], "yes", "{labels}");
 
-    // The former member, started with its old root, finds its etcd data belongs to the
-    // old cluster: it drops it and rejoins as a learner, then a voter, by itself.
+    // The former member, started with its old root, finds a newer epoch of its cluster
+    // (the restore's) and does not serve; its data holds a write the backup lacks
+    // (`after`), so it keeps it and holds back, saying so in `cluster status`.
+    former.start(&[])?;
+    former
+        .proc()
+        .wait_for_line(TIMEOUT, |l| l.contains("holding back"))?;
+    let both = format!("{address},{}", former.address);
+    wait_until("cluster status shows the held-back member", TIMEOUT, || {
+        cluster
+            .status(&both)
+            .is_ok_and(|(_, status)| status["warnings"].to_string().contains("holding back"))
+    })?;
+    let (ok, status) = cluster.status(&both)?;
+    assert!(ok, "a held-back member is no second cluster: {status}");
+    // The operator gives its data up (moved aside, kept): it rejoins as a learner, then
+    // a voter, by itself.
+    former.proc().signal(libc::SIGTERM);
+    former.proc().wait_exit(TIMEOUT)?;
+    std::fs::rename(
+        former.root.join("data/etcd"),
+        dir.path().join("former-etcd-kept"),
+    )?;
     former.start(&[])?;
     cluster.wait_members(&format!("{address},{}", former.address), 2, 0)?;
     cluster.wait_node(&former_id, "UP", Some("HEALTHY"))?;

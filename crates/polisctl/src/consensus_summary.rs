@@ -29,6 +29,8 @@ pub(crate) struct MemberStatus {
     /// It answered from etcd's metrics alone (no quorum since its etcd started): its raft
     /// term is unknown (etcd's metrics do not hold it).
     pub(crate) from_metrics: bool,
+    /// The cluster epoch its data belongs to, if it answered.
+    pub(crate) epoch: Option<proto::config::ClusterEpoch>,
 }
 
 /// An answer's peer view, addresses taken from the peer URLs.
@@ -59,6 +61,54 @@ pub(crate) fn alarms(answers: &[api::GetConsensusStatusResponse]) -> Vec<(u64, S
     all.into_iter().collect()
 }
 
+/// Whether the members that answer (and do not hold back) are more than one cluster
+/// (pure): different etcd clusters or different epochs of one. The line that says so.
+pub(crate) fn split(answers: &[api::GetConsensusStatusResponse]) -> Option<String> {
+    let mut clusters: std::collections::BTreeMap<(u64, u64, String), Vec<String>> =
+        Default::default();
+    for a in answers.iter().filter(|a| a.held_back.is_empty()) {
+        let epoch = a.epoch.clone().unwrap_or_default();
+        let (at, by) = proto::epoch::id(&epoch);
+        clusters
+            .entry((a.cluster_id, at, by.to_string()))
+            .or_default()
+            .push(a.node_id.clone());
+    }
+    if clusters.len() < 2 {
+        return None;
+    }
+    let described: Vec<String> = clusters
+        .iter()
+        .map(|((cluster, _, _), nodes)| {
+            let epoch = answers
+                .iter()
+                .find(|a| a.node_id == nodes[0])
+                .and_then(|a| a.epoch.clone())
+                .unwrap_or_default();
+            format!(
+                "{} in etcd cluster {cluster:x}, {}",
+                nodes.join(", "),
+                proto::epoch::describe(&epoch)
+            )
+        })
+        .collect();
+    Some(format!(
+        "TWO CLUSTERS: the members answer as {} different clusters: {}",
+        clusters.len(),
+        described.join("; ")
+    ))
+}
+
+/// The members that hold back (a newer epoch exists; they keep data it lacks): a line
+/// each, saying why (pure).
+pub(crate) fn held_back(answers: &[api::GetConsensusStatusResponse]) -> Vec<String> {
+    answers
+        .iter()
+        .filter(|a| !a.held_back.is_empty())
+        .map(|a| format!("node {}: {}", a.node_id, a.held_back))
+        .collect()
+}
+
 /// What the cluster status adds up to (pure): the members, and whether the voters that
 /// answered agree on a leader and are a majority of all voters.
 pub(crate) fn summarize(answers: &[api::GetConsensusStatusResponse]) -> (Vec<MemberStatus>, bool) {
@@ -85,6 +135,7 @@ pub(crate) fn summarize(answers: &[api::GetConsensusStatusResponse]) -> (Vec<Mem
             m.db = Some((a.db_size, a.db_size_in_use));
             m.peers = peers_seen(a);
             m.from_metrics = a.from_metrics;
+            m.epoch = Some(a.epoch.clone().unwrap_or_default());
             m.learner = a.is_learner;
             if m.node.is_empty() {
                 m.node = a.node_id.clone();
@@ -132,6 +183,31 @@ mod tests {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn different_epochs_or_etcd_clusters_are_two_clusters_unless_held_back() {
+        let three = [(1, false), (2, false), (3, false)];
+        let same = [answer(1, 1, false, &three), answer(2, 1, false, &three)];
+        assert_eq!(split(&same), None);
+        let recovered = proto::config::ClusterEpoch {
+            number: 1,
+            made_unix_ms: 7,
+            made_by: "n2".into(),
+            kind: "recover".into(),
+            ..Default::default()
+        };
+        let mut forked = same.clone();
+        forked[1].epoch = Some(recovered);
+        let line = split(&forked).expect("two epochs are two clusters");
+        assert!(line.starts_with("TWO CLUSTERS"), "{line}");
+        assert!(line.contains("n1") && line.contains("n2"), "{line}");
+        forked[0].held_back = "holding back: a newer epoch".into();
+        assert_eq!(split(&forked), None);
+        assert_eq!(held_back(&forked), vec!["node n1: holding back: a newer epoch"]);
+        let mut other_etcd = same.clone();
+        other_etcd[1].cluster_id = 2;
+        assert!(split(&other_etcd).is_some());
     }
 
     #[test]

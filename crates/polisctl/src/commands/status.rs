@@ -11,7 +11,7 @@ use anyhow::{Result, bail};
 use proto::api;
 
 use crate::commands::node::list_nodes;
-use crate::consensus_summary::{MemberStatus, alarms, summarize};
+use crate::consensus_summary::{MemberStatus, alarms, held_back, split, summarize};
 use crate::output::{self, Format};
 use crate::render::snapshots::age;
 use crate::render::status::print_status;
@@ -24,7 +24,7 @@ pub(crate) async fn cluster_status(
     raw_endpoints: &[String],
     format: Format,
 ) -> Result<()> {
-    let (members, quorum, unreachable, alarms, snapshots) =
+    let (members, quorum, unreachable, alarms, snapshots, split) =
         consensus_status(config, raw_endpoints).await?;
     // Node warnings need the leader, so only with a quorum; their absence is no error.
     let mut warnings: Vec<String> = if quorum {
@@ -54,6 +54,9 @@ pub(crate) async fn cluster_status(
         &alarms,
         format,
     );
+    if let Some(split) = split {
+        bail!("{split}");
+    }
     if !quorum {
         bail!("the cluster has no etcd quorum");
     }
@@ -107,6 +110,7 @@ pub(crate) async fn consensus_status(
     Vec<String>,
     Vec<(u64, String)>,
     Vec<String>,
+    Option<String>,
 )> {
     let session = owner_session(config, raw_endpoints).await?;
     let mut to_ask: Vec<SocketAddr> = session.endpoints();
@@ -164,7 +168,10 @@ pub(crate) async fn consensus_status(
         }
     }
     let (members, quorum) = summarize(&answers);
-    let snapshots = answers
+    let split = split(&answers);
+    let mut warnings = held_back(&answers);
+    warnings.extend(split.clone());
+    let snapshots: Vec<String> = answers
         .iter()
         .filter(|a| !a.snapshot_last_error.is_empty())
         .map(|a| {
@@ -178,7 +185,8 @@ pub(crate) async fn consensus_status(
             )
         })
         .collect();
-    Ok((members, quorum, unreachable, alarms(&answers), snapshots))
+    warnings.extend(snapshots);
+    Ok((members, quorum, unreachable, alarms(&answers), warnings, split))
 }
 
 /// GetConsensusStatus on the node port of the member at `curator`'s address (any node

@@ -52,6 +52,10 @@ pub(crate) fn print_status(
                         if m.raft.is_some() { "yes" } else { "NO" }.into(),
                         m.db.map(|d| db_size(d.0)).unwrap_or_else(|| "-".into()),
                         m.db.map(|d| db_size(d.1)).unwrap_or_else(|| "-".into()),
+                        m.epoch
+                            .as_ref()
+                            .map(|e| e.number.to_string())
+                            .unwrap_or_else(|| "-".into()),
                     ]
                 })
                 .collect();
@@ -67,6 +71,7 @@ pub(crate) fn print_status(
                         "ANSWERS",
                         "DB SIZE",
                         "IN USE",
+                        "EPOCH",
                     ],
                     &table
                 )
@@ -123,6 +128,13 @@ fn member_json(m: &MemberStatus) -> Value {
         "raft_term": m.raft.filter(|_| !m.from_metrics).map(|r| r.1),
         "answered": m.raft.is_some(),
         "from_metrics": m.from_metrics,
+        "epoch": m.epoch.as_ref().map(|e| json!({
+            "number": e.number,
+            "kind": e.kind,
+            "made_by": e.made_by,
+            "made_unix_ms": e.made_unix_ms,
+            "description": proto::epoch::describe(e),
+        })),
         "db_size": m.db.map(|d| d.0),
         "db_size_in_use": m.db.map(|d| d.1),
         "peers": peers,

@@ -1,0 +1,307 @@
+//! No fork, ever: the sequences that used to leave two live clusters under one identity,
+//! with real polis-node processes and real etcd, each on its own 3-member cluster (each
+//! sequence ends the cluster it ran on):
+//! - a second `recover` on another survivor while the first serves: refused;
+//! - two `recover`s started at the same moment: one cluster results;
+//! - a restore, then two former members started together: they hold back (their data
+//!   holds a write the backup lacks) and serve nothing.
+//!
+//! After each: every write acknowledged before the fault is in the one cluster that
+//! acknowledges writes, `cluster status` over every member shows no second cluster, and
+//! no member's data was dropped while it held writes the survivor lacked.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use e2e::{Cluster, Node, Proc, TIMEOUT, bin, endpoints, wait_until};
+
+/// Fast heartbeats, as in the recover tests.
+const NODE_ARGS: [&str; 2] = ["--heartbeat-period-ms=300", "--heartbeat-timeout-ms=1500"];
+
+/// A cluster of three consensus members: the first node taken out of the harness's
+/// hands (the tests stop and restart members), with the node IDs in the same order.
+struct Three {
+    cluster: Cluster,
+    nodes: Vec<Node>,
+    ids: Vec<String>,
+}
+
+fn three_members(dir: &Path) -> Result<Three> {
+    let mut cluster = Cluster::bootstrap_with(dir, &[], &NODE_ARGS)?;
+    let params = cluster.register_params("nodes")?;
+    let (mut m1, id1) = cluster.add_worker("m1", &params)?;
+    let (mut m2, id2) = cluster.add_worker("m2", &params)?;
+    for id in [&id1, &id2] {
+        cluster.ctl_retry(&["node", "add-role", id, "ConsensusMember"])?;
+    }
+    let placeholder = Node::new(&dir.join("unused"));
+    let n0 = std::mem::replace(&mut cluster.first, placeholder);
+    cluster.wait_members(&endpoints(&[&n0, &m1, &m2]), 3, 0)?;
+    m1.wait_for_curator()?;
+    m2.wait_for_curator()?;
+    let ids = vec![n0.key_node_id()?, id1, id2];
+    Ok(Three {
+        cluster,
+        nodes: vec![n0, m1, m2],
+        ids,
+    })
+}
+
+/// `polis-node recover` on `node`'s root (stopped), its output in `node.dir`.
+fn recover(node: &Node, name: &str, extra: &[&str]) -> Result<Proc> {
+    let mut cmd = Command::new(bin("polis-node"));
+    cmd.arg("recover")
+        .arg("--root")
+        .arg(&node.root)
+        .arg("--log-format=json")
+        .args(NODE_ARGS)
+        .args(extra);
+    Proc::spawn("polis-node recover", cmd, &node.dir.join(format!("{name}.log")))
+}
+
+fn stop(node: &mut Node) -> Result<()> {
+    node.proc().signal(libc::SIGTERM);
+    node.proc().wait_exit(TIMEOUT)?;
+    Ok(())
+}
+
+/// One label write through `endpoint` only: whether it was acknowledged.
+fn label_via(cluster: &Cluster, endpoint: &str, id: &str, key: &str) -> Result<bool> {
+    let (ok, _, _) = cluster.ctl(&[
+        "--endpoints",
+        endpoint,
+        "node",
+        "label",
+        id,
+        &format!("{key}=yes"),
+    ])?;
+    Ok(ok)
+}
+
+/// The labels of node `id` as the cluster behind `endpoint` has them.
+fn labels_via(cluster: &Cluster, endpoint: &str, id: &str) -> Result<serde_json::Value> {
+    let out = cluster.ctl_retry(&["--endpoints", endpoint, "node", "list", "-o", "json"])?;
+    let nodes: serde_json::Value = serde_json::from_str(&out)?;
+    nodes
+        .as_array()
+        .and_then(|n| n.iter().find(|n| n["id"] == id))
+        .map(|n| n["labels"].clone())
+        .with_context(|| format!("node {id} not listed through {endpoint}"))
+}
+
+/// `cluster status` over `endpoints` never says TWO CLUSTERS; returns its JSON.
+fn one_cluster(cluster: &Cluster, endpoints: &str) -> Result<serde_json::Value> {
+    let (_, status) = cluster.status(endpoints)?;
+    let warnings = status["warnings"].to_string();
+    if warnings.contains("TWO CLUSTERS") {
+        bail!("two clusters answer: {status}");
+    }
+    Ok(status)
+}
+
+/// The polis-node error line of a refused command.
+fn refusal_line(output: &str) -> Result<String> {
+    output
+        .lines()
+        .find(|l| l.starts_with("polis-node: "))
+        .map(str::to_string)
+        .with_context(|| format!("no error line in: {output}"))
+}
+
+#[test]
+fn a_second_recover_is_refused_while_the_first_serves() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let Three {
+        cluster,
+        mut nodes,
+        ids,
+    } = three_members(dir.path())?;
+    let all = endpoints(&[&nodes[0], &nodes[1], &nodes[2]]);
+    cluster.ctl_retry(&["--endpoints", &all, "node", "label", &ids[0], "before=yes"])?;
+    // Member 2 lost for good, 0 and 1 stopped.
+    nodes[2].proc().signal(libc::SIGKILL);
+    nodes[2].proc().wait_exit(TIMEOUT)?;
+    std::fs::remove_dir_all(&nodes[2].root)?;
+    stop(&mut nodes[0])?;
+    stop(&mut nodes[1])?;
+
+    nodes[0].proc = Some(recover(&nodes[0], "recover", &[])?);
+    nodes[0].wait_for_curator()?;
+    let first = nodes[0].address.to_string();
+    cluster.ctl_retry(&["--endpoints", &first, "node", "label", &ids[0], "one=yes"])?;
+
+    // The second recover, with and without --force: member 0 answers that it serves.
+    let epoch_file = nodes[1].root.join("data/etcd/epoch.pb");
+    for extra in [&[][..], &["--force"][..]] {
+        let mut second = recover(&nodes[1], "second-recover", extra)?;
+        let status = second.wait_exit(TIMEOUT)?;
+        let output = second.output();
+        assert!(!status.success(), "a second recover must be refused: {output}");
+        let line = refusal_line(&output)?;
+        assert!(
+            line.contains(&ids[0]) && line.contains("newer epoch"),
+            "the refusal names the member and its epoch: {line}"
+        );
+        println!("refused as expected ({extra:?}): {line}");
+        assert!(!epoch_file.exists(), "a refused recover claims no epoch");
+    }
+
+    // Member 1 started as usual joins the recovered cluster (or keeps what it alone
+    // holds): one cluster either way, and every acknowledged write is in it.
+    nodes[1].start(&[])?;
+    let both = endpoints(&[&nodes[0], &nodes[1]]);
+    wait_until("member 1 rejoined or holds back", TIMEOUT, || {
+        cluster.status(&both).is_ok_and(|(ok, s)| {
+            let voters = s["members"]
+                .as_array()
+                .map(|m| m.iter().filter(|m| m["role"] == "voter" && m["answered"] == true).count())
+                .unwrap_or_default();
+            ok && (voters == 2 || s["warnings"].to_string().contains("holding back"))
+        })
+    })?;
+    one_cluster(&cluster, &both)?;
+    let labels = labels_via(&cluster, &first, &ids[0])?;
+    assert_eq!(labels["before"], "yes", "{labels}");
+    assert_eq!(labels["one"], "yes", "{labels}");
+    Ok(())
+}
+
+#[test]
+fn two_recovers_at_the_same_moment_leave_one_cluster() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let Three {
+        cluster,
+        mut nodes,
+        ids,
+    } = three_members(dir.path())?;
+    let all = endpoints(&[&nodes[0], &nodes[1], &nodes[2]]);
+    cluster.ctl_retry(&["--endpoints", &all, "node", "label", &ids[0], "before=yes"])?;
+    nodes[2].proc().signal(libc::SIGKILL);
+    nodes[2].proc().wait_exit(TIMEOUT)?;
+    std::fs::remove_dir_all(&nodes[2].root)?;
+    stop(&mut nodes[0])?;
+    stop(&mut nodes[1])?;
+
+    let a = recover(&nodes[0], "recover", &[])?;
+    let b = recover(&nodes[1], "recover", &[])?;
+    nodes[0].proc = Some(a);
+    nodes[1].proc = Some(b);
+    let both = endpoints(&[&nodes[0], &nodes[1]]);
+    // Settled: a quorum, and the other member either a voter again or holding back.
+    wait_until("one cluster after two recovers", TIMEOUT, || {
+        cluster.status(&both).is_ok_and(|(ok, s)| {
+            let voters = s["members"]
+                .as_array()
+                .map(|m| m.iter().filter(|m| m["role"] == "voter" && m["answered"] == true).count())
+                .unwrap_or_default();
+            ok && (voters == 2 || s["warnings"].to_string().contains("holding back"))
+        })
+    })?;
+    let status = one_cluster(&cluster, &both)?;
+    println!("after two recovers: {status}");
+
+    // A write through each member: every one acknowledged is in the cluster that
+    // answers through either endpoint.
+    let mut acked = Vec::new();
+    for (i, node) in nodes.iter().take(2).enumerate() {
+        let key = format!("through-{i}");
+        if label_via(&cluster, &node.address.to_string(), &ids[0], &key)? {
+            acked.push(key);
+        }
+    }
+    assert!(!acked.is_empty(), "the surviving cluster takes writes");
+    for node in nodes.iter().take(2) {
+        let endpoint = node.address.to_string();
+        let (ok, _, _) = cluster.ctl(&["--endpoints", &endpoint, "node", "list"])?;
+        if !ok {
+            continue; // the member that holds back serves nothing
+        }
+        let labels = labels_via(&cluster, &endpoint, &ids[0])?;
+        assert_eq!(labels["before"], "yes", "{labels}");
+        for key in &acked {
+            assert_eq!(labels[key], "yes", "write {key} missing through {endpoint}: {labels}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_restore_then_two_former_members_together_leave_one_cluster() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let Three {
+        cluster,
+        mut nodes,
+        ids,
+    } = three_members(dir.path())?;
+    let all = endpoints(&[&nodes[0], &nodes[1], &nodes[2]]);
+    cluster.ctl_retry(&["--endpoints", &all, "node", "label", &ids[1], "before=yes"])?;
+    let file = dir.path().join("cluster.polisbackup");
+    let file_str = file.to_str().context("utf-8")?;
+    cluster.ctl_retry(&["--endpoints", &all, "cluster", "backup", "--out", file_str])?;
+    cluster.ctl_retry(&["--endpoints", &all, "node", "label", &ids[1], "after=yes"])?;
+    for node in nodes.iter_mut() {
+        stop(node)?;
+    }
+
+    // The restore on member 0's address, into a new root.
+    let address = nodes[0].address.to_string();
+    let new_root = dir.path().join("restored-root");
+    let mut cmd = Command::new(bin("polis-node"));
+    cmd.arg("restore")
+        .arg("--root")
+        .arg(&new_root)
+        .arg("--address")
+        .arg(&address)
+        .arg("--backup")
+        .arg(&file)
+        .arg("--log-format=json")
+        .args(NODE_ARGS);
+    nodes[0].root = new_root;
+    nodes[0].proc = Some(Proc::spawn(
+        "polis-node restore",
+        cmd,
+        &nodes[0].dir.join("restore.log"),
+    )?);
+    nodes[0].wait_for_curator()?;
+
+    // Members 1 and 2 started together with their old roots.
+    let kept: Vec<Vec<u8>> = [1, 2]
+        .iter()
+        .map(|i| std::fs::read(nodes[*i].root.join("data/etcd/member.pb")))
+        .collect::<Result<_, _>>()?;
+    nodes[1].start(&[])?;
+    nodes[2].start(&[])?;
+    for i in [1, 2] {
+        nodes[i]
+            .proc()
+            .wait_for_line(TIMEOUT, |l| l.contains("holding back"))
+            .with_context(|| format!("member {i} holds back"))?;
+    }
+    let everyone = endpoints(&[&nodes[0], &nodes[1], &nodes[2]]);
+    let status = one_cluster(&cluster, &everyone)?;
+    assert_eq!(status["quorum"], true, "{status}");
+    println!("after the restore: {status}");
+
+    // Nothing is served through the old members; the restored cluster takes writes and
+    // holds the backup's state.
+    let old = endpoints(&[&nodes[1], &nodes[2]]);
+    for attempt in 0..5 {
+        assert!(
+            !label_via(&cluster, &old, &ids[1], &format!("old-{attempt}"))?,
+            "a write acknowledged by a former member of the old epoch"
+        );
+    }
+    assert!(label_via(&cluster, &address, &ids[1], "restored")?);
+    let labels = labels_via(&cluster, &address, &ids[1])?;
+    assert_eq!(labels["before"], "yes", "{labels}");
+    assert_eq!(labels["restored"], "yes", "{labels}");
+    assert!(labels.get("after").is_none(), "{labels}");
+    // Their data was kept.
+    for (i, member) in [1, 2].iter().zip(kept) {
+        let root = &nodes[*i].root;
+        assert!(root.join("data/etcd/data/member").is_dir(), "member {i}'s data kept");
+        assert_eq!(std::fs::read(root.join("data/etcd/member.pb"))?, member);
+    }
+    Ok(())
+}
