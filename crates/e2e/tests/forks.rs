@@ -57,7 +57,11 @@ fn recover(node: &Node, name: &str, extra: &[&str]) -> Result<Proc> {
         .arg("--log-format=json")
         .args(NODE_ARGS)
         .args(extra);
-    Proc::spawn("polis-node recover", cmd, &node.dir.join(format!("{name}.log")))
+    Proc::spawn(
+        "polis-node recover",
+        cmd,
+        &node.dir.join(format!("{name}.log")),
+    )
 }
 
 fn stop(node: &mut Node) -> Result<()> {
@@ -137,7 +141,10 @@ fn a_second_recover_is_refused_while_the_first_serves() -> Result<()> {
         let mut second = recover(&nodes[1], "second-recover", extra)?;
         let status = second.wait_exit(TIMEOUT)?;
         let output = second.output();
-        assert!(!status.success(), "a second recover must be refused: {output}");
+        assert!(
+            !status.success(),
+            "a second recover must be refused: {output}"
+        );
         let line = refusal_line(&output)?;
         assert!(
             line.contains(&ids[0]) && line.contains("newer epoch"),
@@ -155,7 +162,11 @@ fn a_second_recover_is_refused_while_the_first_serves() -> Result<()> {
         cluster.status(&both).is_ok_and(|(ok, s)| {
             let voters = s["members"]
                 .as_array()
-                .map(|m| m.iter().filter(|m| m["role"] == "voter" && m["answered"] == true).count())
+                .map(|m| {
+                    m.iter()
+                        .filter(|m| m["role"] == "voter" && m["answered"] == true)
+                        .count()
+                })
                 .unwrap_or_default();
             ok && (voters == 2 || s["warnings"].to_string().contains("holding back"))
         })
@@ -193,7 +204,11 @@ fn two_recovers_at_the_same_moment_leave_one_cluster() -> Result<()> {
         cluster.status(&both).is_ok_and(|(ok, s)| {
             let voters = s["members"]
                 .as_array()
-                .map(|m| m.iter().filter(|m| m["role"] == "voter" && m["answered"] == true).count())
+                .map(|m| {
+                    m.iter()
+                        .filter(|m| m["role"] == "voter" && m["answered"] == true)
+                        .count()
+                })
                 .unwrap_or_default();
             ok && (voters == 2 || s["warnings"].to_string().contains("holding back"))
         })
@@ -220,7 +235,10 @@ fn two_recovers_at_the_same_moment_leave_one_cluster() -> Result<()> {
         let labels = labels_via(&cluster, &endpoint, &ids[0])?;
         assert_eq!(labels["before"], "yes", "{labels}");
         for key in &acked {
-            assert_eq!(labels[key], "yes", "write {key} missing through {endpoint}: {labels}");
+            assert_eq!(
+                labels[key], "yes",
+                "write {key} missing through {endpoint}: {labels}"
+            );
         }
     }
     Ok(())
@@ -300,7 +318,10 @@ fn a_restore_then_two_former_members_together_leave_one_cluster() -> Result<()> 
     // Their data was kept.
     for (i, member) in [1, 2].iter().zip(kept) {
         let root = &nodes[*i].root;
-        assert!(root.join("data/etcd/data/member").is_dir(), "member {i}'s data kept");
+        assert!(
+            root.join("data/etcd/data/member").is_dir(),
+            "member {i}'s data kept"
+        );
         assert_eq!(std::fs::read(root.join("data/etcd/member.pb"))?, member);
     }
     Ok(())

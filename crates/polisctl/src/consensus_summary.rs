@@ -204,7 +204,10 @@ mod tests {
         assert!(line.contains("n1") && line.contains("n2"), "{line}");
         forked[0].held_back = "holding back: a newer epoch".into();
         assert_eq!(split(&forked), None);
-        assert_eq!(held_back(&forked), vec!["node n1: holding back: a newer epoch"]);
+        assert_eq!(
+            held_back(&forked),
+            vec!["node n1: holding back: a newer epoch"]
+        );
         let mut other_etcd = same.clone();
         other_etcd[1].cluster_id = 2;
         assert!(split(&other_etcd).is_some());

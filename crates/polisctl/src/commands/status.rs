@@ -186,7 +186,14 @@ pub(crate) async fn consensus_status(
         })
         .collect();
     warnings.extend(snapshots);
-    Ok((members, quorum, unreachable, alarms(&answers), warnings, split))
+    Ok((
+        members,
+        quorum,
+        unreachable,
+        alarms(&answers),
+        warnings,
+        split,
+    ))
 }
 
 /// GetConsensusStatus on the node port of the member at `curator`'s address (any node
