@@ -26,6 +26,8 @@
 //!      scrape_bench  scrape_members(): every member's /metrics timed (bench-heartbeats
 //!                --scrape, `scripts/bench metrics`)
 //!   1  ctl       polisctl(): the CLI wrapper
+//!      impostor  Impostor: a TLS server presenting a given certificate (posing as a
+//!                curator), stopped on drop
 //!      scrape    http_get(), scrape() of /metrics, promtool_check(), Prometheus server
 //!   0  process   Proc (killed on drop), bin(), bin_dir(), process_alive()
 //!      net       unique_loopback(), NetNs (deleted on drop)
@@ -47,6 +49,7 @@ mod cluster;
 mod ctl;
 mod datadev;
 mod etcd;
+mod impostor;
 mod net;
 mod node;
 mod partition;
@@ -62,6 +65,7 @@ pub use cluster::{Cluster, endpoints, write_label};
 pub use ctl::polisctl;
 pub use datadev::{Mounts, data_image, fscrypt_usable};
 pub use etcd::BareEtcd;
+pub use impostor::Impostor;
 pub use net::{NetNs, unique_loopback};
 pub use node::{Node, is_home_line, read_register_params};
 pub use partition::{HubGuard, Partition, Slot};

@@ -12,7 +12,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use e2e::{Cluster, Node, TIMEOUT, endpoints, peer_accepts};
+use e2e::{Cluster, Impostor, Node, TIMEOUT, endpoints, peer_accepts};
 use proto::api;
 
 /// Copies of a node's credentials, taken before the decommission wipes them.
@@ -59,69 +59,6 @@ impl Saved {
             &self.dir.join("peer-key.pem"),
         )
         .await
-    }
-}
-
-/// A TLS server at `address` presenting a removed node's certificate, as someone posing
-/// as a curator would. Serves on a thread of its own until dropped.
-struct Impostor {
-    attempts: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Impostor {
-    fn serve(address: SocketAddr, credentials: rpc::Credentials) -> Result<Impostor> {
-        let listener = std::net::TcpListener::bind(address)?;
-        listener.set_nonblocking(true)?;
-        let config = rpc::tls::server_config(&credentials)?;
-        let attempts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (stop, stopped) = tokio::sync::oneshot::channel();
-        let counter = attempts.clone();
-        let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-                let acceptor = tokio_rustls::TlsAcceptor::from(config);
-                let serve = async {
-                    loop {
-                        let Ok((tcp, _)) = listener.accept().await else {
-                            return;
-                        };
-                        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        let _ = acceptor.accept(tcp).await;
-                    }
-                };
-                tokio::select! {
-                    _ = serve => {}
-                    _ = stopped => {}
-                    _ = tokio::time::sleep(TIMEOUT) => {}
-                }
-            });
-        });
-        Ok(Impostor {
-            attempts,
-            stop: Some(stop),
-            thread: Some(thread),
-        })
-    }
-
-    fn handshakes_attempted(&self) -> usize {
-        self.attempts.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl Drop for Impostor {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

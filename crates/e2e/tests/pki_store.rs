@@ -179,6 +179,37 @@ async fn the_crl_sheds_expired_certificates_and_its_number_only_grows() -> Resul
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reissued_crl_keeps_its_entries_and_passes_every_earlier_number() -> Result<()> {
+    // What a restore does to the CRL of a store brought back from a backup: clients may
+    // hold CRLs numbered past the backup's, issued before the restore.
+    let dir = tempfile::tempdir()?;
+    let (_etcd, store) = store(dir.path()).await?;
+    let (ca, _) = store.ensure_ca(|| Ca::generate("CA", CA_LIFETIME)).await?;
+    let key = identity::NodeKey::generate()?;
+    let der = store
+        .ensure_certificate("node-a", || ca.issue(&template(), &key.public_key()))
+        .await?;
+    let serial = pki::certificate_serial(&der)?;
+    let number = |crl: &[u8]| pki::verified_crl_number(crl, &ca.cert_der);
+    let revoked = store.revoke(&ca, &serial).await?;
+    let micros = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+    };
+    let before = micros(std::time::SystemTime::now())?;
+    let reissued = store.reissue_crl(&ca).await?;
+    assert!(number(&reissued)? > number(&revoked)?);
+    assert!(
+        number(&reissued)? >= before,
+        "numbered below the clock: {} < {before}",
+        number(&reissued)?
+    );
+    assert_eq!(pki::crl_serials(&reissued)?, vec![serial]);
+    assert_eq!(store.crl().await?, reissued);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_issued_certificates_are_listed() -> Result<()> {
     // Before: the records were read in one range, which etcd's answer size limit
     // refused past a few thousand certificates.

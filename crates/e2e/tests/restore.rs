@@ -8,12 +8,17 @@
 //! owner), the label from before the backup is there and the later one is not, the
 //! worker comes back UP and HEALTHY by itself, and the restored node starts again
 //! normally (`polis-node --root --address`).
+//!
+//! The CRL across a restore: polisctl and a worker took CRLs issued after the backup;
+//! the restored cluster's CRL replaces them at once (its number is past theirs), and a
+//! revocation after the restore reaches polisctl, which then refuses the revoked
+//! certificate.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-use e2e::{Cluster, Proc, TIMEOUT, bin, wait_until};
+use e2e::{Cluster, Impostor, Node, Proc, TIMEOUT, bin, pem_der, wait_until};
 
 /// Fast heartbeats (the same on every node), so that the worker's return shows quickly.
 const NODE_ARGS: [&str; 2] = ["--heartbeat-period-ms=300", "--heartbeat-timeout-ms=1500"];
@@ -298,6 +303,175 @@ fn restore_from_a_backup_file_brings_the_cluster_back_on_a_new_root() -> Result<
     let labels = labels_of(&cluster, &worker_id)?;
     assert_eq!(labels["before"], "yes", "{labels}");
     assert_eq!(labels["restored"], "yes", "{labels}");
+    Ok(())
+}
+
+/// The CRL a client holds (DER): polisctl's `CFG/crl.pem`, a node's `data/node/crl.der`.
+fn held_crl(path: &Path) -> Option<Vec<u8>> {
+    if path.extension().is_some_and(|e| e == "pem") {
+        pem_der(path).ok()
+    } else {
+        std::fs::read(path).ok()
+    }
+}
+
+/// Waits until the CRL held at `path` satisfies `good` (given its number and serials),
+/// running `poke` before each look (polisctl fetches the CRL once per command); returns
+/// its number.
+fn wait_for_crl(
+    what: &str,
+    path: &Path,
+    ca: &[u8],
+    mut poke: impl FnMut() -> Result<()>,
+    good: impl Fn(u64, &[Vec<u8>]) -> bool,
+) -> Result<u64> {
+    let mut last = None;
+    wait_until(what, TIMEOUT, || {
+        if poke().is_err() {
+            return false;
+        }
+        let Some(crl) = held_crl(path) else {
+            return false;
+        };
+        let (Ok(number), Ok(serials)) =
+            (pki::verified_crl_number(&crl, ca), pki::crl_serials(&crl))
+        else {
+            return false;
+        };
+        last = Some(number);
+        good(number, &serials)
+    })
+    .with_context(|| format!("{}: last CRL number {last:?}", path.display()))?;
+    last.context("no CRL")
+}
+
+/// A node's node certificate and key, read before a decommission wipes them.
+fn node_credentials(node: &Node) -> Result<rpc::Credentials> {
+    Ok(rpc::Credentials {
+        certificate: std::fs::read(node.root.join("data/node/cert.der"))?,
+        key_pkcs8: std::fs::read(node.root.join("data/node/key.der"))?,
+    })
+}
+
+/// Decommissions the running worker `node` and waits until it exited; returns its
+/// certificate's serial.
+fn decommission(cluster: &Cluster, node: &mut Node, id: &str) -> Result<Vec<u8>> {
+    let serial = pki::certificate_serial(&node_credentials(node)?.certificate)?;
+    let out = cluster.ctl_retry(&["node", "decommission", id])?;
+    assert!(out.contains("DECOMMISSIONED"), "{out}");
+    node.proc().wait_exit(TIMEOUT)?;
+    Ok(serial)
+}
+
+#[test]
+fn revocations_after_a_restore_reach_clients_that_saw_later_crls_of_the_backed_up_cluster()
+-> Result<()> {
+    // Before: the restored cluster numbered its CRLs on from the backup's, below the
+    // ones polisctl and the nodes had taken after the backup; they kept theirs (the
+    // newest by number) and ignored every revocation until the numbers caught up, so
+    // polisctl took a revoked certificate for a curator's ("not a curator certificate"
+    // instead of "revoked").
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::bootstrap_with(dir.path(), &[], &NODE_ARGS)?;
+    let params = cluster.register_params("nodes")?;
+    let (mut kept, kept_id) = cluster.add_worker("kept", &params)?;
+    let (mut gone1, gone1_id) = cluster.add_worker("gone1", &params)?;
+    let (mut gone2, gone2_id) = cluster.add_worker("gone2", &params)?;
+    let ca = pem_der(&cluster.config.join("ca.pem"))?;
+    let ctl_crl = cluster.config.join("crl.pem");
+    let kept_crl = kept.root.join("data/node/crl.der");
+    let list = |cluster: &Cluster| cluster.ctl_retry(&["node", "list"]).map(drop);
+
+    let file = dir.path().join("cluster.polisbackup");
+    cluster.ctl_retry(&[
+        "cluster",
+        "backup",
+        "--out",
+        file.to_str().context("utf-8")?,
+    ])?;
+
+    // Two revocations after the backup: with numbers counted on by one, the restored
+    // cluster's first revocation then has a lower number than the CRL the clients hold
+    // (an equal one would have been taken, as it differs).
+    let revoked = [
+        decommission(&cluster, &mut gone1, &gone1_id)?,
+        decommission(&cluster, &mut gone2, &gone2_id)?,
+    ];
+    let lists_both = |_: u64, serials: &[Vec<u8>]| revoked.iter().all(|r| serials.contains(r));
+    let seen = wait_for_crl(
+        "polisctl takes the CRL revoking both",
+        &ctl_crl,
+        &ca,
+        || list(&cluster),
+        lists_both,
+    )?;
+    let seen_by_node = wait_for_crl(
+        "the kept worker takes the CRL revoking both",
+        &kept_crl,
+        &ca,
+        || Ok(()),
+        lists_both,
+    )?;
+    println!("CRL numbers seen after the backup: polisctl {seen}, worker {seen_by_node}");
+
+    // Every node stopped, the member's root lost; restored on its address.
+    for node in [&mut cluster.first, &mut kept] {
+        node.proc().signal(libc::SIGTERM);
+        node.proc().wait_exit(TIMEOUT)?;
+    }
+    std::fs::remove_dir_all(&cluster.first.root)?;
+    let new_root = dir.path().join("restored-root");
+    let address = cluster.first.address.to_string();
+    cluster.first.root = new_root.clone();
+    let log = cluster.first.dir.join("restore.log");
+    let proc = Proc::spawn(
+        "polis-node restore",
+        restore_command(&new_root, &address, &file),
+        &log,
+    )?;
+    cluster.first.proc = Some(proc);
+    cluster.first.wait_home()?;
+
+    // The restored cluster's CRL replaces the later ones the clients hold.
+    let restored = wait_for_crl(
+        "polisctl takes the restored cluster's CRL",
+        &ctl_crl,
+        &ca,
+        || list(&cluster),
+        |number, _| number > seen,
+    )?;
+    kept.start(&[])?;
+    kept.wait_home()?;
+    wait_for_crl(
+        "the kept worker takes the restored cluster's CRL",
+        &kept_crl,
+        &ca,
+        || Ok(()),
+        |number, _| number > seen_by_node,
+    )?;
+
+    // A revocation in the restored cluster reaches polisctl, which refuses the revoked
+    // certificate where a curator should be.
+    let credentials = node_credentials(&kept)?;
+    let serial = decommission(&cluster, &mut kept, &kept_id)?;
+    let after = wait_for_crl(
+        "polisctl takes the CRL revoking the kept worker",
+        &ctl_crl,
+        &ca,
+        || list(&cluster),
+        |_, serials| serials.contains(&serial),
+    )?;
+    println!("CRL numbers after the restore: {restored}, then {after}");
+    let impostor = Impostor::serve(
+        std::net::SocketAddr::new(kept.address, rpc::CURATOR_PORT),
+        credentials,
+    )?;
+    let (ok, _, err) = cluster.ctl(&["--endpoints", &kept.address.to_string(), "node", "list"])?;
+    assert!(!ok && err.contains("revoked"), "{err}");
+    assert!(
+        impostor.handshakes_attempted() > 0,
+        "polisctl did dial the impostor"
+    );
     Ok(())
 }
 

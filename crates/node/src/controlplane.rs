@@ -460,6 +460,8 @@ async fn record_claim(
     let recorded = curator::epochs::record(curator_ns, &claim)
         .await
         .context("recording the recovered cluster's new epoch")?;
+    // The survivor may have lagged behind CRLs others saw: new numbers past them all.
+    crate::restore::reissue_crls(&curator_ns.client()).await?;
     epochs::keep(&settings.root, &recorded)?;
     tracing::warn!(
         epoch = proto::epoch::describe(&recorded),

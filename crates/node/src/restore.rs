@@ -9,6 +9,7 @@
 //!   ─▶ node key ─▶ `etcdctl snapshot restore` into data/etcd/data (name = node ID,
 //!      token polis-<node ID>, this node's peer URL: the IDs a bootstrap would get)
 //!   ─▶ etcd started once (throwaway peer files) ─▶ cluster CA, etcd peer CA loaded
+//!   ─▶ both CRLs signed again, numbered past any CRL issued before (`reissue_crls`)
 //!   ─▶ peer + node certificates issued ─▶ this node's record created (UP,
 //!      ConsensusMember) ─▶ etcd stopped
 //!   ─▶ peer files, node files, roles.pb, directory.pb, quota.pb ─▶ sealed configuration
@@ -382,6 +383,7 @@ async fn write_cluster_state(
         .ok_or_else(|| anyhow!(what("the snapshot holds no cluster configuration")))?;
     let quota = proto::quota::effective_quota(configuration.etcd_quota_bytes)
         .context("the restored cluster's etcd quota")?;
+    reissue_crls(&running.client).await?;
     let lifetime = curator::templates::node_certificate_lifetime(Some(&configuration));
     let peer_certificate = etcd_pki
         .ensure_certificate(&curator::layout::peer_certificate_prefix(&node_id), || {
@@ -468,6 +470,37 @@ async fn start_epoch(
         .context("recording the restored cluster's epoch")?;
     crate::epochs::keep(root, &recorded)?;
     Ok(recorded)
+}
+
+/// Signs both CAs' CRLs again with numbers past every CRL issued before now
+/// (`pki::CaStore::reissue_crl`), for a cluster that continues from an older copy of
+/// its etcd data: a backup (restore), or a member that may have lagged (recover).
+/// Nodes and polisctl keep the newest CRL they saw by number; without this they would
+/// ignore the copy's CRLs, and so every revocation, until the numbers caught up. The
+/// etcd peer CRL's number is compared by nobody today (its file is rewritten whole),
+/// but is kept growing the same way.
+pub async fn reissue_crls(client: &etcd_client::Client) -> Result<()> {
+    let curator_ns = consensus::Namespaced::new(client.clone(), curator::layout::NAMESPACE);
+    let stores = [
+        ("cluster", curator::cluster_pki(&curator_ns)),
+        ("etcd peer", curator::layout::etcd_pki(client.clone())),
+    ];
+    for (what, store) in stores {
+        let ca = store
+            .load_ca()
+            .await
+            .with_context(|| format!("loading the {what} CA"))?
+            .ok_or_else(|| anyhow!("the cluster holds no {what} CA"))?;
+        let crl = store
+            .reissue_crl(&ca)
+            .await
+            .with_context(|| format!("signing the {what} CRL again"))?;
+        tracing::info!(
+            crl_number = pki::verified_crl_number(&crl, &ca.cert_der).unwrap_or_default(),
+            "{what} CRL signed again, newer than any issued before"
+        );
+    }
+    Ok(())
 }
 
 /// Every other node's record loses the etcd member ID it recorded: none of those members

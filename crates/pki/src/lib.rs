@@ -10,7 +10,7 @@
 //! Modules, by layer (each imports only from those below it):
 //!
 //! ```text
-//!   store      CaStore: etcd transactions (ensure, revoke, list, watch_crl)
+//!   store      CaStore: etcd transactions (ensure, revoke, reissue_crl, list, watch_crl)
 //!     │
 //!     ▼
 //!   issue      Ca: generate, issue, CRLs; Template, Usage, Issued, serials (pure: rcgen)

@@ -12,9 +12,13 @@
 //! ```
 //!
 //! The CRL stays bounded: a revocation drops the entries whose certificates expired
-//! (an expired certificate is refused on its dates anyway), and every new CRL carries
-//! the number of the one it replaces plus one, so clients that take only newer CRLs
-//! (`rpc::CrlSlot`) take a shorter one too. Listings are read in pages.
+//! (an expired certificate is refused on its dates anyway), and every new CRL carries a
+//! number above the one it replaces, so clients that take only newer CRLs
+//! (`rpc::CrlSlot`) take a shorter one too. That number is also at least the time of
+//! issue in Unix microseconds ([`next_crl_number`]): a cluster restored from a backup
+//! (or recovered from a lagging member) holds an older CRL than some clients saw, and
+//! its next CRL ([`CaStore::reissue_crl`] at once) must still be newer than those.
+//! Listings are read in pages.
 
 use std::time::Duration;
 
@@ -51,6 +55,24 @@ fn unexpired(
             .get(serial)
             .is_none_or(|not_after| not_after + EXPIRY_GRACE.as_secs() > now)
     })
+}
+
+/// The number of a CRL that replaces the one numbered `previous`, issued at `now_micros`
+/// (Unix microseconds): above `previous`, and never below the clock, so that it also
+/// passes every CRL issued earlier by a copy of this CA's store that this one does not
+/// know of (the cluster a backup was taken from, after the backup), as long as the
+/// issuers' clocks roughly agree. Numbers of the old rule (previous + 1 from 1) lie far
+/// below. Pure.
+fn next_crl_number(previous: u64, now_micros: u64) -> u64 {
+    previous.saturating_add(1).max(now_micros)
+}
+
+/// The clock CRL numbers follow (Unix microseconds; 0 before 1970).
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 /// Pause before re-establishing a failed CRL watch, doubling up to the maximum.
@@ -387,8 +409,31 @@ impl CaStore {
         serial: &[u8],
         now: u64,
     ) -> Result<Vec<u8>, PkiError> {
-        let crl_key = self.ns.key("ca/crl");
         let not_after = self.end_of(serial).await?;
+        self.replace_crl(ca, now, Some((serial, not_after))).await
+    }
+
+    /// Signs the CRL again with the same entries (less those of certificates that
+    /// expired, as a revocation drops them) and a new number from
+    /// [`next_crl_number`]; returns it. For a store just brought back from a backup:
+    /// clients that took CRLs issued after the backup keep only a newer one, so until
+    /// this CRL reaches them they would ignore the restored cluster's CRLs.
+    pub async fn reissue_crl(&self, ca: &Ca) -> Result<Vec<u8>, PkiError> {
+        self.replace_crl(ca, crate::unix_now(), None).await
+    }
+
+    /// Replaces the CRL by one listing its unexpired entries at `now` (Unix seconds)
+    /// and `added` (a serial and, when this store recorded it, its end of validity),
+    /// numbered by [`next_crl_number`]. A compare-and-swap on the CRL's revision
+    /// serializes concurrent replacements; none is lost. A serial already listed
+    /// changes nothing.
+    async fn replace_crl(
+        &self,
+        ca: &Ca,
+        now: u64,
+        added: Option<(&[u8], Option<u64>)>,
+    ) -> Result<Vec<u8>, PkiError> {
+        let crl_key = self.ns.key("ca/crl");
         for _ in 0..MAX_ATTEMPTS * 4 {
             let response = self
                 .ns
@@ -400,22 +445,27 @@ impl CaStore {
                 .first()
                 .ok_or_else(|| PkiError::Inconsistent("CA has no CRL".into()))?;
             let on_crl = crl_serials(kv.value())?;
-            if on_crl.iter().any(|s| s == serial) {
+            if let Some((serial, _)) = added
+                && on_crl.iter().any(|s| s == serial)
+            {
                 return Ok(kv.value().to_vec());
             }
             let expiry = self.revoked_expiries().await?;
             let (mut kept, dropped) = unexpired(on_crl, &expiry, now);
-            kept.push(serial.to_vec());
-            let number = crate::verified_crl_number(kv.value(), &ca.cert_der)? + 1;
-            let crl = ca.crl(&kept, number)?;
-            let mut ops = vec![TxnOp::put(crl_key.clone(), crl.clone(), None)];
-            if let Some(not_after) = not_after {
-                ops.push(TxnOp::put(
-                    self.revoked_key(serial),
-                    not_after.to_be_bytes().to_vec(),
-                    None,
-                ));
+            let mut ops = Vec::new();
+            if let Some((serial, not_after)) = added {
+                kept.push(serial.to_vec());
+                if let Some(not_after) = not_after {
+                    ops.push(TxnOp::put(
+                        self.revoked_key(serial),
+                        not_after.to_be_bytes().to_vec(),
+                        None,
+                    ));
+                }
             }
+            let previous = crate::verified_crl_number(kv.value(), &ca.cert_der)?;
+            let crl = ca.crl(&kept, next_crl_number(previous, unix_micros()))?;
+            ops.push(TxnOp::put(crl_key.clone(), crl.clone(), None));
             ops.extend(
                 dropped
                     .iter()
@@ -433,7 +483,7 @@ impl CaStore {
             }
         }
         Err(PkiError::Inconsistent(
-            "CRL kept changing during revocation".into(),
+            "CRL kept changing while it was replaced".into(),
         ))
     }
 
@@ -507,6 +557,20 @@ mod tests {
         let (kept, dropped) = unexpired(on_crl, &expiry, 1000 + grace);
         assert_eq!(kept, vec![vec![2], vec![3]]);
         assert_eq!(dropped, vec![vec![1]]);
+    }
+
+    #[test]
+    fn crl_numbers_grow_and_follow_the_clock() {
+        let now = 1_780_000_000_000_000; // 2026, in microseconds
+        // The old rule's small numbers jump to the clock.
+        assert_eq!(next_crl_number(1, now), now);
+        assert_eq!(next_crl_number(41, now), now);
+        // Two CRLs within a microsecond, or a clock that went back: still above.
+        assert_eq!(next_crl_number(now, now), now + 1);
+        assert_eq!(next_crl_number(now + 500, now), now + 501);
+        // A CRL issued after a backup (later clock) is passed by a restore's next one.
+        let after_backup = next_crl_number(next_crl_number(1, now), now + 10);
+        assert!(next_crl_number(1, now + 20) > after_backup);
     }
 
     #[test]
