@@ -326,3 +326,63 @@ fn a_restore_then_two_former_members_together_leave_one_cluster() -> Result<()> 
     }
     Ok(())
 }
+
+#[test]
+fn polisctl_refuses_curators_of_an_older_epoch_than_it_has_seen() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let Three {
+        cluster,
+        mut nodes,
+        ids,
+    } = three_members(dir.path())?;
+    for node in nodes.iter_mut() {
+        stop(node)?;
+    }
+    // Copies of the three roots as they are now: the old epoch, kept aside.
+    let copies: Vec<std::path::PathBuf> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let copy = dir.path().join(format!("old-root-{i}"));
+            let status = Command::new("cp")
+                .arg("-a")
+                .arg(&n.root)
+                .arg(&copy)
+                .status()?;
+            anyhow::ensure!(status.success(), "copying {}", n.root.display());
+            Ok(copy)
+        })
+        .collect::<Result<_>>()?;
+    // Member 0 recovered: polisctl talks to it and sees its newer epoch.
+    nodes[0].proc = Some(recover(&nodes[0], "recover", &[])?);
+    nodes[0].wait_for_curator()?;
+    let first = nodes[0].address.to_string();
+    cluster.ctl_retry(&["--endpoints", &first, "node", "label", &ids[0], "seen=yes"])?;
+    let saved = std::fs::read_to_string(cluster.config.join("epoch"))?;
+    assert!(
+        saved.starts_with("1-"),
+        "polisctl saved the epoch it saw: {saved}"
+    );
+    stop(&mut nodes[0])?;
+
+    // The old roots brought back (as an old disk image would be): the old epoch's
+    // members see no newer epoch (member 0's recovered root is away) and serve.
+    for (node, copy) in nodes.iter_mut().zip(&copies) {
+        let recovered = node.dir.join("recovered-root");
+        std::fs::rename(&node.root, &recovered)?;
+        std::fs::rename(copy, &node.root)?;
+        node.start(&[])?;
+    }
+    for node in nodes.iter_mut() {
+        node.wait_for_curator()?;
+    }
+    let all = endpoints(&[&nodes[0], &nodes[1], &nodes[2]]);
+    let (ok, _, err) = cluster.ctl(&["--endpoints", &all, "node", "list"])?;
+    assert!(!ok, "polisctl took an answer from an older epoch");
+    assert!(
+        err.contains("epoch 0") && err.contains("epoch 1") && err.contains("older than"),
+        "the refusal names both epochs: {err}"
+    );
+    println!("refused as expected: {err}");
+    Ok(())
+}

@@ -23,7 +23,8 @@ pub fn curator_client(settings: &Settings, values: &NodeValues) -> Result<rpc::C
             crl: values.crl.clone(),
         },
         Some(credentials),
-    ))
+    )
+    .with_epoch(values.epoch_seen.clone()))
 }
 
 /// Takes `crl` (from a curator, or the saved copy) into the node's CRL slot when it is

@@ -398,6 +398,7 @@ async fn run(start: Start) -> Result<()> {
         applied_view: event::Value::new(),
         local_etcd: event::Value::new(),
         held_back: event::Value::new(),
+        epoch_seen: crate::values::saved_epoch_seen(&root)?,
     };
     values.services.set(Default::default());
     values.cluster_state.set(ClusterState::Unknown);

@@ -465,6 +465,32 @@ mod tests {
         }
     }
 
+    #[test]
+    fn an_answering_member_that_serves_is_newer_or_ahead_refuses() {
+        let ip: IpAddr = "127.0.0.3".parse().unwrap();
+        let own = ClusterEpoch::default();
+        let quiet = proto::api::GetConsensusStatusResponse {
+            node_id: "polis-b".into(),
+            revision: 40,
+            ..Default::default()
+        };
+        assert_eq!(refusal(&own, 40, ip, &quiet), None);
+        let ahead = refusal(&own, 39, ip, &quiet).expect("further ahead refuses");
+        assert!(ahead.contains("recover polis-b instead"), "{ahead}");
+        let serving = proto::api::GetConsensusStatusResponse {
+            leader_id: 7,
+            ..quiet.clone()
+        };
+        let why = refusal(&own, 50, ip, &serving).expect("a serving member refuses");
+        assert!(why.contains("serves a cluster"), "{why}");
+        let newer = proto::api::GetConsensusStatusResponse {
+            epoch: Some(epochs::successor(&own, "polis-b", "recover", 40)),
+            ..quiet
+        };
+        let why = refusal(&own, 50, ip, &newer).expect("a newer epoch refuses");
+        assert!(why.contains("newer epoch 1"), "{why}");
+    }
+
     #[tokio::test]
     async fn only_listening_peer_ports_answer() {
         let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -42,6 +42,32 @@ pub struct NodeValues {
     /// Set while this consensus member does not serve because a newer epoch of its
     /// cluster exists (see `crate::superseded`): the log port answers it.
     pub held_back: event::Value<Option<HeldBack>>,
+    /// The newest cluster epoch this node's curator clients have seen (saved in
+    /// `data/node/epoch-seen`): answers of curators of an older one are refused.
+    pub epoch_seen: rpc::epoch::EpochSlot,
+}
+
+/// The epoch slot of a node, holding what `root` saved, saving every newer epoch.
+pub fn saved_epoch_seen(root: &Root) -> Result<rpc::epoch::EpochSlot> {
+    let path = root.node_dir().join("epoch-seen");
+    let seen = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(rpc::epoch::decode(text.trim()).with_context(|| {
+            format!("the saved cluster epoch in {} is malformed", path.display())
+        })?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let save = std::sync::Arc::new(move |epoch: &proto::config::ClusterEpoch| {
+        let line = format!("{}\n", rpc::epoch::encode(epoch));
+        match crate::storage::write_atomic(&path, line.as_bytes()) {
+            Ok(()) => tracing::info!(
+                epoch = proto::epoch::describe(epoch),
+                "a curator answered from a newer cluster epoch: older ones are refused from now on"
+            ),
+            Err(e) => tracing::warn!("saving the cluster epoch seen: {e:#}"),
+        }
+    });
+    Ok(rpc::epoch::EpochSlot::new(seen, Some(save)))
 }
 
 /// Why a member holds back, and the revision its (kept) etcd data reaches.

@@ -6,6 +6,7 @@
 //!   <config>/ca.pem           the pinned cluster CA certificate               0600
 //!   <config>/crl.pem          the newest cluster CRL polisctl has seen        0600
 //!   <config>/endpoints        the cluster's curators, one per line            0600
+//!   <config>/epoch            the newest cluster epoch polisctl has seen      0600
 //! ```
 //! Invariants: the directory is 0700 and every file in it 0600, written atomically; a key
 //! file readable by others is refused, as ssh does.
@@ -95,6 +96,37 @@ pub(crate) fn ca_path(config: &Path) -> PathBuf {
 /// against it, so that a removed node cannot pose as one.
 pub(crate) fn crl_path(config: &Path) -> PathBuf {
     config.join("crl.pem")
+}
+
+/// The newest cluster epoch polisctl has seen (`rpc::epoch`): answers of curators of
+/// an older one are refused.
+pub(crate) fn epoch_path(config: &Path) -> PathBuf {
+    config.join("epoch")
+}
+
+/// An epoch slot holding the saved epoch, saving every newer one it is offered.
+pub(crate) fn saved_epoch(config: &Path) -> Result<rpc::epoch::EpochSlot> {
+    let path = epoch_path(config);
+    let seen = match fs::read_to_string(&path) {
+        Ok(text) => Some(rpc::epoch::decode(text.trim()).with_context(|| {
+            format!(
+                "the saved cluster epoch in {} is malformed; remove it",
+                path.display()
+            )
+        })?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let save = std::sync::Arc::new(move |epoch: &proto::config::ClusterEpoch| {
+        let line = format!("{}\n", rpc::epoch::encode(epoch));
+        if let Err(e) = privatefs::write_atomic(&path, line.as_bytes()) {
+            eprintln!(
+                "warning: could not save the cluster epoch in {}: {e}",
+                path.display()
+            );
+        }
+    });
+    Ok(rpc::epoch::EpochSlot::new(seen, Some(save)))
 }
 
 /// A CRL slot holding the saved CRL, if it checks out against `ca`.

@@ -11,8 +11,8 @@ use proto::api;
 use tonic::transport::Channel;
 
 use crate::config_dir::{
-    ca_path, crl_path, drop_foreign_crl, endpoints, load_owner_key, owner_certificate_path,
-    owner_key_path, read_pem, saved_crl, write_pem,
+    ca_path, crl_path, drop_foreign_crl, endpoints, epoch_path, load_owner_key,
+    owner_certificate_path, owner_key_path, read_pem, saved_crl, write_pem,
 };
 use crate::session::{OwnerSession, call_error, escrow};
 
@@ -126,6 +126,18 @@ pub(crate) async fn take_ownership(
                     "Removed {}: it was another cluster's CRL (not signed by this CA).",
                     crl_path(config).display()
                 );
+            }
+            // An epoch seen without a pinned CA was another cluster's.
+            match std::fs::remove_file(epoch_path(config)) {
+                Ok(()) => eprintln!(
+                    "Removed {}: it was another cluster's epoch.",
+                    epoch_path(config).display()
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("removing {}", epoch_path(config).display()));
+                }
             }
         }
     }

@@ -12,6 +12,7 @@ use rustls::pki_types::ServerName;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::RpcError;
+use crate::epoch::EpochSlot;
 use crate::tls::{CredentialSlot, Credentials, ServerTrust, client_config_from};
 
 /// Default port of the curator.
@@ -222,6 +223,9 @@ pub struct CuratorClient {
     /// The curator that answered last, its channel, and the slot generation it was
     /// made with.
     current: Mutex<Option<(SocketAddr, Channel, u64)>>,
+    /// The newest cluster epoch seen: answers of curators of an older one are refused
+    /// (`crate::epoch`).
+    epoch: EpochSlot,
 }
 
 impl CuratorClient {
@@ -247,7 +251,15 @@ impl CuratorClient {
             trust,
             credentials,
             current: Mutex::new(None),
+            epoch: EpochSlot::default(),
         }
+    }
+
+    /// The same client keeping the newest epoch seen in `slot` (shared, persisted by its
+    /// owner) instead of a slot of its own.
+    pub fn with_epoch(mut self, slot: EpochSlot) -> CuratorClient {
+        self.epoch = slot;
+        self
     }
 
     /// Replaces the endpoints tried after the current curator.
@@ -303,6 +315,28 @@ impl CuratorClient {
         }
     }
 
+    /// Takes the epoch `endpoint` answered with (none: a curator of a version before
+    /// epochs, taken as the bootstrap's); an older one than seen refuses its answer.
+    fn epoch_of(
+        &self,
+        endpoint: SocketAddr,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<(), tonic::Status> {
+        let answered = metadata
+            .get(crate::epoch::EPOCH_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::epoch::decode)
+            .unwrap_or_default();
+        self.epoch.offer(&answered).map_err(|seen| {
+            tonic::Status::unavailable(format!(
+                "curator {endpoint} answered from {}, older than {} this client has seen: \
+                 its answer is refused (the curator is superseded)",
+                proto::epoch::describe(&answered),
+                proto::epoch::describe(&seen)
+            ))
+        })
+    }
+
     async fn call_round<T, F, Fut>(&self, call: &F) -> Result<T, CallError>
     where
         F: Fn(Channel) -> Fut,
@@ -346,6 +380,11 @@ impl CuratorClient {
             };
             match call(channel.clone()).await {
                 Ok(response) => {
+                    if let Err(status) = self.epoch_of(endpoint, response.metadata()) {
+                        self.forget(endpoint);
+                        last_status = Some(status);
+                        continue;
+                    }
                     *self.current.lock().expect("current lock") =
                         Some((endpoint, channel, generation));
                     return Ok(response.into_inner());

@@ -29,6 +29,8 @@
 //! - Renewed certificates apply without a restart: servers and clients take theirs from a
 //!   [`CredentialSlot`] at every handshake, and [`CuratorClient`] drops a connection made
 //!   with credentials that were replaced since.
+//! - A client never takes an answer from a curator of an older cluster epoch than one
+//!   it has seen (`epoch`).
 //! - rustls uses the ring provider only, and TLS 1.3 only (Polis controls both ends).
 //!
 //! Modules, by layer (each imports only from those below it; the crate root holds
@@ -48,10 +50,13 @@
 //!      ▼                                        ▼
 //!   authz     Identity, the permission table, authorize() (pure, leaf)
 //!   spread    by_preference(): the curator order that spreads nodes (pure, leaf)
+//!   epoch     EpochLayer (each answer names the curator's cluster epoch), EpochSlot
+//!             (the newest a client saw; older answers refused by CuratorClient) (leaf)
 //! ```
 
 pub mod authz;
 pub mod client;
+pub mod epoch;
 pub mod forward;
 pub mod server;
 pub mod spread;

@@ -136,6 +136,12 @@ pub(super) async fn serve(
     let quorum = super::quorum::QuorumLayer::new(shared.etcd_leader.clone());
     // Innermost: sees exactly the calls handled here, with their verified caller.
     let audit = rpc::server::AuditLayer::new(audit_sink);
+    // The epoch of this member's data cannot change while it serves (a member that
+    // sees a newer one stops, `node::superseded`): read once, named on every answer.
+    let chain = crate::epochs::chain(&shared.curator, true)
+        .await
+        .map_err(|e| format!("reading the cluster's epochs: {e}"))?;
+    let epoch = rpc::epoch::EpochLayer::new(proto::epoch::latest(&chain));
     let services = Services(shared.clone());
     tracing::info!(listen = %config.listen, "curator serving");
     ctx.signal_healthy();
@@ -150,6 +156,7 @@ pub(super) async fn serve(
         .timeout(REQUEST_TIMEOUT)
         .trace_fn(move |_| span.clone())
         .layer(tower::util::option_layer(rpc_metrics))
+        .layer(epoch)
         .layer(rpc::server::RateLayer::new(config.entry_rate))
         .layer(auth)
         .layer(quorum)

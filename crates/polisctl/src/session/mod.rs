@@ -16,7 +16,7 @@ use tonic::transport::Channel;
 
 use crate::config_dir::{
     ca_path, crl_path, endpoints, load_owner_key, owner_certificate_path, owner_key_path, read_pem,
-    remember_endpoints, saved_crl, write_pem,
+    remember_endpoints, saved_crl, saved_epoch, write_pem,
 };
 pub(crate) use errors::call_error;
 use errors::call_failure;
@@ -109,7 +109,8 @@ impl OwnerSession {
             crl: crl.clone(),
         };
         Ok(OwnerSession {
-            client: rpc::CuratorClient::new(endpoints, trust, Some(credentials))?,
+            client: rpc::CuratorClient::new(endpoints, trust, Some(credentials))?
+                .with_epoch(saved_epoch(config)?),
             config: config.to_path_buf(),
             ca,
             crl,

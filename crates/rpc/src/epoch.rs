@@ -1,0 +1,225 @@
+//! Clients never straddle two epochs of a cluster (`proto::epoch`): every curator names
+//! its own epoch on every answer ([`EpochLayer`]), and every client keeps the newest
+//! epoch it has seen ([`EpochSlot`], like the CRL it keeps by number) and refuses the
+//! answer of a curator of an older one, going on to the next curator.
+//!
+//! ```text
+//!   client ──call──▶ curator ──answer, x-polis-epoch: M──▶ CuratorClient:
+//!     M older than the slot's ─▶ the answer is refused (next curator; the error names both)
+//!     M newer ─▶ slot = M (the owner's hook persists it)
+//! ```
+//! A curator of an older epoch serves only until it sees the newer one (a few seconds,
+//! `node::superseded`); what it answers meanwhile is refused by clients that know better.
+//! The header value is `<number>-<made_unix_ms>-<kind>-<made_by>` (`0-0--` for the
+//! bootstrap's epoch). A leaf beside `tls`: may not connect nor authenticate.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use proto::config::ClusterEpoch;
+
+/// The header every curator answer carries: the curator's own epoch.
+pub const EPOCH_HEADER: &str = "x-polis-epoch";
+
+/// The header value of `epoch`.
+pub fn encode(epoch: &ClusterEpoch) -> String {
+    format!(
+        "{}-{}-{}-{}",
+        epoch.number, epoch.made_unix_ms, epoch.kind, epoch.made_by
+    )
+}
+
+/// An epoch from its header value (`None`: malformed).
+pub fn decode(value: &str) -> Option<ClusterEpoch> {
+    let mut parts = value.splitn(4, '-');
+    let number = parts.next()?.parse().ok()?;
+    let made_unix_ms = parts.next()?.parse().ok()?;
+    let kind = parts.next()?.to_string();
+    let made_by = parts.next()?.to_string();
+    let plain = |s: &str, dash: bool| {
+        s.len() <= 128
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || (dash && c == '-'))
+    };
+    if !plain(&kind, false) || !plain(&made_by, true) {
+        return None;
+    }
+    Some(ClusterEpoch {
+        number,
+        made_unix_ms,
+        kind,
+        made_by,
+        ..Default::default()
+    })
+}
+
+type Hook = Arc<dyn Fn(&ClusterEpoch) + Send + Sync>;
+
+/// The newest epoch a client has seen, shared by its calls; `on_newer` (if set) is told
+/// of each newer one (to persist it).
+#[derive(Clone, Default)]
+pub struct EpochSlot {
+    held: Arc<Mutex<Option<ClusterEpoch>>>,
+    on_newer: Option<Hook>,
+}
+
+impl std::fmt::Debug for EpochSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("EpochSlot").field(&self.current()).finish()
+    }
+}
+
+impl EpochSlot {
+    /// A slot holding `seen` (what the client persisted), telling `on_newer` of newer
+    /// epochs.
+    pub fn new(seen: Option<ClusterEpoch>, on_newer: Option<Hook>) -> EpochSlot {
+        EpochSlot {
+            held: Arc::new(Mutex::new(seen)),
+            on_newer,
+        }
+    }
+
+    pub fn current(&self) -> Option<ClusterEpoch> {
+        self.held.lock().expect("epoch slot lock").clone()
+    }
+
+    /// Takes `answered` (a curator's epoch): `Err` with the newer epoch held when it is
+    /// older; otherwise kept when newer (the hook told).
+    pub fn offer(&self, answered: &ClusterEpoch) -> Result<(), ClusterEpoch> {
+        let newer = {
+            let mut held = self.held.lock().expect("epoch slot lock");
+            match held.as_ref() {
+                Some(h) if proto::epoch::newer(h, answered) => return Err(h.clone()),
+                Some(h) if proto::epoch::same(h, answered) => false,
+                _ => {
+                    *held = Some(answered.clone());
+                    true
+                }
+            }
+        };
+        if newer && let Some(hook) = &self.on_newer {
+            hook(answered);
+        }
+        Ok(())
+    }
+}
+
+/// The curator's side: names its epoch on every answer.
+#[derive(Clone)]
+pub struct EpochLayer {
+    header: http::HeaderValue,
+}
+
+impl EpochLayer {
+    pub fn new(own: ClusterEpoch) -> EpochLayer {
+        let header = http::HeaderValue::from_str(&encode(&own))
+            .unwrap_or_else(|_| http::HeaderValue::from_static("0-0--"));
+        EpochLayer { header }
+    }
+}
+
+impl<S> tower::Layer<S> for EpochLayer {
+    type Service = EpochService<S>;
+
+    fn layer(&self, inner: S) -> EpochService<S> {
+        EpochService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct EpochService<S> {
+    inner: S,
+    layer: EpochLayer,
+}
+
+impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for EpochService<S>
+where
+    S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Default + Send + 'static,
+{
+    type Response = http::Response<ResBody>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let header = self.layer.header.clone();
+        // The clone is not ready; keep the ready one for this call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let mut response = inner.call(request).await?;
+            response.headers_mut().insert(EPOCH_HEADER, header);
+            Ok(response)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn epoch(number: u64, at: u64, by: &str) -> ClusterEpoch {
+        ClusterEpoch {
+            number,
+            made_unix_ms: at,
+            made_by: by.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn header_values_round_trip_and_junk_is_refused() {
+        let e = ClusterEpoch {
+            kind: "restore".into(),
+            ..epoch(2, 1795674017451, "polis-5b4993252d1ed0f0")
+        };
+        assert_eq!(decode(&encode(&e)), Some(e));
+        assert_eq!(decode("0-0--"), Some(ClusterEpoch::default()));
+        for junk in [
+            "",
+            "1",
+            "1-x-r-polis",
+            "x-1-r-polis",
+            "1-2-r-pol is",
+            "1-2-r-\u{1b}[31m",
+            "1-2-r!-polis",
+        ] {
+            assert_eq!(decode(junk), None, "{junk:?}");
+        }
+    }
+
+    #[test]
+    fn the_slot_keeps_the_newest_and_refuses_older() {
+        let told = Arc::new(Mutex::new(Vec::new()));
+        let t = told.clone();
+        let slot = EpochSlot::new(
+            None,
+            Some(Arc::new(move |e: &ClusterEpoch| {
+                t.lock().unwrap().push(e.number)
+            })),
+        );
+        let one = epoch(1, 10, "polis-a");
+        let two = epoch(2, 20, "polis-b");
+        assert_eq!(slot.offer(&ClusterEpoch::default()), Ok(()));
+        assert_eq!(slot.offer(&one), Ok(()));
+        assert_eq!(slot.offer(&one), Ok(()));
+        assert_eq!(slot.offer(&two), Ok(()));
+        assert_eq!(slot.offer(&one), Err(two.clone()));
+        assert_eq!(slot.current(), Some(two));
+        assert_eq!(*told.lock().unwrap(), vec![0, 1, 2]);
+    }
+}
