@@ -198,8 +198,9 @@ impl MemberStatus {
         })
     }
 
-    /// What a member that holds back (its etcd stopped, see `superseded`) says of
-    /// itself: its node, the epoch of the data it keeps, how far that data reaches, why.
+    /// What a member whose etcd does not run says of itself: its node, the epoch of its
+    /// data, how far that data reaches, and why it holds back (`superseded`; empty for a
+    /// recovery whose etcd is starting).
     fn held_back_answer(&self, held: HeldBack) -> api::GetConsensusStatusResponse {
         let root = &self.settings.root;
         let sealed: Option<proto::config::SealedConfiguration> =
@@ -270,7 +271,19 @@ impl api::curator_local_server::CuratorLocal for MemberStatus {
                     ..answer
                 },
                 (Err(_), Some(held)) => self.held_back_answer(held),
-                (Err(e), None) => return Err(e),
+                // A recovery's claim is answered before its etcd runs: a concurrent
+                // recovery must see it while both settle.
+                (Err(e), None) => match recorded_epoch() {
+                    Some(claim)
+                        if claim.record_revision == 0 && !proto::epoch::is_bootstrap(&claim) =>
+                    {
+                        self.held_back_answer(HeldBack {
+                            reason: String::new(),
+                            revision: claim.parent_revision,
+                        })
+                    }
+                    _ => return Err(e),
+                },
             };
             answer.epoch = recorded_epoch();
             return Ok(Response::new(answer));
