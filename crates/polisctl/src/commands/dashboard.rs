@@ -177,6 +177,7 @@ async fn follow_audit(
             node_id: String::new(),
             since_unix_micros: last.as_ref().map_or(0, |(t, _)| *t),
             follow: true,
+            after_key: String::new(),
         };
         let opened = async {
             owner_session(&config, &endpoints)

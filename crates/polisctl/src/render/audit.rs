@@ -20,11 +20,19 @@ pub(crate) fn header(format: Format) -> Option<String> {
 /// One entry in `format`.
 pub(crate) fn entry(e: &AuditEntry, format: Format) -> Option<String> {
     let time = utc_time(e.time_unix_micros / 1000);
-    let result = if e.code == 0 {
+    let mut result = if e.code == 0 {
         "OK".to_string()
     } else {
         format!("{}: {}", e.code_name, e.message)
     };
+    // Refused calls are counted per caller, RPC and code: one entry for many calls.
+    if e.count > 1 {
+        result = format!(
+            "{result} (×{} calls since {})",
+            e.count,
+            utc_time(e.first_time_unix_micros / 1000)
+        );
+    }
     let value = json!({
         "time": time,
         "time_unix_micros": e.time_unix_micros,
@@ -38,6 +46,8 @@ pub(crate) fn entry(e: &AuditEntry, format: Format) -> Option<String> {
         "code_name": e.code_name,
         "message": e.message,
         "key": e.key,
+        "count": e.count.max(1),
+        "first_time_unix_micros": if e.count > 0 { e.first_time_unix_micros } else { e.time_unix_micros },
     });
     match format {
         Format::Quiet => None,
