@@ -248,14 +248,12 @@ async fn fetch_nodes(
             }
             let (s, _) = session.as_ref().expect("opened above");
             let listed = s
-                .management("listing nodes", |mut m| async move {
-                    m.list_nodes(api::ListNodesRequest::default()).await
-                })
+                .list_nodes("listing nodes", api::ListNodesRequest::default())
                 .await;
             if listed.is_err() {
                 session = None;
             }
-            anyhow::Ok(listed?.nodes)
+            listed
         };
         let nodes = nodes.await.map_err(|e| format!("{e:#}"));
         if tx.send(Update::Nodes(nodes)).await.is_err() {
