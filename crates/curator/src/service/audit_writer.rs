@@ -27,6 +27,7 @@
 //!
 //! May not change anything but `audit/` keys.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -183,6 +184,11 @@ async fn flush_windows(tally: Arc<Mutex<Tally>>, queue: mpsc::WeakSender<Queued>
 struct Mirror {
     ledger: Ledger,
     events: etcd_client::WatchStream,
+    /// Entries this writer dropped, with the revision of the drop, until the watch
+    /// brings the drop: the watch may still bring an older put of one (an entry
+    /// written just before), which must not count again (it would make the writer drop
+    /// one more entry than needed).
+    dropped: HashMap<String, i64>,
 }
 
 /// Records a stored entry in the ledger.
@@ -237,12 +243,16 @@ async fn load(shared: &Shared) -> Result<Mirror, String> {
         bytes = ledger.bytes(),
         "audit log measured"
     );
-    Ok(Mirror { ledger, events })
+    Ok(Mirror {
+        ledger,
+        events,
+        dropped: HashMap::new(),
+    })
 }
 
 /// Applies one watch answer to the ledger; an error once the watch ended.
 fn apply(
-    ledger: &mut Ledger,
+    mirror: &mut Mirror,
     message: Result<Option<etcd_client::WatchResponse>, etcd_client::Error>,
 ) -> Result<(), String> {
     let response = match message {
@@ -251,13 +261,28 @@ fn apply(
         Ok(None) => return Err("the etcd watch ended".into()),
         Err(e) => return Err(supervisor::error_chain(&e)),
     };
+    let mut last = 0;
     for event in response.events() {
         let Some(kv) = event.kv() else { continue };
+        last = kv.mod_revision();
+        let key = String::from_utf8_lossy(kv.key());
         match event.event_type() {
-            etcd_client::EventType::Put => note(ledger, kv.key(), kv.value()),
-            etcd_client::EventType::Delete => ledger.remove(&String::from_utf8_lossy(kv.key())),
+            etcd_client::EventType::Put => {
+                let dropped_at = mirror.dropped.get(key.as_ref()).copied();
+                if dropped_at.is_none_or(|at| kv.mod_revision() > at) {
+                    note(&mut mirror.ledger, kv.key(), kv.value());
+                }
+            }
+            etcd_client::EventType::Delete => {
+                mirror.dropped.remove(key.as_ref());
+                mirror.ledger.remove(&key);
+            }
         }
     }
+    // Events come in revision order: past a drop's revision, no older put of it can
+    // come any more (also when another curator had dropped it first, and no delete of
+    // ours shows).
+    mirror.dropped.retain(|_, at| *at > last);
     Ok(())
 }
 
@@ -313,7 +338,7 @@ async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Queued>) {
             }
             Step::Watched(message) => {
                 if let Some(m) = mirror.as_mut()
-                    && let Err(e) = apply(&mut m.ledger, message)
+                    && let Err(e) = apply(m, message)
                 {
                     tracing::info!("audit log: its watch ended ({e}); measuring it again");
                     mirror = None;
@@ -324,7 +349,7 @@ async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Queued>) {
         // Also after a failed write: under NOSPACE the drops still go through, and they
         // are what lets etcd's space be reclaimed.
         if let Some(m) = mirror.as_mut()
-            && let Err(e) = drop_excess(&shared, &mut m.ledger).await
+            && let Err(e) = drop_excess(&shared, m).await
         {
             tracing::warn!("audit log: dropping entries over its bound failed: {e}");
             mirror = None;
@@ -391,7 +416,8 @@ async fn write(
 
 /// Drops entries while the log is over its budget (at most [`DROPS_PER_ROUND`] now;
 /// the watch's echo of the drops brings the writer back for the rest).
-async fn drop_excess(shared: &Shared, ledger: &mut Ledger) -> Result<(), String> {
+async fn drop_excess(shared: &Shared, mirror: &mut Mirror) -> Result<(), String> {
+    let ledger = &mut mirror.ledger;
     let doomed: Vec<String> = std::iter::from_fn(|| ledger.evict_next())
         .take(DROPS_PER_ROUND)
         .collect();
@@ -404,18 +430,22 @@ async fn drop_excess(shared: &Shared, ledger: &mut Ledger) -> Result<(), String>
             .iter()
             .map(|key| TxnOp::delete(key.as_bytes(), None))
             .collect();
-        consensus::bounded(
+        let dropped = consensus::bounded(
             "dropping audit entries",
             ETCD_CALL,
             client.txn(Txn::new().and_then(ops)),
         )
         .await
         .map_err(|e| supervisor::error_chain(&e))?;
+        let at = dropped.header().map_or(i64::MAX, |h| h.revision());
+        for key in chunk {
+            mirror.dropped.insert(key.clone(), at);
+        }
     }
     tracing::debug!(
         dropped = doomed.len(),
-        entries = ledger.len(),
-        bytes = ledger.bytes(),
+        entries = mirror.ledger.len(),
+        bytes = mirror.ledger.bytes(),
         "audit log held to its bound"
     );
     Ok(())
