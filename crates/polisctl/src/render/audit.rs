@@ -96,5 +96,31 @@ mod tests {
         assert_eq!(json["code"], 5);
         assert!(entry(&e, Format::Yaml).unwrap().starts_with("---\n"));
         assert!(header(Format::Json).is_none());
+        assert_eq!(json["count"], 1);
+    }
+
+    #[test]
+    fn counted_refusals_show_their_count() {
+        let e = AuditEntry {
+            time_unix_micros: 11_000_000,
+            first_time_unix_micros: 1_000_000,
+            count: 300,
+            identity_kind: "node".into(),
+            identity: "polis-w".into(),
+            method: "/polis.api.Management/ApproveNode".into(),
+            code: 7,
+            code_name: "PermissionDenied".into(),
+            message: "no".into(),
+            ..Default::default()
+        };
+        let row = entry(&e, Format::Table).unwrap();
+        assert!(
+            row.contains("PermissionDenied: no (×300 calls since"),
+            "{row}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&entry(&e, Format::Json).unwrap()).unwrap();
+        assert_eq!(json["count"], 300);
+        assert_eq!(json["first_time_unix_micros"], 1_000_000);
     }
 }
