@@ -35,11 +35,14 @@
 //!   [`client::LONG_CALLS`]).
 //! - Every etcd watch requires a leader ([`client::REQUIRE_LEADER_CALLS`]): a member cut
 //!   off from its quorum ends its watchers' streams instead of serving old news.
+//! - A key range that can grow is read in pages at one revision ([`pages`]), never in
+//!   one response: etcd-client refuses responses over 4 MiB by default.
 
 pub mod client;
 pub mod config;
 pub mod maintenance;
 pub mod membership;
+pub mod pages;
 pub mod process;
 pub mod selfreport;
 

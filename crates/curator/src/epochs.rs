@@ -8,7 +8,7 @@
 //! Imports only `layout` and `error`.
 
 use consensus::Namespaced;
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use prost::Message as _;
 use proto::config::ClusterEpoch;
 
@@ -18,16 +18,14 @@ use crate::layout;
 /// Every recorded epoch, oldest first (empty: none since the bootstrap). Serializable
 /// when `local` (a member without a quorum still answers with its own chain).
 pub async fn chain(curator: &Namespaced, local: bool) -> Result<Vec<ClusterEpoch>, CuratorError> {
-    let mut options = GetOptions::new().with_prefix();
+    let mut pages =
+        consensus::pages::Pages::prefix(&curator.client(), curator.key(layout::EPOCHS_PREFIX));
     if local {
-        options = options.with_serializable();
+        pages = pages.serializable();
     }
-    let response = curator
-        .client()
-        .get(curator.key(layout::EPOCHS_PREFIX), Some(options))
-        .await?;
-    let mut chain = response
-        .kvs()
+    let mut chain = consensus::pages::read(pages)
+        .await?
+        .kvs
         .iter()
         .map(|kv| {
             let epoch =

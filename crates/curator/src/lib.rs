@@ -42,7 +42,9 @@
 //!   health       heartbeat timing and verdict hysteresis                (pure)
 //!   upkeep       etcd defragmentation order, NOSPACE disarm rule         (pure)
 //!   snapshots    scheduled snapshots: file names, pruning, due time     (pure)
-//!   audit        audit entry keys, caller and target, filter, bound       (pure)
+//!   audit        audit entry keys, caller and target, filter; tally        (pure)
+//!                (refusals counted per window); bounds (entry size, budget,
+//!                the share rule's Ledger)
 //!   chunkmap     ordered map whose clones share unchanged chunks         (pure)
 //!   pause        test-only pause points (feature `pause-points`)        (leaf)
 //! ```
@@ -93,7 +95,12 @@
 //!   NOSPACE it compacts, defragments, then disarms the alarm by itself.
 //! - Every call of an audited RPC (`rpc::authz::audited`) this curator handles is
 //!   written under `audit/` before its result reaches the client
-//!   (`service::audit_log`); the oldest entries past the configured bound are dropped.
+//!   (`service::audit_writer`), but refusals of anyone other than the owner, which are
+//!   counted per caller, RPC and code in 10 s windows (`audit::tally`). Entries are cut
+//!   to 4 KiB; past the count or byte bound the oldest entry of the account with the
+//!   largest share goes, the owner keeping up to half (`audit::bounds`).
+//! - Prefixes that grow (node records, claims, tickets, the audit log) are read in
+//!   pages at one revision (`consensus::pages`), never in one etcd answer.
 
 pub mod audit;
 mod bootstrap;

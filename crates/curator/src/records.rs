@@ -31,18 +31,13 @@ pub async fn load_node(curator: &Namespaced, id: &str) -> Result<Option<Node>, C
     decode_node(id, bytes.as_slice()).map(Some)
 }
 
-/// Every node record.
+/// Every node record, read in pages at one revision (`consensus::pages`): a cluster of
+/// many nodes with many labels outgrows one etcd response.
 pub async fn list_nodes(curator: &Namespaced) -> Result<Vec<Node>, CuratorError> {
     let prefix = curator.key(NODES_PREFIX);
-    let response = curator
-        .client()
-        .get(
-            prefix.clone(),
-            Some(etcd_client::GetOptions::new().with_prefix()),
-        )
-        .await?;
-    response
-        .kvs()
+    consensus::pages::read_prefix(&curator.client(), prefix.clone())
+        .await?
+        .kvs
         .iter()
         .map(|kv| {
             let id = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
@@ -138,23 +133,19 @@ where
     tokio::spawn(async move {
         let run = async {
             let prefix = curator.key(NODES_PREFIX);
-            let mut client = curator.client();
-            let snapshot = client
-                .get(
-                    prefix.clone(),
-                    Some(etcd_client::GetOptions::new().with_prefix()),
-                )
-                .await?;
-            let revision = snapshot
-                .header()
-                .ok_or(CuratorError::Protocol("range response without header"))?
-                .revision();
+            let client = curator.client();
+            // In pages at one revision: the watch below continues from it.
+            let snapshot = consensus::pages::read_prefix(&client, prefix.clone()).await?;
+            let revision = snapshot.revision;
+            if revision == 0 {
+                return Err(CuratorError::Protocol("range response without header"));
+            }
             let mut nodes = ChunkMap::new();
             let mut revisions = RecordRevisions {
-                etcd_cluster_id: snapshot.header().map_or(0, |h| h.cluster_id()),
+                etcd_cluster_id: snapshot.cluster_id,
                 by_node: ChunkMap::new(),
             };
-            for kv in snapshot.kvs() {
+            for kv in &snapshot.kvs {
                 let id = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
                 nodes.insert(id.clone(), decode_node(&id, kv.value())?);
                 revisions.by_node.insert(id, kv.mod_revision());
@@ -165,7 +156,7 @@ where
             if tx.send(Ok(last.clone())).await.is_err() {
                 return Ok(());
             }
-            let mut stream = client
+            let mut stream = consensus::pages::watch_client(&client)
                 .watch(
                     prefix.clone(),
                     Some(

@@ -23,7 +23,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use consensus::Namespaced;
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use prost::Message;
 use proto::state::RegisterTicket;
 
@@ -180,15 +180,10 @@ fn decode(id: &str, bytes: &[u8]) -> Result<RegisterTicket, CuratorError> {
 async fn list_with_revisions(
     curator: &Namespaced,
 ) -> Result<Vec<(RegisterTicket, i64)>, CuratorError> {
-    let response = curator
-        .client()
-        .get(
-            curator.key(TICKETS_PREFIX),
-            Some(GetOptions::new().with_prefix()),
-        )
-        .await?;
-    response
-        .kvs()
+    let range =
+        consensus::pages::read_prefix(&curator.client(), curator.key(TICKETS_PREFIX)).await?;
+    range
+        .kvs
         .iter()
         .map(|kv| {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
@@ -257,7 +252,7 @@ pub async fn revoke(
     id: &str,
 ) -> Result<(), TicketError> {
     if !valid_id(id) {
-        return Err(TicketError::NotFound(id.to_string()));
+        return Err(TicketError::NotFound(proto::echo::quoted(id)));
     }
     let key = curator.key(&ticket_key(id));
     let txn = Txn::new()

@@ -260,31 +260,15 @@ impl CaStore {
     }
 
     /// Every (key, value) under the full key prefix `prefix`, in key order, read in
-    /// pages of [`PAGE`] (each page starts after the last key of the one before).
+    /// pages of [`PAGE`] at one revision (`consensus::pages`).
     async fn range(&self, prefix: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>, PkiError> {
-        let end = etcd_prefix_end(prefix.as_bytes());
-        let mut out = Vec::new();
-        let mut from = prefix.as_bytes().to_vec();
-        loop {
-            let response = self
-                .ns
-                .client()
-                .get(
-                    from.clone(),
-                    Some(GetOptions::new().with_range(end.clone()).with_limit(PAGE)),
-                )
-                .await?;
-            for kv in response.kvs() {
-                out.push((kv.key().to_vec(), kv.value().to_vec()));
-            }
-            match response.kvs().last() {
-                Some(last) if response.more() => {
-                    from = last.key().to_vec();
-                    from.push(0);
-                }
-                _ => return Ok(out),
-            }
-        }
+        let pages = consensus::pages::Pages::prefix(&self.ns.client(), prefix).page_keys(PAGE);
+        Ok(consensus::pages::read(pages)
+            .await?
+            .kvs
+            .into_iter()
+            .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
+            .collect())
     }
 
     /// The current CRL (DER).
@@ -528,19 +512,6 @@ impl CaStore {
     }
 }
 
-/// The end of the etcd range that holds every key starting with `prefix`.
-fn etcd_prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    // Every byte was 0xff: no end ("\0" means: to the end of the keyspace).
-    vec![0]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -571,12 +542,5 @@ mod tests {
         // A CRL issued after a backup (later clock) is passed by a restore's next one.
         let after_backup = next_crl_number(next_crl_number(1, now), now + 10);
         assert!(next_crl_number(1, now + 20) > after_backup);
-    }
-
-    #[test]
-    fn prefix_ends() {
-        assert_eq!(etcd_prefix_end(b"a/"), b"a0".to_vec());
-        assert_eq!(etcd_prefix_end(b"a\xff"), b"b".to_vec());
-        assert_eq!(etcd_prefix_end(b"\xff\xff"), vec![0]);
     }
 }

@@ -96,6 +96,11 @@ pub(crate) enum ParamsCommand {
         /// [default: 10000]
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..), value_name = "N")]
         audit_max_entries: Option<u64>,
+        /// How many bytes the audit log's entries may take together, e.g. 8MiB (at
+        /// least 64KiB); past it entries are dropped as past the count.
+        /// [default: 8MiB, or a sixteenth of the etcd quota when that is less]
+        #[arg(long, value_parser = parse_audit_max_bytes, value_name = "SIZE")]
+        audit_max_bytes: Option<u64>,
     },
     /// Parameters for a new node to register into this cluster: a new register ticket,
     /// the pinned cluster CA and the current curator endpoints. They stop working for
@@ -406,6 +411,19 @@ fn parse_etcd_quota(s: &str) -> Result<u64, String> {
     proto::quota::effective_quota(bytes).map_err(|e| e.to_string())
 }
 
+/// The audit log's byte budget: a size of at least 64 KiB (room for a few entries of
+/// the largest size, `curator::audit::bounds::MAX_ENTRY_BYTES`).
+fn parse_audit_max_bytes(s: &str) -> Result<u64, String> {
+    let bytes = proto::quota::parse_size(s).map_err(|e| e.to_string())?;
+    if bytes < 64 << 10 {
+        return Err(format!(
+            "an audit log of {} is too small (at least 64KiB)",
+            proto::quota::show(bytes)
+        ));
+    }
+    Ok(bytes)
+}
+
 /// A snapshot interval within the normal bounds (`proto::snapshots`).
 fn parse_snapshot_interval_normal(s: &str) -> Result<u64, String> {
     let secs = proto::snapshots::parse_interval(s).map_err(|e| e.to_string())?;
@@ -521,6 +539,17 @@ mod tests {
         for bad in ["", "5", "m", "5w", "-1s", "99999999999999999999d"] {
             assert!(parse_since(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn audit_budgets_parse() {
+        assert_eq!(parse_audit_max_bytes("8MiB"), Ok(8 << 20));
+        assert!(
+            parse_audit_max_bytes("1KiB")
+                .unwrap_err()
+                .contains("too small")
+        );
+        assert!(parse_audit_max_bytes("lots").is_err());
     }
 
     #[test]

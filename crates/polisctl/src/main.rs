@@ -302,6 +302,7 @@ async fn run(cli: Cli) -> Result<()> {
             snapshot_interval,
             snapshot_keep,
             audit_max_entries,
+            audit_max_bytes,
         }) => params::bootstrap(
             &cli.config_dir()?,
             out,
@@ -314,6 +315,7 @@ async fn run(cli: Cli) -> Result<()> {
                 snapshot_interval: *snapshot_interval,
                 snapshot_keep: *snapshot_keep,
                 audit_max_entries: *audit_max_entries,
+                audit_max_bytes: *audit_max_bytes,
             },
         ),
         Command::Params(ParamsCommand::Register {

@@ -5,7 +5,9 @@
 //! an alphanumeric character (values may be empty).
 //!
 //! [`apply`] runs in time linear in its input: it is called on requests from the
-//! network, whose lists can be as long as the server's message limit allows.
+//! network, whose lists can be as long as the server's message limit allows. An error
+//! never quotes more than a bounded part of what it refuses (`echo::quoted`); only
+//! keys already found well formed (at most 63 characters) are named whole.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -14,8 +16,9 @@ pub const MAX_LENGTH: usize = 63;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LabelError {
+    /// The key as [`crate::echo::quoted`] names it: cut, escaped, with its length.
     #[error(
-        "invalid label key {0:?}: want 1-63 characters of [A-Za-z0-9._-], alphanumeric at both ends"
+        "invalid label key {0}: want 1-63 characters of [A-Za-z0-9._-], alphanumeric at both ends"
     )]
     InvalidKey(String),
     #[error(
@@ -43,7 +46,7 @@ pub fn validate_key(key: &str) -> Result<(), LabelError> {
     if !key.is_empty() && well_formed(key) {
         Ok(())
     } else {
-        Err(LabelError::InvalidKey(key.to_string()))
+        Err(LabelError::InvalidKey(crate::echo::quoted(key)))
     }
 }
 
@@ -179,5 +182,23 @@ mod tests {
         ));
         let took = started.elapsed();
         assert!(took < std::time::Duration::from_secs(2), "{took:?}");
+    }
+
+    /// A 60 000-byte key of control characters used to come back whole and escaped
+    /// (~300 KB) in the error, and from there into the audit log.
+    #[test]
+    fn a_bad_key_is_named_cut_with_its_length() {
+        let key = "\u{1}".repeat(60_000);
+        let upsert = BTreeMap::from([(key.clone(), "v".to_string())]);
+        let err = apply(&HashMap::new(), &upsert, &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.len() < 1000, "{} bytes", err.len());
+        assert!(err.contains("(60000 bytes)"), "{err}");
+        let err = apply(&HashMap::new(), &BTreeMap::new(), &[key]).unwrap_err();
+        assert!(err.to_string().len() < 1000);
+        // A short bad key is named whole.
+        let err = validate_key("zo ne").unwrap_err().to_string();
+        assert!(err.contains("\"zo ne\""), "{err}");
     }
 }

@@ -6,7 +6,7 @@
 //! - cluster state the curator keeps in etcd (`state`): node records.
 //!
 //! It also holds the validation rules of API fields that clients and servers must agree
-//! on (`labels`), so that `polisctl` refuses bad input before sending it and the curator
+//! on (`labels`; how errors quote what a caller sent, `echo`), so that `polisctl` refuses bad input before sending it and the curator
 //! refuses it again; the order of cluster epochs and when a former member may drop
 //! its data (`epoch`); and the bounds of the etcd backend quota (`quota`) and of the
 //! scheduled snapshots' interval and count (`snapshots`).
@@ -14,6 +14,7 @@
 //! Invariant: these are the only serialization formats Polis writes; changing a field
 //! number breaks existing clusters, so fields are only ever added.
 
+pub mod echo;
 pub mod epoch;
 pub mod labels;
 pub mod quota;

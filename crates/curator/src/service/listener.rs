@@ -121,7 +121,7 @@ pub(super) async fn serve(
         .await
         .map_err(|e| format!("listening on {}: {e}", config.listen))?;
     let crl = super::crl::source(&shared);
-    let audit_sink = super::audit_log::sink(shared.clone());
+    let audit_sink = super::audit_writer::sink(shared.clone());
     let forwarders_shared = shared.clone();
     let auth = rpc::AuthLayer::new(
         Arc::new(rpc::Authenticator::new(config.ca_certificate.clone())),
@@ -130,7 +130,7 @@ pub(super) async fn serve(
     .with_forwarders(Arc::new(move |id: &str| {
         forwarders_shared.is_curator_node(id)
     }))
-    .with_denials(super::audit_log::denials(audit_sink.clone()));
+    .with_denials(super::audit_writer::denials(audit_sink.clone()));
     let forward = rpc::ForwardLayer::new(forwarding(shared.clone()));
     // Before forwarding (whose leader lookup reads etcd): no leader, no wait.
     let quorum = super::quorum::QuorumLayer::new(shared.etcd_leader.clone());

@@ -67,20 +67,36 @@ impl api::management_server::Management for Services {
         let leadership = self.0.leadership().await?;
         let caller = identity(&request);
         let filter = request.into_inner();
-        let records: Vec<proto::state::Node> = match self.0.fresh_nodes(&leadership).await {
-            Some(snapshot) => snapshot.nodes.values().cloned().collect(),
+        let mut records: Vec<proto::state::Node> = match self.0.fresh_nodes(&leadership).await {
+            Some(snapshot) => snapshot
+                .nodes
+                .values()
+                .filter(|n| n.id > filter.after_id)
+                .cloned()
+                .collect(),
             None => records::list_nodes(&self.0.curator)
                 .await
-                .map_err(status_from)?,
+                .map_err(status_from)?
+                .into_iter()
+                .filter(|n| n.id > filter.after_id)
+                .collect(),
         };
+        records.retain(|n| may_see(&caller, &n.id));
+        records.sort_by(|a, b| a.id.cmp(&b.id));
         let mut nodes: Vec<api::NodeInfo> = self
             .0
             .node_infos(records, &leadership)
             .into_iter()
-            .filter(|n| may_see(&caller, &n.id) && node_matches(n, &filter))
+            .filter(|n| node_matches(n, &filter))
             .collect();
-        nodes.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(Response::new(api::ListNodesResponse { nodes }))
+        // A page: what one answer can carry however large the cluster (0: everything,
+        // as clients before paging ask).
+        let page = filter.page_size as usize;
+        let more = page > 0 && nodes.len() > page;
+        if more {
+            nodes.truncate(page);
+        }
+        Ok(Response::new(api::ListNodesResponse { nodes, more }))
     }
 
     async fn describe_node(

@@ -22,7 +22,7 @@
 //!   ├── curator-certificate  the curator certificate served (issued at start when
 //!   │                missing; renewed when due; see `curator_certificate`)
 //!   └── listener     TLS + AuthLayer → QuorumLayer → local | aaa | management | nodes (Curator service)
-//!                    | backup | audit_log; AuditLayer → audit_log's writer
+//!                    | backup | audit_log; AuditLayer → audit_writer
 //! ```
 //!
 //! Modules top to bottom (each imports only modules below it, and the crate's own:
@@ -34,7 +34,9 @@
 //!                    nodes (Curator), backup (Backup: a snapshot of this curator's
 //!                    own etcd member); node_info builds their NodeInfo answers;
 //!                    scheduled_api (snapshot listing, fetch, relay; the schedule)
-//!                    audit_log (Audit, and the writer behind rpc::AuditLayer);
+//!                    audit_log (Audit: the log read in pages, followed);
+//!                    audit_writer (behind rpc::AuditLayer: entries cut to size,
+//!                    refusals counted, the log held to its budget);
 //!                    unlock (DataUnlock: a node's cluster half of its data key)
 //!   runnables        snapshot (`nodes`), quorum (also its layer), crl, health, upkeep
 //!                    (etcd upkeep; also
@@ -73,6 +75,7 @@
 
 mod aaa;
 mod audit_log;
+mod audit_writer;
 mod backup;
 pub mod certificates;
 mod crl;

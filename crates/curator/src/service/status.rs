@@ -61,10 +61,9 @@ pub(super) fn record_address(node: &Node) -> Result<std::net::IpAddr, Status> {
 /// Refuses what is not a node ID before it reaches etcd, without echoing large input.
 pub(super) fn check_node_id(id: &str) -> Result<(), Status> {
     identity::validate_node_id(id).map_err(|_| {
-        let shown: String = id.chars().take(48).collect();
-        let more = if id.len() > shown.len() { "…" } else { "" };
         Status::invalid_argument(format!(
-            "{shown:?}{more} is not a node ID (polis- and 32 hex digits)"
+            "{} is not a node ID (polis- and 32 hex digits)",
+            proto::echo::quoted(id)
         ))
     })
 }

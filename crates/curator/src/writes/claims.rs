@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use consensus::Namespaced;
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use proto::state::{Node, NodeState};
 
 use crate::election::{self, Leadership};
@@ -264,12 +264,10 @@ async fn range(
     prefix: &str,
 ) -> Result<Vec<(String, Vec<u8>, i64)>, CuratorError> {
     let namespace_len = curator.key("").len();
-    let response = curator
-        .client()
-        .get(curator.key(prefix), Some(GetOptions::new().with_prefix()))
-        .await?;
-    Ok(response
-        .kvs()
+    // In pages: both the records and the index grow with the cluster.
+    let range = consensus::pages::read_prefix(&curator.client(), curator.key(prefix)).await?;
+    Ok(range
+        .kvs
         .iter()
         .map(|kv| {
             (

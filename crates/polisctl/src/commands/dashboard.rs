@@ -177,6 +177,7 @@ async fn follow_audit(
             node_id: String::new(),
             since_unix_micros: last.as_ref().map_or(0, |(t, _)| *t),
             follow: true,
+            after_key: String::new(),
         };
         let opened = async {
             owner_session(&config, &endpoints)
@@ -247,14 +248,12 @@ async fn fetch_nodes(
             }
             let (s, _) = session.as_ref().expect("opened above");
             let listed = s
-                .management("listing nodes", |mut m| async move {
-                    m.list_nodes(api::ListNodesRequest::default()).await
-                })
+                .list_nodes("listing nodes", api::ListNodesRequest::default())
                 .await;
             if listed.is_err() {
                 session = None;
             }
-            anyhow::Ok(listed?.nodes)
+            listed
         };
         let nodes = nodes.await.map_err(|e| format!("{e:#}"));
         if tx.send(Update::Nodes(nodes)).await.is_err() {

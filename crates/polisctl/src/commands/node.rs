@@ -17,13 +17,10 @@ pub(crate) async fn list_nodes(
     config: &Path,
     raw_endpoints: &[String],
 ) -> Result<Vec<api::NodeInfo>> {
-    Ok(owner_session(config, raw_endpoints)
+    owner_session(config, raw_endpoints)
         .await?
-        .management("listing nodes", |mut m| async move {
-            m.list_nodes(api::ListNodesRequest::default()).await
-        })
-        .await?
-        .nodes)
+        .list_nodes("listing nodes", api::ListNodesRequest::default())
+        .await
 }
 
 /// The IDs of the nodes in `state` (any state when `None`).
@@ -54,15 +51,12 @@ pub(crate) async fn node_list(
         state: state.map(parse_state).transpose()?.unwrap_or(0),
         role: role.unwrap_or_default().to_string(),
         labels: labels.iter().cloned().collect(),
+        ..Default::default()
     };
     let nodes = owner_session(config, raw_endpoints)
         .await?
-        .management("listing nodes", |mut m| {
-            let request = request.clone();
-            async move { m.list_nodes(request).await }
-        })
-        .await?
-        .nodes;
+        .list_nodes("listing nodes", request)
+        .await?;
     print_node_list(&nodes, format);
     Ok(())
 }
@@ -158,15 +152,14 @@ pub(crate) async fn node_approve(
     let mut ids = ids.to_vec();
     if all_new {
         let new = session
-            .management("listing new nodes", |mut m| async move {
-                m.list_nodes(api::ListNodesRequest {
+            .list_nodes(
+                "listing new nodes",
+                api::ListNodesRequest {
                     state: NodeState::New as i32,
                     ..Default::default()
-                })
-                .await
-            })
-            .await?
-            .nodes;
+                },
+            )
+            .await?;
         if new.is_empty() && ids.is_empty() {
             println!("No nodes wait for approval.");
             return Ok(());

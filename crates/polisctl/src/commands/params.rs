@@ -22,6 +22,7 @@ pub(crate) struct BootstrapSettings<'a> {
     pub(crate) snapshot_interval: Option<u64>,
     pub(crate) snapshot_keep: Option<u32>,
     pub(crate) audit_max_entries: Option<u64>,
+    pub(crate) audit_max_bytes: Option<u64>,
 }
 
 /// `params bootstrap`: parameters for the first node of a new cluster owned by the key in
@@ -40,6 +41,7 @@ pub(crate) fn bootstrap(
         snapshot_interval_seconds: settings.snapshot_interval.unwrap_or(0),
         snapshot_keep: settings.snapshot_keep.unwrap_or(0),
         audit_max_entries: settings.audit_max_entries.unwrap_or(0),
+        audit_max_bytes: settings.audit_max_bytes.unwrap_or(0),
     };
     write_bootstrap_params(config, out, configuration, labels)?;
     eprintln!("wrote bootstrap parameters to {}", out.display());

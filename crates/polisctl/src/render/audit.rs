@@ -20,11 +20,19 @@ pub(crate) fn header(format: Format) -> Option<String> {
 /// One entry in `format`.
 pub(crate) fn entry(e: &AuditEntry, format: Format) -> Option<String> {
     let time = utc_time(e.time_unix_micros / 1000);
-    let result = if e.code == 0 {
+    let mut result = if e.code == 0 {
         "OK".to_string()
     } else {
         format!("{}: {}", e.code_name, e.message)
     };
+    // Refused calls are counted per caller, RPC and code: one entry for many calls.
+    if e.count > 1 {
+        result = format!(
+            "{result} (×{} calls since {})",
+            e.count,
+            utc_time(e.first_time_unix_micros / 1000)
+        );
+    }
     let value = json!({
         "time": time,
         "time_unix_micros": e.time_unix_micros,
@@ -38,6 +46,8 @@ pub(crate) fn entry(e: &AuditEntry, format: Format) -> Option<String> {
         "code_name": e.code_name,
         "message": e.message,
         "key": e.key,
+        "count": e.count.max(1),
+        "first_time_unix_micros": if e.count > 0 { e.first_time_unix_micros } else { e.time_unix_micros },
     });
     match format {
         Format::Quiet => None,
@@ -86,5 +96,31 @@ mod tests {
         assert_eq!(json["code"], 5);
         assert!(entry(&e, Format::Yaml).unwrap().starts_with("---\n"));
         assert!(header(Format::Json).is_none());
+        assert_eq!(json["count"], 1);
+    }
+
+    #[test]
+    fn counted_refusals_show_their_count() {
+        let e = AuditEntry {
+            time_unix_micros: 11_000_000,
+            first_time_unix_micros: 1_000_000,
+            count: 300,
+            identity_kind: "node".into(),
+            identity: "polis-w".into(),
+            method: "/polis.api.Management/ApproveNode".into(),
+            code: 7,
+            code_name: "PermissionDenied".into(),
+            message: "no".into(),
+            ..Default::default()
+        };
+        let row = entry(&e, Format::Table).unwrap();
+        assert!(
+            row.contains("PermissionDenied: no (×300 calls since"),
+            "{row}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&entry(&e, Format::Json).unwrap()).unwrap();
+        assert_eq!(json["count"], 300);
+        assert_eq!(json["first_time_unix_micros"], 1_000_000);
     }
 }

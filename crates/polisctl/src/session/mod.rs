@@ -23,6 +23,10 @@ use errors::call_failure;
 pub(crate) use escrow::escrow;
 use escrow::{OwnerCertificate, owner_certificate_state};
 
+/// Nodes asked for in one ListNodes call: ~20 KiB each at most (128 labels), so a
+/// page stays far below the 4 MiB a client decodes.
+pub(crate) const NODES_PAGE: u32 = 100;
+
 /// The owner's connection to the cluster: pinned CA, CRL, owner certificate and key,
 /// endpoints.
 pub(crate) struct OwnerSession {
@@ -161,6 +165,37 @@ impl OwnerSession {
             .map_err(|f| call_failure(what, f))?;
         self.refresh_crl().await;
         Ok(answer)
+    }
+
+    /// Every node `request` selects, asked for in pages of [`NODES_PAGE`] (one answer
+    /// of a large cluster outgrows what a client decodes, 4 MiB).
+    pub(crate) async fn list_nodes(
+        &self,
+        what: &str,
+        request: api::ListNodesRequest,
+    ) -> Result<Vec<api::NodeInfo>> {
+        let mut nodes: Vec<api::NodeInfo> = Vec::new();
+        loop {
+            let page = api::ListNodesRequest {
+                page_size: NODES_PAGE,
+                after_id: nodes.last().map(|n| n.id.clone()).unwrap_or_default(),
+                ..request.clone()
+            };
+            let answer = self
+                .management(what, |mut m| {
+                    let page = page.clone();
+                    async move { m.list_nodes(page).await }
+                })
+                .await?;
+            let progressed = answer.nodes.last().is_some_and(|n| n.id > page.after_id);
+            nodes.extend(answer.nodes);
+            if !answer.more {
+                return Ok(nodes);
+            }
+            if !progressed {
+                anyhow::bail!("{what}: the curator said more nodes follow but sent none");
+            }
+        }
     }
 
     /// The audit log as a stream of entries (following the leader to open it).

@@ -1,38 +1,32 @@
 //! The audit log's rules (pure): entry keys (sorted by time), who a caller is, what a
-//! call targets, which entries a reader asked for, and the bound (how many of the
-//! oldest entries to drop).
+//! call targets, which entries a reader asked for; in `bounds` the size of an entry
+//! and of the log, and whose entries go when it is over; in `tally` which calls are
+//! counted in windows rather than recorded one by one.
 //!
-//! May not do I/O: `service::audit_log` writes and reads the entries.
+//! ```text
+//!   mod (this file)   keys, who, target, Filter
+//!   tally             refused calls of anyone but the owner, counted per window
+//!   bounds            clip (entry size), Budget, Account, Ledger (the share rule)
+//! ```
+//!
+//! May not do I/O: `service::audit_writer` writes the entries, `service::audit_log`
+//! reads them.
+
+pub mod bounds;
+pub mod tally;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use proto::api::AuditEntry;
-use proto::config::ClusterConfiguration;
 
 /// Prefix of every audit entry's key, inside the curator namespace.
 pub const PREFIX: &str = "audit/";
-
-/// How many entries are kept when the cluster configuration says 0.
-pub const DEFAULT_MAX_ENTRIES: u64 = 10_000;
 
 /// An entry's key: its time, then the writing curator's sequence number and ID, so keys
 /// sort by time and never collide (each curator numbers its own entries).
 pub fn entry_key(time_unix_micros: u64, sequence: u64, curator: &str) -> String {
     format!("{PREFIX}{time_unix_micros:020}-{sequence:010}-{curator}")
-}
-
-/// The bound the cluster configuration sets.
-pub fn max_entries(configuration: Option<&ClusterConfiguration>) -> u64 {
-    match configuration.map(|c| c.audit_max_entries) {
-        None | Some(0) => DEFAULT_MAX_ENTRIES,
-        Some(n) => n,
-    }
-}
-
-/// How many of the oldest entries to drop when `count` are stored and `max` are kept.
-pub fn excess(count: u64, max: u64) -> u64 {
-    count.saturating_sub(max)
 }
 
 /// Who called: the identity kind and its name (node ID; owner certificate serial, or
@@ -194,19 +188,6 @@ mod tests {
             ]
         );
         assert!(keys.iter().all(|k| k.starts_with(PREFIX)));
-    }
-
-    #[test]
-    fn the_bound_drops_only_what_exceeds_it() {
-        assert_eq!(excess(0, 10), 0);
-        assert_eq!(excess(10, 10), 0);
-        assert_eq!(excess(11, 10), 1);
-        assert_eq!(excess(25, 10), 15);
-        assert_eq!(max_entries(None), DEFAULT_MAX_ENTRIES);
-        let mut c = ClusterConfiguration::default();
-        assert_eq!(max_entries(Some(&c)), DEFAULT_MAX_ENTRIES);
-        c.audit_max_entries = 5;
-        assert_eq!(max_entries(Some(&c)), 5);
     }
 
     #[test]

@@ -1,0 +1,273 @@
+//! Refused calls counted instead of recorded one by one (pure): a refused call of any
+//! caller but the owner opens (or joins) a window for its (caller, RPC, code); the
+//! window closes [`WINDOW`] after it opened and becomes one entry carrying the count.
+//!
+//! ```text
+//!   refused call (not the owner) ─▶ Tally::add ─▶ window (subject, method, code)
+//!                                                   count, first and last time
+//!   every second: Tally::due(now) ─▶ closed windows ─▶ one entry each, count = calls
+//! ```
+//! The subject is the node ID for a node, the source address (an IPv6 /64) for a
+//! caller without a cluster certificate: a self-signed key costs nothing, an address
+//! does. At most [`MAX_WINDOWS`] windows are open at once; a call that would open
+//! another joins its RPC and code's overflow window (subject `*`), so neither memory
+//! nor the entries written grow with the number of callers: at most
+//! `MAX_WINDOWS` + (RPCs × codes) entries per window length.
+//!
+//! Why: such calls change nothing, anyone (or any node) can make them as fast as the
+//! network allows, and one entry per call let them fill etcd and push real entries
+//! out. The owner's refusals stay one entry per call, as do successful calls.
+//!
+//! No I/O, no clock: times are arguments.
+
+use std::collections::HashMap;
+
+use proto::api::AuditEntry;
+
+/// How long a window stays open (its entry is written when it closes).
+pub const WINDOW_MICROS: u64 = 10_000_000;
+/// [`WINDOW_MICROS`] as a duration.
+pub const WINDOW: std::time::Duration = std::time::Duration::from_micros(WINDOW_MICROS);
+/// Windows open at once, overflow windows aside.
+pub const MAX_WINDOWS: usize = 1024;
+/// The subject of an overflow window.
+pub const MANY: &str = "*";
+
+/// Whether `entry` is counted in a window rather than written on its own: a refused
+/// call (any code but OK) of a caller that is not the owner.
+pub fn counted(entry: &AuditEntry) -> bool {
+    entry.code != 0 && entry.identity_kind != "owner"
+}
+
+/// Whose window a call joins: the node, or the source.
+fn subject(entry: &AuditEntry) -> String {
+    match entry.identity_kind.as_str() {
+        "node" => format!("node {}", entry.identity),
+        _ => super::bounds::source(&entry.source_address),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct WindowKey {
+    subject: String,
+    method: String,
+    code: i32,
+}
+
+#[derive(Debug, Clone)]
+struct Window {
+    /// The first call's entry: its caller, target and message stand for the window.
+    first: AuditEntry,
+    count: u64,
+    last_micros: u64,
+}
+
+/// The open windows.
+#[derive(Debug, Default)]
+pub struct Tally {
+    open: HashMap<WindowKey, Window>,
+    /// Open windows that are not overflow windows.
+    regular: usize,
+}
+
+impl Tally {
+    /// Windows open (overflow ones included).
+    pub fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+
+    /// Counts one refused call (see [`counted`]); its time is `entry.time_unix_micros`.
+    pub fn add(&mut self, entry: AuditEntry) {
+        let mut key = WindowKey {
+            subject: subject(&entry),
+            method: entry.method.clone(),
+            code: entry.code,
+        };
+        if !self.open.contains_key(&key) {
+            if self.regular >= MAX_WINDOWS {
+                key.subject = MANY.to_string();
+            } else {
+                self.regular += 1;
+            }
+        }
+        let overflow = key.subject == MANY;
+        let time = entry.time_unix_micros;
+        let window = self.open.entry(key).or_insert_with(|| Window {
+            first: AuditEntry {
+                // The callers of an overflow window are many: none is named.
+                identity: if overflow {
+                    String::new()
+                } else {
+                    entry.identity.clone()
+                },
+                source_address: if overflow {
+                    MANY.to_string()
+                } else {
+                    entry.source_address.clone()
+                },
+                ..entry.clone()
+            },
+            count: 0,
+            last_micros: time,
+        });
+        window.count += 1;
+        window.last_micros = window.last_micros.max(time);
+    }
+
+    /// The entries of the windows open for [`WINDOW_MICROS`] at `now_micros` (or
+    /// opened in the future: the clock went back), closed.
+    pub fn due(&mut self, now_micros: u64) -> Vec<AuditEntry> {
+        let closing = |w: &Window| {
+            let opened = w.first.time_unix_micros;
+            now_micros >= opened.saturating_add(WINDOW_MICROS) || now_micros < opened
+        };
+        let keys: Vec<WindowKey> = self
+            .open
+            .iter()
+            .filter(|(_, w)| closing(w))
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut closed = Vec::with_capacity(keys.len());
+        for key in keys {
+            if key.subject != MANY {
+                self.regular -= 1;
+            }
+            closed.extend(self.open.remove(&key).map(entry_of));
+        }
+        closed.sort_by_key(|e| e.first_time_unix_micros);
+        closed
+    }
+
+    /// Every window's entry, closed now (the curator stops).
+    pub fn drain(&mut self) -> Vec<AuditEntry> {
+        self.regular = 0;
+        self.open.drain().map(|(_, w)| entry_of(w)).collect()
+    }
+}
+
+fn entry_of(window: Window) -> AuditEntry {
+    AuditEntry {
+        first_time_unix_micros: window.first.time_unix_micros,
+        time_unix_micros: window.last_micros,
+        count: window.count,
+        ..window.first
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(kind: &str, identity: &str, source: &str, method: &str, at: u64) -> AuditEntry {
+        AuditEntry {
+            time_unix_micros: at,
+            identity_kind: kind.into(),
+            identity: identity.into(),
+            source_address: source.into(),
+            method: method.into(),
+            code: 7,
+            code_name: "PermissionDenied".into(),
+            message: "no".into(),
+            ..Default::default()
+        }
+    }
+
+    const UNLOCK: &str = "/polis.api.DataUnlock/UnlockData";
+    const COMMIT: &str = "/polis.api.Curator/CommitNode";
+
+    #[test]
+    fn what_is_counted() {
+        let mut e = refused("self-signed", "polis-a", "127.0.0.2:1", UNLOCK, 0);
+        assert!(counted(&e));
+        e.identity_kind = "node".into();
+        assert!(counted(&e));
+        e.identity_kind = "owner".into();
+        assert!(!counted(&e), "the owner's refusals are recorded one by one");
+        e.identity_kind = "self-signed".into();
+        e.code = 0;
+        assert!(!counted(&e), "successful calls are recorded one by one");
+    }
+
+    #[test]
+    fn one_entry_per_caller_rpc_and_code_per_window() {
+        let mut tally = Tally::default();
+        // 10 500 refused calls from one source with fresh keys each time, and a node's.
+        for i in 0..10_500u64 {
+            let key = format!("polis-{i}");
+            tally.add(refused(
+                "self-signed",
+                &key,
+                &format!("127.0.0.2:{}", 1000 + i % 50_000),
+                UNLOCK,
+                1_000 + i,
+            ));
+        }
+        for i in 0..100 {
+            tally.add(refused("node", "polis-w", "127.0.0.3:9", COMMIT, 2_000 + i));
+        }
+        assert_eq!(tally.len(), 2);
+        assert!(tally.due(1_000 + WINDOW_MICROS - 1).is_empty());
+        let entries = tally.due(2_000 + WINDOW_MICROS);
+        assert_eq!(entries.len(), 2);
+        let unlock = &entries[0];
+        assert_eq!(unlock.count, 10_500);
+        assert_eq!(unlock.first_time_unix_micros, 1_000);
+        assert_eq!(unlock.time_unix_micros, 1_000 + 10_499);
+        assert_eq!(unlock.identity, "polis-0", "the first caller stands for it");
+        assert_eq!(unlock.source_address, "127.0.0.2:1000");
+        assert_eq!(entries[1].count, 100);
+        assert!(tally.is_empty());
+    }
+
+    #[test]
+    fn windows_close_one_by_one() {
+        let mut tally = Tally::default();
+        tally.add(refused("self-signed", "a", "127.0.0.2:1", UNLOCK, 0));
+        tally.add(refused(
+            "self-signed",
+            "a",
+            "127.0.0.2:1",
+            COMMIT,
+            5_000_000,
+        ));
+        assert_eq!(tally.due(WINDOW_MICROS).len(), 1);
+        assert_eq!(tally.len(), 1);
+        // A call after its window closed opens a new one.
+        tally.add(refused(
+            "self-signed",
+            "a",
+            "127.0.0.2:1",
+            UNLOCK,
+            WINDOW_MICROS,
+        ));
+        assert_eq!(tally.len(), 2);
+        // A clock that went back closes what it cannot judge.
+        assert_eq!(tally.due(1).len(), 2);
+        assert_eq!(tally.drain().len(), 0);
+    }
+
+    #[test]
+    fn many_sources_share_overflow_windows() {
+        let mut tally = Tally::default();
+        for i in 0..(MAX_WINDOWS + 5000) {
+            let source = format!("127.{}.{}.{}:7", i / 65536, (i / 256) % 256, i % 256);
+            tally.add(refused("self-signed", "k", &source, UNLOCK, 10));
+            tally.add(refused("self-signed", "k", &source, COMMIT, 10));
+        }
+        // MAX_WINDOWS regular windows, one overflow window per RPC.
+        assert_eq!(tally.len(), MAX_WINDOWS + 2);
+        let entries = tally.drain();
+        let many: Vec<_> = entries
+            .iter()
+            .filter(|e| e.source_address == MANY)
+            .collect();
+        assert_eq!(many.len(), 2);
+        let total: u64 = entries.iter().map(|e| e.count).sum();
+        assert_eq!(total, 2 * (MAX_WINDOWS as u64 + 5000));
+        assert!(many.iter().all(|e| e.identity.is_empty()));
+    }
+}
