@@ -11,6 +11,7 @@ use proto::api;
 use proto::config::{ClusterBootstrap, ClusterConfiguration, NodeParameters, node_parameters};
 
 use crate::config_dir::{ensure_owner_key, write_private};
+use crate::output::escape;
 use crate::session::owner_session;
 
 /// The cluster configuration `params bootstrap` was given (None: the default).
@@ -75,6 +76,8 @@ pub(crate) async fn register(
     ticket: TicketSettings,
 ) -> Result<()> {
     let id = write_register_params_with(config, endpoints, out, labels.to_vec(), ticket).await?;
+    // The ticket ID is the cluster's answer.
+    let id = escape(&id);
     eprintln!(
         "wrote register parameters to {} (register ticket {id}; `polisctl cluster ticket revoke {id}` revokes it)",
         out.display()
