@@ -9,8 +9,10 @@
 //!                                           RegisterNode hands the cluster its half
 //!   sealed (a member of a cluster):         DataUnlock.UnlockData with the join key, to
 //!                                           the curators in the directory (CA pinned from
-//!                                           the sealed configuration); none answers →
-//!                                           Split, waiting; refused → exit 1
+//!                                           the sealed configuration, CRL: the ESP's copy
+//!                                           or newer from any curator, `crlfetch`); none
+//!                                           answers → Split, waiting; refused (or every
+//!                                           curator untrusted, revoked) → exit 1
 //!   both:                                   key = HKDF(local ‖ cluster) → datafs::open
 //! ```
 //! A consensus member also asks the other members' unlock listeners (`datapeers`: their
@@ -37,6 +39,7 @@ use identity::NodeKey;
 use proto::api;
 use proto::config::{NodeParameters, SealedConfiguration, node_parameters};
 
+use crate::crlfetch;
 use crate::datakeys;
 use crate::datapeers;
 use crate::files::read_directory;
@@ -316,9 +319,17 @@ async fn unlock(root: &Root, sealed: &SealedConfiguration, join: &NodeKey) -> Re
         );
     }
     let credentials = rpc::self_signed(join).context("creating the join key's certificate")?;
+    // data/node/crl.der is on the locked device: the ESP's copy, and whatever newer one
+    // a curator hands out (asked again before every round).
+    let ca = &sealed.cluster_ca_certificate;
+    let crl = rpc::CrlSlot::new();
+    crlfetch::offer_esp_copy(root, &crl, ca)?;
     let client = rpc::CuratorClient::new(
-        endpoints,
-        rpc::ServerTrust::PinnedCa(sealed.cluster_ca_certificate.clone()),
+        endpoints.clone(),
+        rpc::ServerTrust::ClusterCa {
+            ca: ca.clone(),
+            crl: crl.clone(),
+        },
         Some(credentials.clone()),
     )
     .context("loading the join key's certificate")?;
@@ -332,6 +343,7 @@ async fn unlock(root: &Root, sealed: &SealedConfiguration, join: &NodeKey) -> Re
             problems.resolved("a member answered");
             return Ok(half);
         }
+        crlfetch::gather(&crl, &endpoints, ca).await;
         let answer = client
             .call(|channel| async move {
                 api::data_unlock_client::DataUnlockClient::new(channel)
@@ -352,6 +364,12 @@ async fn unlock(root: &Root, sealed: &SealedConfiguration, join: &NodeKey) -> Re
                 return datafs::Half::decode(&a.cluster_half)
                     .map_err(|e| anyhow!("the cluster sent an unusable cluster half: {e}"));
             }
+            Err(e) if e.revoked_server() && e.all_untrusted() => bail!(
+                "no curator in {} may be trusted, and one presents a revoked certificate \
+                 (a node removed from the cluster): point this node at the cluster's \
+                 current curators (polis-node set-curators): {e}",
+                root.directory().display()
+            ),
             Err(e) if permanent(&e) => {
                 bail!("the cluster refuses to unlock this node's data device: {e}")
             }

@@ -81,6 +81,9 @@
 //!   rejoin          is this node's etcd member still a member? (JoinConsensus answer,
 //!                   the pure rule `verdict`); the control plane acts on it
 //!   curator_client  client with the node certificate; cluster CRL intake and saving
+//!   crlfetch        the CRL before that client runs (registering, data locked): from
+//!                   the parameters or the ESP's copy and from every curator known;
+//!                   its saving (on datakeys, storage)
 //!   exporter        `/metrics`: --metrics-listen and its default, the node's collectors
 //!   values          NodeValues: membership, cluster state, curators, roles, CRL, ...
 //!   staleview       which WatchNode update may be applied: never an older revision
@@ -128,6 +131,7 @@
 // Leaves: shared by all, importing only leaves (see the module map above).
 mod cluster_state;
 mod crash;
+mod crlfetch;
 mod curator_client;
 mod datakeys;
 mod datapeers;

@@ -160,10 +160,11 @@ async fn register_parameters(
         })
         .await?;
     let id = created.info.map(|i| i.id).unwrap_or_default();
-    Ok((
-        register_from(session.pinned_ca(), info, created.ticket, labels)?,
-        id,
-    ))
+    let mut register = register_from(session.pinned_ca(), info, created.ticket, labels)?;
+    // The new node refuses curators this CRL revokes (a removed member's address among
+    // the endpoints), even before it reaches one that hands out a newer CRL.
+    register.crl = session.crl().unwrap_or_default();
+    Ok((register, id))
 }
 
 /// Register parameters from a curator's answer: the CA a new node pins is the one this
@@ -189,6 +190,7 @@ fn register_from(
         ca_certificate: pinned_ca.to_vec(),
         curator_endpoints: info.curator_endpoints,
         labels: labels.into_iter().collect(),
+        crl: Vec::new(),
     })
 }
 

@@ -225,6 +225,10 @@ impl OwnerSession {
     pub(crate) fn pinned_ca(&self) -> &[u8] {
         &self.ca
     }
+    /// The newest cluster CRL this session has (saved, or refreshed by its first call).
+    pub(crate) fn crl(&self) -> Option<Vec<u8>> {
+        self.crl.current()
+    }
     pub(crate) fn trust(&self) -> &rpc::ServerTrust {
         self.client.trust()
     }
