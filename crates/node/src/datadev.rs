@@ -17,7 +17,9 @@
 //! ```
 //! A consensus member also asks the other members' unlock listeners (`datapeers`: their
 //! ESPs keep its half), so members cold-start each other before any etcd runs; every
-//! node with the flag serves that listener from the start. A bootstrapping node marks its
+//! node with the flag serves that listener from the start. A member's answer is only
+//! taken once the device took its half (the kernel's key identifier): a wrong one is
+//! passed over and the next member asked (`datapeers::first_accepted`). A bootstrapping node marks its
 //! device with a name of its own (`esp/data-bootstrap-cluster`; the CA does not exist
 //! yet), records its half in its first record, and keeps the half in its ESP until
 //! another member's listener answers with it: a one-member cluster unlocks alone.
@@ -83,20 +85,27 @@ pub async fn open(
 ) -> Result<datafs::Volume> {
     privatefs::ensure_private_dir(&root.esp())?;
     let sealed_path = root.sealed_configuration();
-    let (owner, local, cluster, format) = if sealed_path.exists() {
+    if sealed_path.exists() {
         let sealed: SealedConfiguration = read_proto(&sealed_path, "sealed configuration")?;
         let join = datakeys::read_join_key(root)?;
         let local = datafs::halffile::load(&datakeys::local_half(root))?;
         datapeers::listen(root, address, &join).await?;
-        let cluster = match datakeys::read_pending(root)? {
+        let owner = sealed_owner(root, &sealed, &join)?;
+        let volume = match datakeys::read_pending(root)? {
             // Sealed moments ago: the cluster keeps the same half since RegisterNode (a
             // first node: until another member keeps it).
-            Some(half) => half,
-            None => unlock(root, &sealed, &join).await?,
+            Some(half) => {
+                let never = datafs::FormatPolicy::Never;
+                mount(root, dev, owner, &local, &half, never).await?
+            }
+            None => unlock(root, dev, &sealed, &join, owner, &local).await?,
         };
-        let owner = sealed_owner(root, &sealed, &join)?;
-        (owner, local, cluster, datafs::FormatPolicy::Never)
-    } else {
+        if !datakeys::is_bootstrap(root) {
+            datakeys::forget_pending(root)?;
+        }
+        return Ok(volume);
+    }
+    let (owner, local, cluster, format) = {
         let parameters: NodeParameters = read_proto(params, "node parameters")
             .context("--data-device on a node that has not joined needs its node parameters (bootstrap or register)")?;
         let keys = datakeys::load_or_create(root)?;
@@ -120,11 +129,7 @@ pub async fn open(
         };
         (owner, keys.local, keys.cluster, format)
     };
-    let volume = mount(root, dev, owner, &local, &cluster, format).await?;
-    if sealed_path.exists() && !datakeys::is_bootstrap(root) {
-        datakeys::forget_pending(root)?;
-    }
-    Ok(volume)
+    mount(root, dev, owner, &local, &cluster, format).await
 }
 
 /// The owner a sealed node's data file system is marked for: the name in its ESP when it
@@ -192,7 +197,15 @@ pub async fn survivor_half(
     }
     let credentials = rpc::self_signed(&join).context("creating the join key's certificate")?;
     let peers = datapeers::load(root)?;
-    let half = from_peers(&peers, &credentials, &sealed).await?;
+    // The first usable answer: `recover` mounts with it (a wrong one is refused there).
+    let half = from_peers(
+        &peers,
+        &credentials,
+        &sealed,
+        &mut Vec::new(),
+        async |half| Ok(Some(half)),
+    )
+    .await?;
     Ok((sealed, join, half))
 }
 
@@ -278,39 +291,48 @@ fn permanent(e: &rpc::CallError) -> bool {
             if matches!(s.code(), Code::PermissionDenied | Code::InvalidArgument | Code::Unauthenticated))
 }
 
-/// This node's cluster half from the first of `peers` (the other members' unlock
-/// listeners) that answers; None when none does.
-async fn from_peers(
+/// The first of `peers`' (the other members' unlock listeners) halves that `accept`
+/// takes (see `datapeers::first_accepted`; `refused` carries the halves it did not take
+/// from one round to the next); None when none does.
+async fn from_peers<T>(
     peers: &[datapeers::Peer],
     credentials: &rpc::Credentials,
     sealed: &SealedConfiguration,
-) -> Result<Option<datafs::Half>> {
-    for peer in peers {
-        match datapeers::ask(peer, credentials).await {
-            Ok(a) => {
-                if a.node_id != sealed.node_id {
-                    bail!(
-                        "a member answered with the data key of node {}, not of this node {}",
-                        a.node_id,
-                        sealed.node_id
-                    );
-                }
-                tracing::info!(
-                    member = peer.id,
-                    "another member handed this node its cluster half"
-                );
-                return datafs::Half::decode(&a.cluster_half)
-                    .map(Some)
-                    .map_err(|e| anyhow!("a member sent an unusable cluster half: {e}"));
-            }
-            Err(e) => tracing::debug!("asking a member for the cluster half: {e}"),
-        }
-    }
-    Ok(None)
+    refused: &mut Vec<Vec<u8>>,
+    accept: impl AsyncFnMut(datafs::Half) -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    datapeers::first_accepted(
+        peers,
+        &sealed.node_id,
+        datapeers::PEERS_TIMEOUT,
+        refused,
+        async |peer| datapeers::ask(peer, credentials).await,
+        accept,
+    )
+    .await
 }
 
-/// The cluster half from any curator in the directory; waits (Split) while none answers.
-async fn unlock(root: &Root, sealed: &SealedConfiguration, join: &NodeKey) -> Result<datafs::Half> {
+/// Whether opening the device failed because the key is not its key (a wrong cluster
+/// half): the kernel's key identifier differs.
+fn wrong_key(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<datafs::Error>(),
+            Some(datafs::Error::WrongKey { .. })
+        )
+    })
+}
+
+/// The device unlocked with the cluster half from the first other member whose half it
+/// takes, else from any curator in the directory; waits (Split) while none answers.
+async fn unlock(
+    root: &Root,
+    dev: &DataDevice,
+    sealed: &SealedConfiguration,
+    join: &NodeKey,
+    owner: datafs::Owner,
+    local: &datafs::Half,
+) -> Result<datafs::Volume> {
     let endpoints = read_directory(root)?;
     if endpoints.is_empty() {
         bail!(
@@ -338,10 +360,23 @@ async fn unlock(root: &Root, sealed: &SealedConfiguration, join: &NodeKey) -> Re
     let mut backoff = Backoff::default();
     let mut problems = ProblemLog::default();
     let mut split = false;
+    let mut refused = Vec::new();
+    let never = datafs::FormatPolicy::Never;
     loop {
-        if let Some(half) = from_peers(&peers, &credentials, sealed).await? {
+        // A member's half is verified by the device itself: opened, or passed over.
+        let try_half =
+            async |half: datafs::Half| match mount(root, dev, owner.clone(), local, &half, never)
+                .await
+            {
+                Ok(volume) => Ok(Some(volume)),
+                Err(e) if wrong_key(&e) => Ok(None),
+                Err(e) => Err(e),
+            };
+        if let Some(volume) =
+            from_peers(&peers, &credentials, sealed, &mut refused, try_half).await?
+        {
             problems.resolved("a member answered");
-            return Ok(half);
+            return Ok(volume);
         }
         crlfetch::gather(&crl, &endpoints, ca).await;
         let answer = client
@@ -361,8 +396,9 @@ async fn unlock(root: &Root, sealed: &SealedConfiguration, join: &NodeKey) -> Re
                     );
                 }
                 problems.resolved("a curator answered");
-                return datafs::Half::decode(&a.cluster_half)
-                    .map_err(|e| anyhow!("the cluster sent an unusable cluster half: {e}"));
+                let half = datafs::Half::decode(&a.cluster_half)
+                    .map_err(|e| anyhow!("the cluster sent an unusable cluster half: {e}"))?;
+                return mount(root, dev, owner, local, &half, never).await;
             }
             Err(e) if e.revoked_server() && e.all_untrusted() => bail!(
                 "no curator in {} may be trusted, and one presents a revoked certificate \

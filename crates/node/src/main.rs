@@ -90,8 +90,9 @@
 //!                   (pure rule; the newest applied one kept in the directory)
 //!   settings        Settings (from the flags)
 //!   datapeers       members' cold start: esp/data-peers (the other members' halves),
-//!                   the :7837 unlock listener, asking peers, the refresh loop
-//!                   (run by controlplane) (on datakeys, storage)
+//!                   the :7837 unlock listener, asking peers (no answer final:
+//!                   first_accepted), the refresh loop (run by controlplane) (on
+//!                   datakeys, storage)
 //!   datakeys        ESP files of a data device: local half, join key, pending
 //!                   cluster half; ROOT/datafs (on storage)
 //!   memberbook      data/etcd/members.pb: the etcd members last listed (kept by
