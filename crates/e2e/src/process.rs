@@ -40,7 +40,13 @@ pub fn bin(name: &str) -> PathBuf {
 struct Output {
     lines: Mutex<Vec<String>>,
     changed: Condvar,
+    /// Pipes still being read (stderr, stdout): 0 once both reached end of file.
+    open_pipes: Mutex<usize>,
+    pipe_closed: Condvar,
 }
+
+/// How long an exited process's output may take to be read to its end.
+const PIPES_CLOSE: Duration = Duration::from_secs(5);
 
 /// A child process that is killed (SIGKILL) when dropped.
 pub struct Proc {
@@ -70,6 +76,7 @@ impl Proc {
             Box::new(child.stderr.take().expect("piped")),
             Box::new(child.stdout.take().expect("piped")),
         ];
+        *output.open_pipes.lock().expect("pipes lock") = pipes.len();
         for pipe in pipes {
             let output = output.clone();
             let log_file = log_file.clone();
@@ -80,6 +87,8 @@ impl Proc {
                     output.lines.lock().expect("output lock").push(line);
                     output.changed.notify_all();
                 }
+                *output.open_pipes.lock().expect("pipes lock") -= 1;
+                output.pipe_closed.notify_all();
             });
         }
         Ok(Proc {
@@ -148,14 +157,33 @@ impl Proc {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait()? {
-                // Let the reader threads see the last lines.
-                std::thread::sleep(Duration::from_millis(50));
+                self.wait_for_pipes_closed(deadline.max(Instant::now() + PIPES_CLOSE));
                 return Ok(status);
             }
             if Instant::now() > deadline {
                 bail!("{} did not exit within {timeout:?}", self.name);
             }
             std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits (until `deadline`) for the reader threads to reach the end of both pipes,
+    /// so that every line the process wrote before it exited is in `output()`. A
+    /// grandchild that inherited a pipe may hold it open: then the wait ends at the
+    /// deadline.
+    fn wait_for_pipes_closed(&self, deadline: Instant) {
+        let mut open = self.output.open_pipes.lock().expect("pipes lock");
+        while *open > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let (guard, _) = self
+                .output
+                .pipe_closed
+                .wait_timeout(open, left)
+                .expect("pipes lock");
+            open = guard;
         }
     }
 

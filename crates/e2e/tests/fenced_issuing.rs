@@ -3,7 +3,8 @@
 //! out. The curator's test hooks (`POLIS_PAUSE_AT`, built with `--features
 //! node/crash-points`) widen the window between the fence's read and the recording:
 //! `node-certificate-signed:<ms>` for a renewal (the node is decommissioned inside it),
-//! `node-commit-fenced:<ms>` for a first commit (the STANDBY node is deleted inside it).
+//! `node-commit-fenced:<ms>` for a first commit (the STANDBY node is deleted inside it),
+//! `owner-certificate-signed:<ms>` for an Escrow (the owner key is rotated inside it).
 //! Real polis-node and etcd processes on 127.x addresses.
 
 use std::net::SocketAddr;
@@ -197,6 +198,105 @@ async fn a_first_commit_racing_a_deletion_records_no_certificate() -> Result<()>
             status.code(),
             tonic::Code::Aborted,
             "commit refused with an unexpected status: {status}"
+        ),
+    }
+    // Keep the cluster alive until here.
+    cluster.first.proc();
+    Ok(())
+}
+
+/// Lines of the curator's output saying an Escrow reached its pause point.
+fn escrow_pauses(cluster: &mut Cluster) -> usize {
+    cluster
+        .first
+        .proc()
+        .output()
+        .lines()
+        .filter(|l| l.contains("pause point reached") && l.contains("owner-certificate-signed"))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escrow_racing_an_owner_rotation_leaves_no_certificate_for_the_old_key() -> Result<()> {
+    // Escrow checks the caller's key against the owner key, then records a certificate;
+    // the curator pauses (`owner-certificate-signed`) in between, and the owner rotates
+    // the key inside it. Before: the certificate was recorded after the rotation listed
+    // and revoked the owner certificates, and handed out: a valid certificate for the
+    // replaced key (one that a thief of the old key could hold on to).
+    let dir = tempfile::tempdir()?;
+    // Every Escrow pauses, takeownership's and the rotation's own too.
+    let mut cluster = paused_cluster(dir.path(), "owner-certificate-signed:8000")?;
+    let config = cluster.config.clone();
+    let read_pem = |name: &str| -> Result<Vec<u8>> {
+        let text = std::fs::read_to_string(config.join(name))?;
+        Ok(pem::parse(text)?.into_contents())
+    };
+    let old_key = identity::NodeKey::from_pkcs8(&read_pem("owner-key.pem")?)?;
+    let ca = read_pem("ca.pem")?;
+    let endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
+    let channel = rpc::connect(
+        endpoint,
+        &rpc::ServerTrust::PinnedCa(ca),
+        Some(&rpc::self_signed(&old_key)?),
+    )
+    .await?;
+    let paused_before = escrow_pauses(&mut cluster);
+    let public_key = old_key.public_key().to_vec();
+    let escrow = tokio::spawn(async move {
+        let answer = api::aaa_client::AaaClient::new(channel)
+            .escrow(api::EscrowRequest { public_key })
+            .await;
+        anyhow::Ok(answer)
+    });
+    tokio::task::block_in_place(|| -> Result<()> {
+        e2e::wait_until(
+            "the old key's escrow to reach its pause point",
+            Duration::from_secs(60),
+            || escrow_pauses(&mut cluster) > paused_before,
+        )?;
+        // RotateOwner replaces the key and revokes while the escrow waits; the
+        // rotation's own Escrow (new key) pauses after that.
+        let out = cluster.ctl_retry(&["cluster", "owner", "rotate"])?;
+        println!("{}", out.trim_end());
+        Ok(())
+    })?;
+    let answer = escrow.await??;
+    let listed = listed_certificates(&cluster).await?;
+    let now = pki::unix_now();
+    let valid: Vec<&api::CertificateInfo> = listed
+        .certificates
+        .iter()
+        .filter(|c| c.kind == "owner" && !c.revoked && c.not_after_unix > now)
+        .collect();
+    let new_owner = pki::certificate_serial(&read_pem("owner.pem")?)?;
+    let new_serial: String = new_owner.iter().map(|b| format!("{b:02x}")).collect();
+    assert!(
+        valid.len() == 1 && valid[0].serial.eq_ignore_ascii_case(&new_serial),
+        "owner certificates valid after the rotation, the new one is {new_serial}: {:?}",
+        valid.iter().map(|c| &c.serial).collect::<Vec<_>>()
+    );
+    match answer {
+        Ok(escrowed) => {
+            // Handed out: it must be one the rotation revoked.
+            let serial: String = pki::certificate_serial(&escrowed.into_inner().owner_certificate)?
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let record = listed
+                .certificates
+                .iter()
+                .find(|c| c.serial.eq_ignore_ascii_case(&serial))
+                .context("the escrowed certificate is not recorded")?;
+            assert!(
+                record.revoked,
+                "the old key's certificate {} is not revoked",
+                record.name
+            );
+        }
+        Err(status) => assert_eq!(
+            status.code(),
+            tonic::Code::Aborted,
+            "escrow refused with an unexpected status: {status}"
         ),
     }
     // Keep the cluster alive until here.

@@ -3,13 +3,16 @@
 //!
 //! The status code is read from the response headers (`grpc-status`, where tonic puts
 //! every error a handler returns); a response without it succeeded as far as the
-//! headers go and counts as `OK`. The label sets and metric handles of a method are made
-//! on its first call and reused: a call allocates nothing here. May not look at bodies.
+//! headers go and counts as `OK`. Only the methods the server is told of (its RPC table)
+//! get labels of their own; every other path, whatever a client sends, counts under
+//! `service="unknown",method="unknown"`, so no client can add series. The label sets and
+//! metric handles of a method are made on its first call and reused: a call allocates
+//! nothing here and takes no lock. May not look at bodies.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -18,9 +21,8 @@ use prometheus_client::metrics::histogram::Histogram;
 
 use crate::families::Metrics;
 
-/// Most distinct methods tracked; calls to further (unknown) paths share one series, so
-/// a client cannot grow the registry without bound.
-pub const MAX_METHODS: usize = 128;
+/// The label value of the service and method of every path that is not a known method.
+pub const UNKNOWN: &str = "unknown";
 
 /// gRPC status code names, indexed by code (0..=16).
 pub const CODE_NAMES: [&str; 17] = [
@@ -72,30 +74,37 @@ struct MethodSeries {
     latency: Histogram,
 }
 
-/// The per-method cache shared by every connection's service.
+/// A method's labels and its handles, made on its first call.
+#[derive(Debug)]
+struct Slot {
+    labels: (String, String),
+    series: OnceLock<Arc<MethodSeries>>,
+}
+
+impl Slot {
+    fn new(service: &str, method: &str) -> Slot {
+        Slot {
+            labels: (service.to_string(), method.to_string()),
+            series: OnceLock::new(),
+        }
+    }
+}
+
+/// The per-method handles shared by every connection's service: one slot per known
+/// method, fixed at construction, and one for everything else.
 #[derive(Debug)]
 pub struct RpcMetrics {
     metrics: &'static Metrics,
-    methods: RwLock<HashMap<String, Arc<MethodSeries>>>,
+    known: HashMap<String, Slot>,
+    unknown: Slot,
 }
 
 impl RpcMetrics {
     fn series(&self, path: &str) -> Arc<MethodSeries> {
-        let known = split_path(path).map_or("other", |_| path);
-        if let Some(s) = self.methods.read().expect("rpc metrics lock").get(known) {
-            return s.clone();
-        }
-        let mut methods = self.methods.write().expect("rpc metrics lock");
-        let key = if methods.len() >= MAX_METHODS {
-            "other"
-        } else {
-            known
-        };
-        methods
-            .entry(key.to_string())
-            .or_insert_with(|| {
-                let (service, method) = split_path(key).unwrap_or(("other", "other"));
-                let labels = (service.to_string(), method.to_string());
+        let slot = self.known.get(path).unwrap_or(&self.unknown);
+        slot.series
+            .get_or_init(|| {
+                let labels = slot.labels.clone();
                 let latency = self
                     .metrics
                     .rpc_latency
@@ -133,10 +142,24 @@ impl RpcMetrics {
 pub struct RpcLayer(Arc<RpcMetrics>);
 
 impl RpcLayer {
-    pub fn new(metrics: &'static Metrics) -> RpcLayer {
+    /// Counts calls of the `known` methods (`/pkg.Service/Method` paths: the server's
+    /// RPC table) under their own labels, every other path under [`UNKNOWN`]. A known
+    /// path that is not of that form counts as unknown too.
+    pub fn new<'a>(
+        metrics: &'static Metrics,
+        known: impl IntoIterator<Item = &'a str>,
+    ) -> RpcLayer {
+        let known = known
+            .into_iter()
+            .filter_map(|path| {
+                let (service, method) = split_path(path)?;
+                Some((path.to_string(), Slot::new(service, method)))
+            })
+            .collect();
         RpcLayer(Arc::new(RpcMetrics {
             metrics,
-            methods: RwLock::default(),
+            known,
+            unknown: Slot::new(UNKNOWN, UNKNOWN),
         }))
     }
 }
@@ -215,10 +238,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn counts_calls_and_caps_methods() {
+    async fn counts_known_methods_and_everything_else_as_unknown() {
         use tower::{Service, ServiceExt};
         let metrics: &'static Metrics = Box::leak(Box::new(Metrics::new()));
-        let layer = RpcLayer::new(metrics);
+        let layer = RpcLayer::new(metrics, ["/p.S/A", "/p.S/Deny", "/p.S/Never", "junk"]);
         let mut svc = tower::Layer::layer(
             &layer,
             tower::service_fn(|r: http::Request<()>| async move {
@@ -230,16 +253,20 @@ mod tests {
                 Ok::<_, std::convert::Infallible>(resp)
             }),
         );
-        for path in ["/p.S/A", "/p.S/A", "/p.S/Deny"] {
+        let call = async |svc: &mut RpcService<_>, path: String| {
             let req = http::Request::builder().uri(path).body(()).unwrap();
             svc.ready().await.unwrap().call(req).await.unwrap();
+        };
+        for path in ["/p.S/A", "/p.S/A", "/p.S/Deny"] {
+            call(&mut svc, path.into()).await;
         }
-        for i in 0..MAX_METHODS + 10 {
-            let req = http::Request::builder()
-                .uri(format!("/junk/M{i}"))
-                .body(())
-                .unwrap();
-            svc.ready().await.unwrap().call(req).await.unwrap();
+        // A client's junk first, before any known method is called: it must not take
+        // a label of its own, however many distinct paths it sends.
+        for i in 0..300 {
+            call(&mut svc, format!("/junk{i}.S/M{i}")).await;
+        }
+        for path in ["/x", "/p.S/A/b", "/p.S/Deny/"] {
+            call(&mut svc, path.into()).await;
         }
         let text = metrics.encode();
         assert!(
@@ -247,7 +274,19 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"polis_curator_rpc_calls_total{service="p.S",method="Deny",code="PermissionDenied"} 1"#), "{text}");
-        assert!(text.contains(r#"method="other",code="OK"}"#), "{text}");
-        assert!(layer.0.methods.read().unwrap().len() <= MAX_METHODS + 1);
+        assert!(
+            text.contains(
+                r#"polis_curator_rpc_calls_total{service="unknown",method="unknown",code="OK"} 303"#
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("junk"), "{text}");
+        // A known method never called has no series yet.
+        assert!(!text.contains("Never"), "{text}");
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("polis_curator_rpc_calls_total{"))
+            .count();
+        assert_eq!(series, 3, "{text}");
     }
 }

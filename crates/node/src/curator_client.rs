@@ -4,10 +4,11 @@
 //!
 //! Builds clients; may not make calls itself, retry, or decide anything about roles.
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 
+use crate::crlfetch;
 use crate::settings::Settings;
-use crate::storage::{read_file, write_atomic};
+use crate::storage::read_file;
 use crate::values::NodeValues;
 
 /// A client of the cluster's curators with this node's certificate (the current one:
@@ -28,7 +29,8 @@ pub fn curator_client(settings: &Settings, values: &NodeValues) -> Result<rpc::C
 }
 
 /// Takes `crl` (from a curator, or the saved copy) into the node's CRL slot when it is
-/// the cluster CA's and newer than the one held; saves it when it was new.
+/// the cluster CA's and newer than the one held; saves it when it was new (on a data
+/// device, the ESP's copy too: see `crlfetch`).
 pub fn offer_crl(
     settings: &Settings,
     values: &NodeValues,
@@ -38,7 +40,7 @@ pub fn offer_crl(
 ) -> Result<()> {
     match values.crl.offer(ca, crl) {
         Ok(true) if save => {
-            write_atomic(&settings.root.cluster_crl(), crl).context("saving the cluster CRL")?;
+            crlfetch::save(&settings.root, crl)?;
             tracing::info!(
                 revoked = pki::crl_serials(crl).map(|s| s.len()).unwrap_or_default(),
                 "cluster CRL updated"
@@ -57,6 +59,9 @@ pub fn load_saved_crl(settings: &Settings, values: &NodeValues) -> Result<()> {
         let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
         let crl = read_file(&saved_crl, "cluster CRL")?;
         offer_crl(settings, values, &ca, &crl, false)?;
+        if let Some(held) = values.crl.current() {
+            crlfetch::keep_esp_copy(&settings.root, &held)?;
+        }
     }
     Ok(())
 }

@@ -9,13 +9,17 @@
 //!                                           RegisterNode hands the cluster its half
 //!   sealed (a member of a cluster):         DataUnlock.UnlockData with the join key, to
 //!                                           the curators in the directory (CA pinned from
-//!                                           the sealed configuration); none answers →
-//!                                           Split, waiting; refused → exit 1
+//!                                           the sealed configuration, CRL: the ESP's copy
+//!                                           or newer from any curator, `crlfetch`); none
+//!                                           answers → Split, waiting; refused (or every
+//!                                           curator untrusted, revoked) → exit 1
 //!   both:                                   key = HKDF(local ‖ cluster) → datafs::open
 //! ```
 //! A consensus member also asks the other members' unlock listeners (`datapeers`: their
 //! ESPs keep its half), so members cold-start each other before any etcd runs; every
-//! node with the flag serves that listener from the start. A bootstrapping node marks its
+//! node with the flag serves that listener from the start. A member's answer is only
+//! taken once the device took its half (the kernel's key identifier): a wrong one is
+//! passed over and the next member asked (`datapeers::first_accepted`). A bootstrapping node marks its
 //! device with a name of its own (`esp/data-bootstrap-cluster`; the CA does not exist
 //! yet), records its half in its first record, and keeps the half in its ESP until
 //! another member's listener answers with it: a one-member cluster unlocks alone.
@@ -37,6 +41,7 @@ use identity::NodeKey;
 use proto::api;
 use proto::config::{NodeParameters, SealedConfiguration, node_parameters};
 
+use crate::crlfetch;
 use crate::datakeys;
 use crate::datapeers;
 use crate::files::read_directory;
@@ -80,20 +85,27 @@ pub async fn open(
 ) -> Result<datafs::Volume> {
     privatefs::ensure_private_dir(&root.esp())?;
     let sealed_path = root.sealed_configuration();
-    let (owner, local, cluster, format) = if sealed_path.exists() {
+    if sealed_path.exists() {
         let sealed: SealedConfiguration = read_proto(&sealed_path, "sealed configuration")?;
         let join = datakeys::read_join_key(root)?;
         let local = datafs::halffile::load(&datakeys::local_half(root))?;
         datapeers::listen(root, address, &join).await?;
-        let cluster = match datakeys::read_pending(root)? {
+        let owner = sealed_owner(root, &sealed, &join)?;
+        let volume = match datakeys::read_pending(root)? {
             // Sealed moments ago: the cluster keeps the same half since RegisterNode (a
             // first node: until another member keeps it).
-            Some(half) => half,
-            None => unlock(root, &sealed, &join).await?,
+            Some(half) => {
+                let never = datafs::FormatPolicy::Never;
+                mount(root, dev, owner, &local, &half, never).await?
+            }
+            None => unlock(root, dev, &sealed, &join, owner, &local).await?,
         };
-        let owner = sealed_owner(root, &sealed, &join)?;
-        (owner, local, cluster, datafs::FormatPolicy::Never)
-    } else {
+        if !datakeys::is_bootstrap(root) {
+            datakeys::forget_pending(root)?;
+        }
+        return Ok(volume);
+    }
+    let (owner, local, cluster, format) = {
         let parameters: NodeParameters = read_proto(params, "node parameters")
             .context("--data-device on a node that has not joined needs its node parameters (bootstrap or register)")?;
         let keys = datakeys::load_or_create(root)?;
@@ -117,11 +129,7 @@ pub async fn open(
         };
         (owner, keys.local, keys.cluster, format)
     };
-    let volume = mount(root, dev, owner, &local, &cluster, format).await?;
-    if sealed_path.exists() && !datakeys::is_bootstrap(root) {
-        datakeys::forget_pending(root)?;
-    }
-    Ok(volume)
+    mount(root, dev, owner, &local, &cluster, format).await
 }
 
 /// The owner a sealed node's data file system is marked for: the name in its ESP when it
@@ -189,7 +197,15 @@ pub async fn survivor_half(
     }
     let credentials = rpc::self_signed(&join).context("creating the join key's certificate")?;
     let peers = datapeers::load(root)?;
-    let half = from_peers(&peers, &credentials, &sealed).await?;
+    // The first usable answer: `recover` mounts with it (a wrong one is refused there).
+    let half = from_peers(
+        &peers,
+        &credentials,
+        &sealed,
+        &mut Vec::new(),
+        async |half| Ok(Some(half)),
+    )
+    .await?;
     Ok((sealed, join, half))
 }
 
@@ -275,39 +291,48 @@ fn permanent(e: &rpc::CallError) -> bool {
             if matches!(s.code(), Code::PermissionDenied | Code::InvalidArgument | Code::Unauthenticated))
 }
 
-/// This node's cluster half from the first of `peers` (the other members' unlock
-/// listeners) that answers; None when none does.
-async fn from_peers(
+/// The first of `peers`' (the other members' unlock listeners) halves that `accept`
+/// takes (see `datapeers::first_accepted`; `refused` carries the halves it did not take
+/// from one round to the next); None when none does.
+async fn from_peers<T>(
     peers: &[datapeers::Peer],
     credentials: &rpc::Credentials,
     sealed: &SealedConfiguration,
-) -> Result<Option<datafs::Half>> {
-    for peer in peers {
-        match datapeers::ask(peer, credentials).await {
-            Ok(a) => {
-                if a.node_id != sealed.node_id {
-                    bail!(
-                        "a member answered with the data key of node {}, not of this node {}",
-                        a.node_id,
-                        sealed.node_id
-                    );
-                }
-                tracing::info!(
-                    member = peer.id,
-                    "another member handed this node its cluster half"
-                );
-                return datafs::Half::decode(&a.cluster_half)
-                    .map(Some)
-                    .map_err(|e| anyhow!("a member sent an unusable cluster half: {e}"));
-            }
-            Err(e) => tracing::debug!("asking a member for the cluster half: {e}"),
-        }
-    }
-    Ok(None)
+    refused: &mut Vec<Vec<u8>>,
+    accept: impl AsyncFnMut(datafs::Half) -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    datapeers::first_accepted(
+        peers,
+        &sealed.node_id,
+        datapeers::PEERS_TIMEOUT,
+        refused,
+        async |peer| datapeers::ask(peer, credentials).await,
+        accept,
+    )
+    .await
 }
 
-/// The cluster half from any curator in the directory; waits (Split) while none answers.
-async fn unlock(root: &Root, sealed: &SealedConfiguration, join: &NodeKey) -> Result<datafs::Half> {
+/// Whether opening the device failed because the key is not its key (a wrong cluster
+/// half): the kernel's key identifier differs.
+fn wrong_key(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<datafs::Error>(),
+            Some(datafs::Error::WrongKey { .. })
+        )
+    })
+}
+
+/// The device unlocked with the cluster half from the first other member whose half it
+/// takes, else from any curator in the directory; waits (Split) while none answers.
+async fn unlock(
+    root: &Root,
+    dev: &DataDevice,
+    sealed: &SealedConfiguration,
+    join: &NodeKey,
+    owner: datafs::Owner,
+    local: &datafs::Half,
+) -> Result<datafs::Volume> {
     let endpoints = read_directory(root)?;
     if endpoints.is_empty() {
         bail!(
@@ -316,9 +341,17 @@ async fn unlock(root: &Root, sealed: &SealedConfiguration, join: &NodeKey) -> Re
         );
     }
     let credentials = rpc::self_signed(join).context("creating the join key's certificate")?;
+    // data/node/crl.der is on the locked device: the ESP's copy, and whatever newer one
+    // a curator hands out (asked again before every round).
+    let ca = &sealed.cluster_ca_certificate;
+    let crl = rpc::CrlSlot::new();
+    crlfetch::offer_esp_copy(root, &crl, ca)?;
     let client = rpc::CuratorClient::new(
-        endpoints,
-        rpc::ServerTrust::PinnedCa(sealed.cluster_ca_certificate.clone()),
+        endpoints.clone(),
+        rpc::ServerTrust::ClusterCa {
+            ca: ca.clone(),
+            crl: crl.clone(),
+        },
         Some(credentials.clone()),
     )
     .context("loading the join key's certificate")?;
@@ -327,11 +360,25 @@ async fn unlock(root: &Root, sealed: &SealedConfiguration, join: &NodeKey) -> Re
     let mut backoff = Backoff::default();
     let mut problems = ProblemLog::default();
     let mut split = false;
+    let mut refused = Vec::new();
+    let never = datafs::FormatPolicy::Never;
     loop {
-        if let Some(half) = from_peers(&peers, &credentials, sealed).await? {
+        // A member's half is verified by the device itself: opened, or passed over.
+        let try_half =
+            async |half: datafs::Half| match mount(root, dev, owner.clone(), local, &half, never)
+                .await
+            {
+                Ok(volume) => Ok(Some(volume)),
+                Err(e) if wrong_key(&e) => Ok(None),
+                Err(e) => Err(e),
+            };
+        if let Some(volume) =
+            from_peers(&peers, &credentials, sealed, &mut refused, try_half).await?
+        {
             problems.resolved("a member answered");
-            return Ok(half);
+            return Ok(volume);
         }
+        crlfetch::gather(&crl, &endpoints, ca).await;
         let answer = client
             .call(|channel| async move {
                 api::data_unlock_client::DataUnlockClient::new(channel)
@@ -349,9 +396,16 @@ async fn unlock(root: &Root, sealed: &SealedConfiguration, join: &NodeKey) -> Re
                     );
                 }
                 problems.resolved("a curator answered");
-                return datafs::Half::decode(&a.cluster_half)
-                    .map_err(|e| anyhow!("the cluster sent an unusable cluster half: {e}"));
+                let half = datafs::Half::decode(&a.cluster_half)
+                    .map_err(|e| anyhow!("the cluster sent an unusable cluster half: {e}"))?;
+                return mount(root, dev, owner, local, &half, never).await;
             }
+            Err(e) if e.revoked_server() && e.all_untrusted() => bail!(
+                "no curator in {} may be trusted, and one presents a revoked certificate \
+                 (a node removed from the cluster): point this node at the cluster's \
+                 current curators (polis-node set-curators): {e}",
+                root.directory().display()
+            ),
             Err(e) if permanent(&e) => {
                 bail!("the cluster refuses to unlock this node's data device: {e}")
             }

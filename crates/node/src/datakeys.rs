@@ -11,6 +11,9 @@
 //!                                   (a first node's is made before the cluster CA
 //!                                   exists); while it exists the cluster half stays in
 //!                                   the ESP until another member keeps it (`datapeers`)
+//!   <root>/esp/data-crl.der         the newest cluster CRL seen (a copy of              0600
+//!                                   data/node/crl.der): curators are checked against
+//!                                   it while data/ is locked (`crlfetch`)
 //!   <root>/datafs/                  where the data file system is mounted; its
 //!                                   encrypted directory is bind-mounted on data/
 //! ```
@@ -31,6 +34,9 @@ pub fn join_key(root: &Root) -> PathBuf {
 }
 pub fn pending_half(root: &Root) -> PathBuf {
     root.esp().join("data-cluster-half")
+}
+pub fn crl_copy(root: &Root) -> PathBuf {
+    root.esp().join("data-crl.der")
 }
 pub fn bootstrap_cluster(root: &Root) -> PathBuf {
     root.esp().join("data-bootstrap-cluster")
@@ -186,6 +192,7 @@ pub fn erase(root: &Root) -> Result<()> {
         join_key(root),
         pending_half(root),
         bootstrap_cluster(root),
+        crl_copy(root),
         root.esp().join("data-peers"),
     ] {
         match std::fs::remove_file(&path) {

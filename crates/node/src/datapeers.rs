@@ -16,7 +16,10 @@
 //! disk with its ESP holds the others' halves, not its own, so it never unlocks alone.
 //! The listener does not prove who it is (a self-signed join certificate, accepted by the
 //! caller as is): a wrong half is refused by the kernel's key identifier, and the caller
-//! sends nothing secret.
+//! sends nothing secret. So no single answer is final ([`first_accepted`]): an address
+//! in `data-peers` may be stale (another host now), or its host hostile; every member is
+//! asked in turn (each for [`PEER_TIMEOUT`], all for [`PEERS_TIMEOUT`]) until one's half
+//! is the one the device takes.
 //!
 //! A leaf: files, the listener task and client calls (on `datakeys`, `storage`).
 
@@ -37,7 +40,9 @@ use crate::storage::{Root, write_atomic};
 /// The port of the members' data unlock listener.
 pub const DATA_UNLOCK_PORT: u16 = 7837;
 /// How long one peer gets to answer.
-const PEER_TIMEOUT: Duration = Duration::from_secs(3);
+pub const PEER_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long one round of asking every peer may take in all.
+pub const PEERS_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub fn peers_path(root: &Root) -> PathBuf {
     root.esp().join("data-peers")
@@ -220,6 +225,82 @@ pub async fn ask(peer: &Peer, join: &rpc::Credentials) -> Result<api::UnlockData
         .unwrap_or_else(|_| Err(format!("member {} at {endpoint}: no answer", peer.id)))
 }
 
+/// The cluster half in a member's answer, if the answer is one for node `node_id` (pure):
+/// another node's ID or a half that does not decode is a stale or hostile host's.
+pub fn usable(answer: &api::UnlockDataResponse, node_id: &str) -> Result<datafs::Half, String> {
+    if answer.node_id != node_id {
+        return Err(format!(
+            "answered with the data key of node {}, not of this node {node_id}",
+            answer.node_id
+        ));
+    }
+    datafs::Half::decode(&answer.cluster_half)
+        .map_err(|e| format!("answered with an unusable cluster half: {e}"))
+}
+
+/// The first answer among `peers` that `accept` takes: each peer is asked (`ask`) in
+/// turn, its answer checked ([`usable`]) and, unless it is a half in `refused` (the
+/// device did not take it before), handed to `accept`, which verifies it (`Some`: taken;
+/// `None`: not this device's half, remembered in `refused`; an error ends the search).
+/// A peer that does not answer, refuses, or answers with anything else is passed over:
+/// one stale address or hostile host cannot keep a member locked. Asking stops after
+/// `within` in all (each ask bounded by what is left of it). None when no answer is taken.
+pub async fn first_accepted<T>(
+    peers: &[Peer],
+    node_id: &str,
+    within: Duration,
+    refused: &mut Vec<Vec<u8>>,
+    mut ask: impl AsyncFnMut(&Peer) -> Result<api::UnlockDataResponse, String>,
+    mut accept: impl AsyncFnMut(datafs::Half) -> Result<Option<T>>,
+) -> Result<Option<T>> {
+    let deadline = tokio::time::Instant::now() + within;
+    for peer in peers {
+        let answer = match tokio::time::timeout_at(deadline, ask(peer)).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                tracing::info!(
+                    member = peer.id,
+                    "no time left to ask the other members for the cluster half"
+                );
+                break;
+            }
+        };
+        let half = match answer.and_then(|a| usable(&a, node_id)) {
+            Ok(half) => half,
+            Err(why) => {
+                tracing::info!(
+                    member = peer.id,
+                    address = peer.address,
+                    "passed over: {why}"
+                );
+                continue;
+            }
+        };
+        let encoded = half.encode();
+        if refused.contains(&encoded) {
+            continue;
+        }
+        match accept(half).await? {
+            Some(taken) => {
+                tracing::info!(
+                    member = peer.id,
+                    "another member handed this node its cluster half"
+                );
+                return Ok(Some(taken));
+            }
+            None => {
+                tracing::warn!(
+                    member = peer.id,
+                    address = peer.address,
+                    "a member's answer is not this device's cluster half; asking the next"
+                );
+                refused.push(encoded);
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// A bootstrap node keeps its own half in the ESP until another member's listener
 /// answers with it: forgets it then. Called by the refresh after saving the peers.
 pub async fn confirm_held_elsewhere(root: &Root, peers: &[Peer]) -> Result<()> {
@@ -334,6 +415,129 @@ mod tests {
             ["b"]
         );
         assert_eq!(decode(&encode(&peers)).unwrap(), peers);
+    }
+
+    fn peer(id: &str) -> Peer {
+        Peer {
+            id: id.into(),
+            address: "127.0.0.9".into(),
+            join_key: vec![1; 32],
+            half: vec![],
+        }
+    }
+
+    fn answered(node_id: &str, half: Vec<u8>) -> Result<api::UnlockDataResponse, String> {
+        Ok(api::UnlockDataResponse {
+            node_id: node_id.into(),
+            cluster_half: half,
+        })
+    }
+
+    /// What each peer answers, by ID: a stale address (another cluster's node, refusing),
+    /// another node's half, garbage, a well-formed wrong half, the right one.
+    fn answers(id: &str) -> Result<api::UnlockDataResponse, String> {
+        let half = |b| datafs::Half::from_bytes([b; datafs::key::HALF_LEN]).encode();
+        match id {
+            "stale" => Err("permission denied".into()),
+            "other" => answered("polis-other", half(2)),
+            "garbage" => answered("polis-me", vec![9; 7]),
+            "wrong" => answered("polis-me", half(3)),
+            "good" => answered("polis-me", half(4)),
+            _ => Err("no answer".into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn no_single_member_answer_is_final_only_the_devices_verdict() {
+        let peers: Vec<Peer> = ["stale", "other", "garbage", "wrong", "good", "never"]
+            .into_iter()
+            .map(peer)
+            .collect();
+        let right = datafs::Half::from_bytes([4; datafs::key::HALF_LEN]).encode();
+        let mut refused = Vec::new();
+        let mut asked = Vec::new();
+        let mut offered = 0;
+        let taken = first_accepted(
+            &peers,
+            "polis-me",
+            Duration::from_secs(60),
+            &mut refused,
+            async |p| {
+                asked.push(p.id.clone());
+                answers(&p.id)
+            },
+            async |half: datafs::Half| {
+                offered += 1;
+                Ok((half.encode() == right).then_some("mounted"))
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(taken, Some("mounted"));
+        // Every member up to the good one asked, none after it; only the two usable
+        // halves offered to the device; the one it refused remembered.
+        assert_eq!(asked, ["stale", "other", "garbage", "wrong", "good"]);
+        assert_eq!(offered, 2);
+        assert_eq!(
+            refused,
+            [datafs::Half::from_bytes([3; datafs::key::HALF_LEN]).encode()]
+        );
+
+        // The next round offers a refused half no more; without the good member nothing
+        // is taken.
+        let mut offered = 0;
+        let taken: Option<()> = first_accepted(
+            &peers[..4],
+            "polis-me",
+            Duration::from_secs(60),
+            &mut refused,
+            async |p| answers(&p.id),
+            async |_| {
+                offered += 1;
+                Ok(None)
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!((taken, offered), (None, 0));
+    }
+
+    #[tokio::test]
+    async fn asking_the_members_is_bounded_in_all() {
+        let peers: Vec<Peer> = ["a", "b", "c"].into_iter().map(peer).collect();
+        let mut asked = 0;
+        let started = std::time::Instant::now();
+        let taken: Option<()> = first_accepted(
+            &peers,
+            "polis-me",
+            Duration::from_millis(200),
+            &mut Vec::new(),
+            async |_| {
+                asked += 1;
+                // A member that accepts the connection and never answers.
+                std::future::pending().await
+            },
+            async |_| Ok(Some(())),
+        )
+        .await
+        .unwrap();
+        assert_eq!((taken, asked), (None, 1));
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn a_failure_to_open_the_device_ends_the_search() {
+        let peers: Vec<Peer> = ["wrong", "good"].into_iter().map(peer).collect();
+        let failed: Result<Option<()>> = first_accepted(
+            &peers,
+            "polis-me",
+            Duration::from_secs(60),
+            &mut Vec::new(),
+            async |p| answers(&p.id),
+            async |_| Err(anyhow::anyhow!("mount: no such device")),
+        )
+        .await;
+        assert!(failed.is_err());
     }
 
     #[test]

@@ -81,14 +81,18 @@
 //!   rejoin          is this node's etcd member still a member? (JoinConsensus answer,
 //!                   the pure rule `verdict`); the control plane acts on it
 //!   curator_client  client with the node certificate; cluster CRL intake and saving
+//!   crlfetch        the CRL before that client runs (registering, data locked): from
+//!                   the parameters or the ESP's copy and from every curator known;
+//!                   its saving (on datakeys, storage)
 //!   exporter        `/metrics`: --metrics-listen and its default, the node's collectors
 //!   values          NodeValues: membership, cluster state, curators, roles, CRL, ...
 //!   staleview       which WatchNode update may be applied: never an older revision
 //!                   (pure rule; the newest applied one kept in the directory)
 //!   settings        Settings (from the flags)
 //!   datapeers       members' cold start: esp/data-peers (the other members' halves),
-//!                   the :7837 unlock listener, asking peers, the refresh loop
-//!                   (run by controlplane) (on datakeys, storage)
+//!                   the :7837 unlock listener, asking peers (no answer final:
+//!                   first_accepted), the refresh loop (run by controlplane) (on
+//!                   datakeys, storage)
 //!   datakeys        ESP files of a data device: local half, join key, pending
 //!                   cluster half; ROOT/datafs (on storage)
 //!   memberbook      data/etcd/members.pb: the etcd members last listed (kept by
@@ -128,6 +132,7 @@
 // Leaves: shared by all, importing only leaves (see the module map above).
 mod cluster_state;
 mod crash;
+mod crlfetch;
 mod curator_client;
 mod datakeys;
 mod datapeers;

@@ -4,13 +4,15 @@
 //! ```text
 //!   node key (new, or the one an interrupted registration left) ── written first
 //!     │ self-signed certificate; curator's certificate must chain to the CA pinned in
-//!     │ the parameters (never trust on first use here)
+//!     │ the parameters (never trust on first use here) and not be on the newest CRL:
+//!     │ the parameters' own, or a newer one any curator hands out (`crlfetch`, asked
+//!     │ again before every attempt)
 //!     ▼
 //!   RegisterNode(ticket) ──stream──▶ NEW ........................ ClusterState::Foreign
 //!                                    STANDBY (owner approved) ... ClusterState::Trusted
 //!   CommitNode ──▶ node certificate, CA, roles, curator endpoints
 //!     ▼
-//!   node certificate, CA, roles, cluster directory written; sealed configuration LAST
+//!   node certificate, CA, CRL, roles, cluster directory written; sealed configuration LAST
 //!     ▼
 //!   Membership::Join (a worker: no etcd, no curator) ──▶ role server ──▶ Home
 //! ```
@@ -33,6 +35,7 @@ use proto::config::{
 
 use crate::cluster_state::ClusterState;
 use crate::crash::crash_point;
+use crate::crlfetch;
 use crate::datakeys;
 use crate::files::{parse_endpoints, read_node_key};
 use crate::membership::{JoinData, roles_from_names};
@@ -49,7 +52,13 @@ fn permanent(e: &rpc::CallError) -> bool {
 }
 
 fn refusal(e: rpc::CallError, params_what: &str) -> anyhow::Error {
-    if e.all_untrusted() {
+    if e.revoked_server() && e.all_untrusted() {
+        anyhow!(
+            "no curator named in {params_what} may be trusted, and one presents a revoked \
+             certificate (a node removed from the cluster): name the cluster's current \
+             curators in the parameters: {e}"
+        )
+    } else if e.all_untrusted() {
         anyhow!(
             "no curator named in {params_what} presents a certificate of the cluster CA pinned there \
              (wrong CA in the parameters, or the endpoints belong to another cluster): {e}"
@@ -92,9 +101,19 @@ pub async fn register(
     let key = load_or_create_key(root)?;
     let node_id = key.node_id();
     crash_point("register-key");
+    let endpoints = parse_endpoints(&params.curator_endpoints)?;
+    // A curator on the CRL is refused at the handshake, however it came to be named
+    // here (a removed member's address in old parameters).
+    // One that is not the pinned CA's is left out (logged): the CA is what decides, and
+    // a wrong one is refused as such at the first contact.
+    let crl = rpc::CrlSlot::new();
+    crlfetch::offer(&crl, &params.ca_certificate, &params.crl, params_what);
     let client = rpc::CuratorClient::new(
-        parse_endpoints(&params.curator_endpoints)?,
-        rpc::ServerTrust::PinnedCa(params.ca_certificate.clone()),
+        endpoints.clone(),
+        rpc::ServerTrust::ClusterCa {
+            ca: params.ca_certificate.clone(),
+            crl: crl.clone(),
+        },
         Some(rpc::self_signed(&key).context("creating the self-signed registration certificate")?),
     )
     .context("loading the self-signed registration certificate")?;
@@ -111,6 +130,10 @@ pub async fn register(
 
     // Register, then wait on the stream until the owner approves.
     'register: loop {
+        tokio::select! {
+            () = crlfetch::gather(&crl, &endpoints, &params.ca_certificate) => {}
+            _ = ctx.cancelled() => return Ok(None),
+        }
         let call = client.call(|channel| {
             let request = request.clone();
             async move {
@@ -211,6 +234,9 @@ pub async fn register(
         .context("saving the node certificate")?;
     write_atomic(&root.cluster_ca(), &committed.ca_certificate)
         .context("saving the cluster CA certificate")?;
+    if let Some(crl) = crl.current() {
+        crlfetch::save(root, &crl)?;
+    }
     write_proto(&root.local_roles(), &roles).context("saving the node's roles")?;
     write_proto(&root.directory(), &directory).context("saving the cluster directory")?;
     crash_point("register-credentials");

@@ -34,7 +34,7 @@
 //!                   errors (session::errors)
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   config_dir      the files in the config directory          ┐
-//!   output          Format, YAML, tables, UTC times            │ leaves: pure or
+//!   output          Format, YAML, tables, UTC times, escaping  │ leaves: pure or
 //!   names           node state / health names, both ways      │ files only
 //!   consensus_summary  etcd members' answers → members, quorum ┘
 //!   cli             clap definitions and argument parsers (uses output::Format)
@@ -79,7 +79,8 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("polisctl: {e:#}");
+            // The error may quote a server's message: shown, never obeyed.
+            eprintln!("polisctl: {}", output::escape_text(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

@@ -1,5 +1,8 @@
 //! The rendering primitives (pure): the output format flag, YAML from JSON values, plain
-//! text tables and UTC times. May not know any command's results (that is `render`).
+//! text tables, UTC times, and the escaping of what the cluster sent before it reaches a
+//! terminal. May not know any command's results (that is `render`).
+
+use std::borrow::Cow;
 
 use clap::ValueEnum;
 use serde_json::Value;
@@ -25,10 +28,63 @@ pub fn yaml(value: &Value) -> String {
     out
 }
 
-/// A plain text table with a header row; columns padded to their widest cell.
+/// Whether `c` must not reach a terminal as it is: a control character (C0, DEL, C1: an
+/// escape sequence could recolour, retitle, move the cursor or answer back) or a
+/// bidirectional formatting character (it reorders what is shown after it).
+fn unprintable(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// `text` with every character [`unprintable`] replaced by a visible escape (`\n`,
+/// `\t`, `\r`, `\x1b`, `\u{9b}`); with `keep_lines`, newlines and tabs stay. Borrowed
+/// when nothing needed escaping.
+fn escape_with(text: &str, keep_lines: bool) -> Cow<'_, str> {
+    let kept = |c: char| keep_lines && matches!(c, '\n' | '\t');
+    if !text.chars().any(|c| unprintable(c) && !kept(c)) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            c if !unprintable(c) || kept(c) => out.push(c),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if (c as u32) < 0x80 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// A string the cluster sent (a node's log line, a label, an ID, a status, a server's
+/// error message, an audit entry), made safe to print as one field of a table or line:
+/// every control character, newlines and tabs too, is shown as an escape. JSON output
+/// needs none of this (serde escapes control characters); table and plain output
+/// of anything that came from the cluster goes through here or [`escape_text`].
+pub fn escape(text: &str) -> Cow<'_, str> {
+    escape_with(text, false)
+}
+
+/// As [`escape`], for a whole message printed as it is (an error with its causes):
+/// newlines and tabs stay, every other control character is escaped.
+pub fn escape_text(text: &str) -> Cow<'_, str> {
+    escape_with(text, true)
+}
+
+/// A plain text table with a header row; columns padded to their widest cell. Every
+/// cell is [`escape`]d: cells hold what the cluster sent.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(|c| escape(c).into_owned()).collect())
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
+    for row in &rows {
         for (i, cell) in row.iter().enumerate() {
             widths[i] = widths[i].max(cell.chars().count());
         }
@@ -46,7 +102,7 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut out = line(header.iter().map(|h| h.to_string()).collect());
     out.push('\n');
     for row in rows {
-        out.push_str(&line(row.clone()));
+        out.push_str(&line(row));
         out.push('\n');
     }
     out
@@ -113,6 +169,46 @@ mod tests {
             ],
         );
         assert_eq!(t, "ID       STATE\na        UP\nlong-id  NEW\n");
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert!(matches!(escape("polis-1 UP"), Cow::Borrowed(_)));
+        assert_eq!(escape("a\x1b[31mred\x1b[0m"), "a\\x1b[31mred\\x1b[0m");
+        assert_eq!(escape("line\nfake: row\tx\r"), "line\\nfake: row\\tx\\r");
+        // C1 controls (8-bit CSI, OSC), DEL, BEL, bidirectional overrides.
+        assert_eq!(
+            escape("\u{9b}31m\u{9d}0;t\u{7}\u{7f}\u{202e}cba"),
+            "\\u{9b}31m\\u{9d}0;t\\x07\\x7f\\u{202e}cba"
+        );
+        // Printable text beyond ASCII is left alone.
+        assert_eq!(escape("größe … 日本"), "größe … 日本");
+        assert_eq!(
+            escape_text("failed:\n\tcaused by \x1b]0;owned\x07"),
+            "failed:\n\tcaused by \\x1b]0;owned\\x07"
+        );
+    }
+
+    #[test]
+    fn yaml_and_json_carry_no_raw_control_characters() {
+        // Both escape by themselves: no need for `escape` in those formats.
+        let v = json!({"text": "a\x1b[31mb\x07c\nd"});
+        for out in [yaml(&v), v.to_string()] {
+            assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
+        }
+    }
+
+    #[test]
+    fn table_cells_are_escaped_and_aligned_as_shown() {
+        let t = table(
+            &["ID", "LABELS"],
+            &[
+                vec!["a\x1b[2J".into(), "x=1\ny=2".into()],
+                vec!["b".into(), "z".into()],
+            ],
+        );
+        assert!(!t.chars().any(|c| c.is_control() && c != '\n'), "{t:?}");
+        assert_eq!(t, "ID        LABELS\na\\x1b[2J  x=1\\ny=2\nb         z\n");
     }
 }
 

@@ -2,7 +2,9 @@
 //! cluster configuration's owner certificate lifetime. Escrowing again (polisctl does,
 //! once 2/3 of that lifetime passed) is how an owner renews: each call issues a new
 //! certificate (`issuance`), recorded as `owner-<serial>`; older ones stay valid until
-//! they expire.
+//! they expire. The recording is guarded by the owner key as it was checked (see
+//! `owner`): an Escrow racing a rotation never leaves an unrevoked certificate for the
+//! old key.
 
 use proto::api;
 use tonic::{Request, Response, Status};
@@ -10,7 +12,7 @@ use tonic::{Request, Response, Status};
 use super::issuance;
 use super::shared::Services;
 use super::status::{self_signed_key, status_from};
-use crate::records;
+use crate::owner;
 
 #[tonic::async_trait]
 impl api::aaa_server::Aaa for Services {
@@ -25,17 +27,17 @@ impl api::aaa_server::Aaa for Services {
             ));
         }
         let _leadership = self.0.leadership().await?;
-        let owner = records::initial_owner(&self.0.curator)
+        let owner = owner::read_owner_key(&self.0.curator)
             .await
             .map_err(status_from)?;
-        if owner.as_deref() != Some(subject.as_slice()) {
+        let Some((_, guard)) = owner.filter(|(key, _)| key.as_slice() == subject.as_slice()) else {
             tracing::warn!("escrow refused: key is not the cluster owner's");
             return Err(Status::permission_denied(
                 "this key is not the cluster owner's key",
             ));
-        }
+        };
         let (owner_certificate, ca_certificate) =
-            issuance::escrow_owner_certificate(&self.0, &subject).await?;
+            issuance::escrow_owner_certificate(&self.0, &subject, guard).await?;
         Ok(Response::new(api::EscrowResponse {
             owner_certificate,
             ca_certificate,

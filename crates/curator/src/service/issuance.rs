@@ -10,7 +10,8 @@
 //!   RenewCertificates  renew                      cluster     node-<id>-<serial>
 //!     with peer          └ (member lookup)        etcd peer   peer-<id>-<member>-<serial>
 //!     (only when due: else the newest recorded one is answered again, see `renewal_due`)
-//!   Escrow             escrow_owner_certificate   cluster     owner-<serial>
+//!   Escrow             escrow_owner_certificate   cluster     owner-<serial> (guarded: the
+//!                                                             owner key unchanged)
 //!   JoinConsensus      join_peer_certificate      etcd peer   peer-<id>-<member> (ensured)
 //!     (membership::join)
 //!   lifetimes: the cluster configuration's (templates::*_lifetime)
@@ -355,10 +356,13 @@ async fn renew_peer(
 }
 
 /// Escrow: a new owner certificate for `subject` (the owner's key), recorded as
-/// `owner-<serial>`; returns it and the cluster CA (DER).
+/// `owner-<serial>` only while `guard` (the owner key as the caller checked it, see
+/// `owner::read_owner_key`) holds; returns it and the cluster CA (DER). Refused
+/// (Aborted, nothing recorded) when the key was replaced since it was checked.
 pub(super) async fn escrow_owner_certificate(
     shared: &Shared,
     subject: &[u8; 32],
+    guard: etcd_client::Compare,
 ) -> Result<(Vec<u8>, Vec<u8>), Status> {
     let lifetime = templates::owner_certificate_lifetime(Some(&configuration(shared).await?));
     let (store, ca) = cluster_ca(shared).await?;
@@ -366,13 +370,24 @@ pub(super) async fn escrow_owner_certificate(
     let issued = ca
         .issue(&template, subject)
         .map_err(|e| Status::internal(format!("issuing the owner certificate: {e}")))?;
+    // Test builds: widen the window between the owner key's check and the recording
+    // (fenced_issuing test: a rotation inside it).
+    crate::pause::pause_point("owner-certificate-signed", &hex::encode(subject)).await;
     let name = layout::owner_certificate_name(&issued.serial);
-    // Not guarded by leadership (the PKI store takes no guard): a deposed leader could
-    // still record a certificate it issued, for a key that is the owner's anyway.
+    // Not guarded by leadership (a deposed leader could still record a certificate it
+    // issued, for a key that is the owner's anyway), but by the owner key: a rotation
+    // lists and revokes the owner certificates after it replaced the key, so one
+    // recorded after that would never be revoked.
     let certificate = store
-        .ensure_certificate(&name, || Ok(issued.clone()))
+        .ensure_certificate_guarded(&name, vec![guard], || Ok(issued.clone()))
         .await
-        .map_err(|e| Status::unavailable(format!("recording the owner certificate: {e}")))?;
+        .map_err(|e| match e {
+            pki::PkiError::Fenced(_) => Status::aborted(
+                "the owner key was replaced while the owner certificate was issued; \
+                 nothing was recorded",
+            ),
+            e => Status::unavailable(format!("recording the owner certificate: {e}")),
+        })?;
     tracing::info!(
         serial = hex::encode(&issued.serial),
         "issued an owner certificate"

@@ -150,8 +150,15 @@ pub(super) async fn serve(
     let cancel = ctx.cancellation_token();
     // tonic runs connections and requests in tasks of its own: give them our span.
     let span = tracing::Span::current();
-    // Outermost: every call is counted, denied and forwarded ones too.
-    let rpc_metrics = metrics::enabled().then(|| metrics::RpcLayer::new(metrics::global()));
+    // Outermost: every call is counted, denied and forwarded ones too; labelled by
+    // method only for the methods in the permission table (every one served), so
+    // that junk paths cannot add series.
+    let rpc_metrics = metrics::enabled().then(|| {
+        metrics::RpcLayer::new(
+            metrics::global(),
+            rpc::authz::METHODS.iter().map(|(path, _)| *path),
+        )
+    });
     let server = rpc::server::builder()
         .timeout(REQUEST_TIMEOUT)
         .trace_fn(move |_| span.clone())

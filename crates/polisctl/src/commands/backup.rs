@@ -20,7 +20,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use proto::api::{self, backup_chunk::Part};
 
 use crate::config_dir::{ca_path, read_pem};
-use crate::output::Format;
+use crate::output::{Format, escape};
 use crate::render::backup::{print_inspected, print_saved};
 use crate::session::{call_error, owner_session};
 
@@ -150,7 +150,7 @@ pub(crate) async fn save(
     if !header.quorum_read {
         eprintln!(
             "polisctl: warning: {} had no etcd quorum: the backup holds its local state, which may miss recent writes",
-            header.node_id
+            escape(&header.node_id)
         );
     }
     Ok(())

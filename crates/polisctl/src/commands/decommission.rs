@@ -8,6 +8,7 @@ use anyhow::{Result, bail};
 use proto::api::{self, NodeState};
 
 use crate::names::state_name;
+use crate::output::{escape, escape_text};
 use crate::session::owner_session;
 
 /// How often a waiting `node decommission` asks how far the node got.
@@ -77,7 +78,7 @@ fn report(id: &str, node: &api::NodeInfo) {
         println!(
             "{id}: {} ({})",
             state_name(node.state),
-            node.decommission_progress
+            escape(&node.decommission_progress)
         );
     }
 }
@@ -93,7 +94,7 @@ pub(crate) async fn node_delete(
     let mut failed = 0;
     for id in ids {
         if let Err(e) = identity::validate_node_id(id) {
-            eprintln!("polisctl: deleting {id}: {e}");
+            eprintln!("polisctl: deleting {}: {e}", escape(id));
             failed += 1;
             continue;
         }
@@ -106,7 +107,7 @@ pub(crate) async fn node_delete(
         match outcome {
             Ok(_) => println!("deleted {id}; its key cannot register again"),
             Err(e) => {
-                eprintln!("polisctl: {e:#}");
+                eprintln!("polisctl: {}", escape_text(&format!("{e:#}")));
                 failed += 1;
             }
         }

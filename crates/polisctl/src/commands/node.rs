@@ -8,7 +8,7 @@ use anyhow::{Result, bail};
 use proto::api::{self, NodeState};
 
 use crate::names::{parse_state, state_name};
-use crate::output::Format;
+use crate::output::{Format, escape, escape_text};
 use crate::render::node::{print_node, print_node_list};
 use crate::session::owner_session;
 
@@ -173,7 +173,7 @@ pub(crate) async fn node_approve(
     let mut failed = 0;
     for id in &ids {
         if let Err(e) = identity::validate_node_id(id) {
-            eprintln!("polisctl: approving {id}: {e}");
+            eprintln!("polisctl: approving {}: {e}", escape(id));
             failed += 1;
             continue;
         }
@@ -186,10 +186,10 @@ pub(crate) async fn node_approve(
         match outcome {
             Ok(r) => {
                 let state = r.node.map(|n| state_name(n.state)).unwrap_or_default();
-                println!("approved {id} ({state})");
+                println!("approved {} ({state})", escape(id));
             }
             Err(e) => {
-                eprintln!("polisctl: {e:#}");
+                eprintln!("polisctl: {}", escape_text(&format!("{e:#}")));
                 failed += 1;
             }
         }

@@ -11,6 +11,7 @@ use proto::api;
 use proto::config::{ClusterBootstrap, ClusterConfiguration, NodeParameters, node_parameters};
 
 use crate::config_dir::{ensure_owner_key, write_private};
+use crate::output::escape;
 use crate::session::owner_session;
 
 /// The cluster configuration `params bootstrap` was given (None: the default).
@@ -77,6 +78,8 @@ pub(crate) async fn register(
     ticket: TicketSettings,
 ) -> Result<()> {
     let id = write_register_params_with(config, endpoints, out, labels.to_vec(), ticket).await?;
+    // The ticket ID is the cluster's answer.
+    let id = escape(&id);
     eprintln!(
         "wrote register parameters to {} (register ticket {id}; `polisctl cluster ticket revoke {id}` revokes it)",
         out.display()
@@ -159,10 +162,11 @@ async fn register_parameters(
         })
         .await?;
     let id = created.info.map(|i| i.id).unwrap_or_default();
-    Ok((
-        register_from(session.pinned_ca(), info, created.ticket, labels)?,
-        id,
-    ))
+    let mut register = register_from(session.pinned_ca(), info, created.ticket, labels)?;
+    // The new node refuses curators this CRL revokes (a removed member's address among
+    // the endpoints), even before it reaches one that hands out a newer CRL.
+    register.crl = session.crl().unwrap_or_default();
+    Ok((register, id))
 }
 
 /// Register parameters from a curator's answer: the CA a new node pins is the one this
@@ -188,6 +192,7 @@ fn register_from(
         ca_certificate: pinned_ca.to_vec(),
         curator_endpoints: info.curator_endpoints,
         labels: labels.into_iter().collect(),
+        crl: Vec::new(),
     })
 }
 

@@ -5,7 +5,7 @@
 use proto::api::AuditEntry;
 use serde_json::json;
 
-use crate::output::{Format, utc_time, yaml};
+use crate::output::{Format, escape, utc_time, yaml};
 
 /// The table header, printed once before the first row.
 pub(crate) fn header(format: Format) -> Option<String> {
@@ -58,11 +58,11 @@ pub(crate) fn entry(e: &AuditEntry, format: Format) -> Option<String> {
             Some(format!(
                 "{:<20}  {:<40}  {:<22}  {:<36}  {:<40}  {}",
                 time,
-                format!("{} {}", e.identity_kind, e.identity),
-                e.source_address,
-                method,
-                e.target,
-                result
+                escape(&format!("{} {}", e.identity_kind, e.identity)),
+                escape(&e.source_address),
+                escape(method),
+                escape(&e.target),
+                escape(&result)
             ))
         }
     }
@@ -122,5 +122,24 @@ mod tests {
             serde_json::from_str(&entry(&e, Format::Json).unwrap()).unwrap();
         assert_eq!(json["count"], 300);
         assert_eq!(json["first_time_unix_micros"], 1_000_000);
+    }
+
+    #[test]
+    fn escape_sequences_in_entries_are_shown_not_obeyed() {
+        let e = AuditEntry {
+            identity: "serial \x1b[2J".into(),
+            method: "/polis.api.Management/UpdateNodeLabels".into(),
+            target: "polis-\x1b[31m".into(),
+            code: 3,
+            code_name: "InvalidArgument".into(),
+            message: "bad\u{9b}1m".into(),
+            ..Default::default()
+        };
+        let row = entry(&e, Format::Table).unwrap();
+        assert!(!row.chars().any(char::is_control), "{row:?}");
+        assert!(
+            row.contains("polis-\\x1b[31m") && row.contains("bad\\u{9b}1m"),
+            "{row}"
+        );
     }
 }

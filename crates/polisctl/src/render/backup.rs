@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use crate::output::{self, Format};
+use crate::output::{self, Format, escape};
 
 fn header_value(file: &Path, header: &backup::Header, trailer: &backup::Trailer) -> Value {
     json!({
@@ -44,8 +44,8 @@ fn print_header(header: &backup::Header, trailer: &backup::Trailer) {
     } else {
         "local state only: the member had no quorum"
     };
-    println!("CA fingerprint:  SHA256:{}", header.ca_fingerprint);
-    println!("Node:            {}", header.node_id);
+    println!("CA fingerprint:  SHA256:{}", escape(&header.ca_fingerprint));
+    println!("Node:            {}", escape(&header.node_id));
     println!("etcd revision:   {} ({quorum})", header.revision);
     println!(
         "Taken at:        {}",
@@ -53,7 +53,8 @@ fn print_header(header: &backup::Header, trailer: &backup::Trailer) {
     );
     println!(
         "Versions:        Polis {}, etcd {}",
-        header.polis_version, header.etcd_version
+        escape(&header.polis_version),
+        escape(&header.etcd_version)
     );
     println!(
         "etcd IDs:        cluster {}, member {}",

@@ -3,7 +3,7 @@
 use proto::api;
 use serde_json::json;
 
-use crate::output::{self, Format};
+use crate::output::{self, Format, escape};
 
 /// `cluster info`: the CA fingerprint, the cluster domain, the curators, the node count.
 pub(crate) fn print_cluster_info(info: api::GetClusterInfoResponse, format: Format) {
@@ -24,8 +24,11 @@ pub(crate) fn print_cluster_info(info: api::GetClusterInfoResponse, format: Form
         Format::Yaml => print!("{}", output::yaml(&value)),
         Format::Table => {
             println!("CA fingerprint:    SHA256:{fingerprint}");
-            println!("Cluster domain:    {domain}");
-            println!("Curators:          {}", info.curator_endpoints.join(", "));
+            println!("Cluster domain:    {}", escape(&domain));
+            println!(
+                "Curators:          {}",
+                escape(&info.curator_endpoints.join(", "))
+            );
             println!("Nodes:             {}", info.node_count);
         }
     }

@@ -13,7 +13,7 @@ use ratatui::widgets::{Block, Borders, Paragraph, Row, Table};
 
 use crate::consensus_summary::MemberStatus;
 use crate::names::{health_name, state_name};
-use crate::output::utc_time;
+use crate::output::{escape, utc_time};
 
 /// Most audit entries kept (the newest); the view shows as many as fit.
 pub(crate) const AUDIT_KEPT: usize = 200;
@@ -81,7 +81,7 @@ pub(crate) fn draw(frame: &mut Frame, state: &DashboardState) {
     let lines: Vec<Line> = state
         .errors
         .iter()
-        .map(|(source, e)| Line::from(format!("{source}: {e}")))
+        .map(|(source, e)| Line::from(escape(&format!("{source}: {e}")).into_owned()))
         .collect();
     frame.render_widget(Paragraph::new(lines), errors);
 }
@@ -114,12 +114,12 @@ fn draw_nodes(frame: &mut Frame, area: Rect, state: &DashboardState) {
             ""
         };
         Row::new(vec![
-            n.id.clone(),
+            escape(&n.id).into_owned(),
             state_name(n.state),
             health_name(n.health),
             heartbeat,
-            n.roles.join(","),
-            n.address.clone(),
+            escape(&n.roles.join(",")).into_owned(),
+            escape(&n.address).into_owned(),
             curator.to_string(),
         ])
     });
@@ -186,7 +186,7 @@ fn draw_members(frame: &mut Frame, area: Rect, state: &DashboardState) {
         };
         Row::new(vec![
             format!("{:016x}", m.id),
-            m.node.clone(),
+            escape(&m.node).into_owned(),
             etcd.to_string(),
             curator.to_string(),
             index,
@@ -227,11 +227,11 @@ pub(crate) fn audit_line(e: &api::AuditEntry) -> String {
     format!(
         "{}  {:<24} {:<38} {} {}  {}",
         utc_time(e.time_unix_micros / 1000),
-        method,
-        e.target,
-        e.identity_kind,
-        e.identity,
-        result
+        escape(method),
+        escape(&e.target),
+        escape(&e.identity_kind),
+        escape(&e.identity),
+        escape(&result)
     )
 }
 
@@ -387,6 +387,23 @@ mod tests {
             assert!(audit.contains(want), "audit line {audit:?} lacks {want:?}");
         }
         line_with(&lines, "nodes: curator unreachable");
+    }
+
+    #[test]
+    fn escape_sequences_from_the_cluster_are_shown_escaped() {
+        let mut state = DashboardState {
+            nodes: Some(vec![node(NODE_A, "127.0.0.4\u{202e}")]),
+            ..Default::default()
+        };
+        state.push_audit(api::AuditEntry {
+            method: "/polis.api.Management/UpdateNodeLabels".into(),
+            target: "polis-\x1b[31m".into(),
+            ..Default::default()
+        });
+        let lines = screen(&state);
+        line_with(&lines, "polis-\\x1b[31m");
+        // (The address column is 16 wide: the escape is cut, but shown.)
+        line_with(&lines, "127.0.0.4\\u{202");
     }
 
     #[test]

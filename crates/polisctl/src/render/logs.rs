@@ -5,7 +5,7 @@
 use proto::api::NodeLogLine;
 use serde_json::json;
 
-use crate::output::{Format, utc_time, yaml};
+use crate::output::{Format, escape, utc_time, yaml};
 
 /// One line (or a "lines dropped" marker) in `format`.
 pub(crate) fn line(l: &NodeLogLine, format: Format) -> Option<String> {
@@ -30,17 +30,19 @@ pub(crate) fn line(l: &NodeLogLine, format: Format) -> Option<String> {
             "… {} lines dropped (this reader fell behind the node's buffer)",
             l.dropped
         )),
+        // One line each, whatever the node sent: a compromised node's escape sequences
+        // or newlines (fake lines) are shown, not obeyed.
         Format::Table => Some(format!(
             "{} {:>5} {} {}: {}",
             utc_time(l.time_unix_micros / 1000),
-            l.level,
+            escape(&l.level),
             if l.runnable.is_empty() {
-                "-"
+                "-".into()
             } else {
-                &l.runnable
+                escape(&l.runnable)
             },
-            l.target,
-            l.text
+            escape(&l.target),
+            escape(&l.text)
         )),
     }
 }
@@ -77,5 +79,23 @@ mod tests {
                 .contains("7 lines dropped")
         );
         assert_eq!(line(&marker, Format::Json).unwrap(), r#"{"dropped":7}"#);
+    }
+
+    #[test]
+    fn a_nodes_escape_sequences_and_newlines_are_shown_not_obeyed() {
+        let l = NodeLogLine {
+            level: "INFO".into(),
+            runnable: "root\x1b]0;x\x07".into(),
+            target: "t".into(),
+            text: "\x1b[31mred\n2024-01-01T00:00:00Z ERROR fake line".into(),
+            ..Default::default()
+        };
+        let text = line(&l, Format::Table).unwrap();
+        assert!(!text.chars().any(char::is_control), "{text:?}");
+        assert!(
+            text.contains("root\\x1b]0;x\\x07")
+                && text.ends_with("\\x1b[31mred\\n2024-01-01T00:00:00Z ERROR fake line"),
+            "{text}"
+        );
     }
 }

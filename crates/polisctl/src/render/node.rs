@@ -6,7 +6,7 @@ use proto::state::NodeStatus;
 use serde_json::{Value, json};
 
 use crate::names::{health_name, state_name};
-use crate::output::{self, Format};
+use crate::output::{self, Format, escape};
 
 fn node_json(n: &api::NodeInfo) -> Value {
     let labels: serde_json::Map<String, Value> = n
@@ -97,7 +97,7 @@ pub(crate) fn print_node_list(nodes: &[api::NodeInfo], format: Format) {
             );
             for n in nodes {
                 for w in &n.warnings {
-                    println!("warning: node {}: {w}", n.id);
+                    println!("warning: node {}: {}", escape(&n.id), escape(w));
                 }
             }
         }
@@ -121,27 +121,27 @@ pub(crate) fn print_node(node: &api::NodeInfo, format: Format) {
                 .time_since_heartbeat_ms
                 .map(|ms| format!("{:.1} s ago", ms as f64 / 1000.0))
                 .unwrap_or_else(|| "never (since the current leader took over)".into());
-            println!("ID:          {}", node.id);
+            println!("ID:          {}", escape(&node.id));
             println!("State:       {}", state_name(node.state));
             println!("Health:      {}", health_name(node.health));
             println!("Heartbeat:   {heartbeat}");
-            println!("Address:     {}", node.address);
-            println!("Roles:       {}", node.roles.join(", "));
-            println!("Labels:      {}", labels.join(", "));
+            println!("Address:     {}", escape(&node.address));
+            println!("Roles:       {}", escape(&node.roles.join(", ")));
+            println!("Labels:      {}", escape(&labels.join(", ")));
             println!("Public key:  {}", hex_encode(&node.public_key));
             if !node.decommission_progress.is_empty() {
-                println!("Decommission: {}", node.decommission_progress);
+                println!("Decommission: {}", escape(&node.decommission_progress));
             }
             for w in &node.warnings {
-                println!("Warning:     {w}");
+                println!("Warning:     {}", escape(w));
             }
             match &node.status {
                 None => println!("Status:      not reported yet"),
                 Some(status) => {
                     let running = services(status);
                     println!("Status:");
-                    println!("  Address:   {}", status.address);
-                    println!("  Version:   {}", status.version);
+                    println!("  Address:   {}", escape(&status.address));
+                    println!("  Version:   {}", escape(&status.version));
                     println!(
                         "  Services:  {}",
                         if running.is_empty() {

@@ -6,7 +6,7 @@ use proto::api;
 use proto::config::ClusterConfiguration;
 use serde_json::json;
 
-use crate::output::{self, Format};
+use crate::output::{self, Format, escape};
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -62,7 +62,7 @@ pub(crate) fn print_list(answer: &api::ListSnapshotsResponse, format: Format) {
                 output::table(&["NODE", "NAME", "REVISION", "SIZE", "AGE"], &rows)
             );
             for u in &answer.unreachable {
-                println!("unreachable: {u}");
+                println!("unreachable: {}", escape(u));
             }
         }
     }
@@ -98,7 +98,7 @@ pub(crate) fn print_config(c: &ClusterConfiguration, format: Format) {
         Format::Json => println!("{value}"),
         Format::Yaml => print!("{}", output::yaml(&value)),
         Format::Table => {
-            println!("Cluster domain:              {}", c.cluster_domain);
+            println!("Cluster domain:              {}", escape(&c.cluster_domain));
             println!(
                 "Node certificate lifetime:   {}",
                 lifetime(c.node_certificate_lifetime_seconds)

@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use crate::consensus_summary::{MemberStatus, PeerSeen};
-use crate::output::{self, Format};
+use crate::output::{self, Format, escape};
 
 /// The members (a table, or JSON / YAML with the quorum), the curators that did not
 /// answer, whether there is a quorum, the curator leader, and the nodes' warnings.
@@ -77,24 +77,27 @@ pub(crate) fn print_status(
                 )
             );
             for u in unreachable {
-                println!("unreachable: {u}");
+                println!("unreachable: {}", escape(u));
             }
             for line in members.iter().filter_map(peer_line) {
-                println!("{line}");
+                println!("{}", escape(&line));
             }
             println!("quorum: {}", if quorum { "yes" } else { "NO" });
             match curator_leader {
-                Some((node, endpoint)) => println!("curator leader: {node} at {endpoint}"),
+                Some((node, endpoint)) => {
+                    println!("curator leader: {} at {}", escape(node), escape(endpoint))
+                }
                 None => println!("curator leader: none answered"),
             }
             for (member, alarm) in alarms {
                 println!(
-                    "alarm: etcd {alarm} raised by member {member:x}{}",
+                    "alarm: etcd {} raised by member {member:x}{}",
+                    escape(alarm),
                     alarm_meaning(alarm)
                 );
             }
             for w in warnings {
-                println!("warning: {w}");
+                println!("warning: {}", escape(w));
             }
         }
     }

@@ -18,6 +18,7 @@ use crate::config_dir::{
     ca_path, crl_path, endpoints, load_owner_key, owner_certificate_path, owner_key_path, read_pem,
     remember_endpoints, saved_crl, saved_epoch, write_pem,
 };
+use crate::output::escape_text;
 pub(crate) use errors::call_error;
 use errors::call_failure;
 pub(crate) use escrow::escrow;
@@ -78,7 +79,10 @@ pub(crate) async fn owner_session(config: &Path, raw_endpoints: &[String]) -> Re
                 certificate = response.owner_certificate;
             }
             Err(e) if state == OwnerCertificate::RenewDue => {
-                eprintln!("polisctl: warning: {e:#}; using the current owner certificate");
+                eprintln!(
+                    "polisctl: warning: {}; using the current owner certificate",
+                    escape_text(&format!("{e:#}"))
+                );
             }
             Err(e) => {
                 return Err(e.context(format!(
@@ -148,7 +152,10 @@ impl OwnerSession {
             Err(e) => Err(anyhow!("{e}")),
         };
         if let Err(e) = outcome {
-            eprintln!("polisctl: warning: refreshing the cluster CRL: {e:#}");
+            eprintln!(
+                "polisctl: warning: refreshing the cluster CRL: {}",
+                escape_text(&format!("{e:#}"))
+            );
         }
     }
 
@@ -252,6 +259,10 @@ impl OwnerSession {
     /// The cluster CA pinned in the config directory (`CFG/ca.pem`).
     pub(crate) fn pinned_ca(&self) -> &[u8] {
         &self.ca
+    }
+    /// The newest cluster CRL this session has (saved, or refreshed by its first call).
+    pub(crate) fn crl(&self) -> Option<Vec<u8>> {
+        self.crl.current()
     }
     pub(crate) fn trust(&self) -> &rpc::ServerTrust {
         self.client.trust()
