@@ -104,6 +104,18 @@ fn one_cluster(cluster: &Cluster, endpoints: &str) -> Result<serde_json::Value> 
     Ok(status)
 }
 
+/// How many voters answered in a `cluster status` JSON.
+fn voters_answering(status: &serde_json::Value) -> usize {
+    status["members"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter(|m| m["role"] == "voter" && m["answered"] == true)
+                .count()
+        })
+        .unwrap_or_default()
+}
+
 /// The polis-node error line of a refused command.
 fn refusal_line(output: &str) -> Result<String> {
     output
@@ -160,14 +172,7 @@ fn a_second_recover_is_refused_while_the_first_serves() -> Result<()> {
     let both = endpoints(&[&nodes[0], &nodes[1]]);
     wait_until("member 1 rejoined or holds back", TIMEOUT, || {
         cluster.status(&both).is_ok_and(|(ok, s)| {
-            let voters = s["members"]
-                .as_array()
-                .map(|m| {
-                    m.iter()
-                        .filter(|m| m["role"] == "voter" && m["answered"] == true)
-                        .count()
-                })
-                .unwrap_or_default();
+            let voters = voters_answering(&s);
             ok && (voters == 2 || s["warnings"].to_string().contains("holding back"))
         })
     })?;
@@ -199,20 +204,30 @@ fn two_recovers_at_the_same_moment_leave_one_cluster() -> Result<()> {
     nodes[0].proc = Some(a);
     nodes[1].proc = Some(b);
     let both = endpoints(&[&nodes[0], &nodes[1]]);
-    // Settled: a quorum, and the other member either a voter again or holding back.
+    // Settled: a quorum, and the other member either a voter again, holding back, or
+    // refused outright (its recover saw the first one's claim: exit 1).
+    let mut refused = None;
     wait_until("one cluster after two recovers", TIMEOUT, || {
+        for (i, node) in nodes.iter_mut().take(2).enumerate() {
+            if refused.is_none()
+                && let Ok(Some(status)) = node.proc().child.try_wait()
+            {
+                refused = Some((i, status, node.proc().output()));
+            }
+        }
         cluster.status(&both).is_ok_and(|(ok, s)| {
-            let voters = s["members"]
-                .as_array()
-                .map(|m| {
-                    m.iter()
-                        .filter(|m| m["role"] == "voter" && m["answered"] == true)
-                        .count()
-                })
-                .unwrap_or_default();
-            ok && (voters == 2 || s["warnings"].to_string().contains("holding back"))
+            let voters = voters_answering(&s);
+            ok && (voters == 2
+                || s["warnings"].to_string().contains("holding back")
+                || (voters == 1 && refused.is_some()))
         })
     })?;
+    if let Some((i, status, output)) = &refused {
+        assert!(!status.success(), "member {i}'s recover exited: {output}");
+        let line = refusal_line(output)?;
+        assert!(line.contains("newer epoch"), "{line}");
+        println!("member {i}'s recover was refused: {line}");
+    }
     let status = one_cluster(&cluster, &both)?;
     println!("after two recovers: {status}");
 
