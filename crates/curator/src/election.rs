@@ -43,7 +43,7 @@ pub const ELECTION: &str = "leader";
 pub const READ_LEASE: Duration = Duration::from_millis(300);
 
 /// How far the rate of one host's monotonic clock may differ from another's, in per
-/// mille. NTP slews a clock by at most 0.5 ‰; 100 ‰ leaves room for worse clocks (a VM's)
+/// mille. NTP slews a clock by at most 0.5 ‰; 100 ‰ leaves room for badly drifting clocks
 /// at the price of a few tens of milliseconds of [`TAKEOVER`].
 const CLOCK_RATE_ERROR_PER_MILLE: u128 = 100;
 
@@ -61,6 +61,9 @@ const CLOCK_RATE_ERROR_PER_MILLE: u128 = 100;
 /// - so N acts only after P answered its last read once TAKEOVER ≥ READ_LEASE · (1 + ε)
 ///   / (1 − ε): 300 ms · 1.1 / 0.9 = 366.7 ms, rounded up to 367 ms.
 ///
+/// It assumes that monotonic clocks count while their host runs, also while a process
+/// is stopped (CLOCK_MONOTONIC does); a host whose clock stands still while it is frozen
+/// (a VM whose hypervisor holds the guest clock) breaks the bound, as it would any lease.
 /// This needs nothing of the election's lease timing: a deposed etcd leader that renews
 /// the election lease unaware (etcd before 3.4.25, issue 15247), or followers revoking it
 /// on the evidence of an etcd leader change 500 ms later ([`revoke_dead_leader`]), cannot
