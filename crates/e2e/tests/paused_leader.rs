@@ -31,9 +31,10 @@ const ROUNDS: usize = 4;
 /// about 2 s (`curator::election`, evidence for 500 ms of no renewal for over a second);
 /// its lease TTL is 3 s.
 const PAUSE: Duration = Duration::from_millis(2700);
-/// How often a read is sent to the frozen leader (≤ 30 per round: fewer than the
-/// curator's 32 concurrent streams per connection).
+/// How often a read is sent to the frozen leader, and at most how many per round (fewer
+/// than the curator's 32 concurrent streams per connection).
 const READ_EVERY: Duration = Duration::from_millis(100);
+const MAX_READS: usize = 30;
 /// Bound on one write attempt: one forwarded to the frozen leader is given up.
 const WRITE_ATTEMPT: Duration = Duration::from_millis(300);
 /// Pause between write attempts, and at most this many per round (labels are cleared
@@ -241,7 +242,7 @@ fn round(
             let (acked, target) = (acked.clone(), target.to_string());
             async move {
                 let mut sent = Vec::new();
-                while Instant::now() < until {
+                while Instant::now() < until && sent.len() < MAX_READS {
                     let acked_before: BTreeSet<String> = acked
                         .lock()
                         .expect("acked lock")
