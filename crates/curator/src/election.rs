@@ -7,7 +7,9 @@
 //! ```
 //! Every leader write is guarded by `create_revision(key) == rev` ([`guard`]): once the
 //! lease expires, etcd deletes the key and a deposed leader's writes fail even before it
-//! notices.
+//! notices. Reads a leader answers from memory are covered by a read lease instead
+//! (`service::confirm`): a winner acts ([`Role::Leader`]) only [`TAKEOVER`] after it won,
+//! once any read lease ([`READ_LEASE`]) its predecessor may still hold has run out.
 //!
 //! The TTL that counts is the one etcd *granted* (it raises requests below its minimum,
 //! 1.5 election timeouts rounded up to a second): keepalives and loss detection use it.
@@ -33,6 +35,50 @@ pub const ETCD_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Election name inside the curator namespace.
 pub const ELECTION: &str = "leader";
+
+/// How long a leader's reads may leave on one confirmation that it leads
+/// (`service::confirm`), counted on its monotonic clock from the moment the confirming
+/// etcd read (linearizable) was sent. Short, so that [`TAKEOVER`] stays short; a
+/// leader answering reads refreshes it well before it ends.
+pub const READ_LEASE: Duration = Duration::from_millis(300);
+
+/// How far the rate of one host's monotonic clock may differ from another's, in per
+/// mille. NTP slews a clock by at most 0.5 ‰; 100 ‰ leaves room for badly drifting clocks
+/// at the price of a few tens of milliseconds of [`TAKEOVER`].
+const CLOCK_RATE_ERROR_PER_MILLE: u128 = 100;
+
+/// How long a curator that won the election holds the key before it acts as leader.
+///
+/// The arithmetic (ε = [`CLOCK_RATE_ERROR_PER_MILLE`] / 1000; a clock counts between
+/// 1 − ε and 1 + ε of its seconds per real second):
+/// - leader P sends a linearizable read of its election key at S (its clock) and etcd
+///   finds the key at some real moment after S; P answers reads until S + READ_LEASE on
+///   its clock, i.e. until at most READ_LEASE / (1 − ε) real time after S;
+/// - the key is deleted after that moment (lease revoked or expired, or P resigned), and
+///   a successor N wins only once it is gone (a deleted key never returns: a new campaign
+///   holds a new lease, so a new key), so after S; N acts TAKEOVER on its clock after
+///   its win, i.e. at least TAKEOVER / (1 + ε) real time after S;
+/// - so N acts only after P answered its last read once TAKEOVER ≥ READ_LEASE · (1 + ε)
+///   / (1 − ε): 300 ms · 1.1 / 0.9 = 366.7 ms, rounded up to 367 ms.
+///
+/// It assumes that monotonic clocks count while their host runs, also while a process
+/// is stopped (CLOCK_MONOTONIC does); a host whose clock stands still while it is frozen
+/// (a VM whose hypervisor holds the guest clock) breaks the bound, as it would any lease.
+/// This needs nothing of the election's lease timing: a deposed etcd leader that renews
+/// the election lease unaware (etcd before 3.4.25, issue 15247), or followers revoking it
+/// on the evidence of an etcd leader change 500 ms later ([`revoke_dead_leader`]), cannot
+/// move the successor's first act before P's last read; only etcd's linearizable read
+/// (confirmed by a majority) and the clock rates count.
+pub const TAKEOVER: Duration = takeover_after(READ_LEASE);
+
+/// [`TAKEOVER`] for a read lease of `read_lease`: see there.
+const fn takeover_after(read_lease: Duration) -> Duration {
+    let micros = read_lease.as_micros() * (1000 + CLOCK_RATE_ERROR_PER_MILLE);
+    let denominator = 1000 - CLOCK_RATE_ERROR_PER_MILLE;
+    // Rounded up to a whole millisecond.
+    let micros = micros.div_ceil(denominator).div_ceil(1000) * 1000;
+    Duration::from_micros(micros as u64)
+}
 
 /// Proof of leadership: the election key this curator holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,6 +264,30 @@ pub async fn run(
             "campaign response without leader key",
         ))?
         .clone();
+    // Hand over at once rather than after the TTL; but etcd may be stopping too (the
+    // whole node shuts down), so do not wait long for it.
+    let hand_over = |mut client: Client, key: etcd_client::LeaderKey| async move {
+        let handover = async {
+            let _ = client
+                .resign(Some(ResignOptions::new().with_leader(key)))
+                .await;
+            let _ = client.lease_revoke(lease).await;
+        };
+        let _ = tokio::time::timeout(HANDOVER_TIMEOUT, handover).await;
+    };
+    tracing::info!(
+        node_id = config.node_id,
+        takeover = ?TAKEOVER,
+        "elected; acting as the curator leader once the previous one's reads have ended"
+    );
+    tokio::select! {
+        () = tokio::time::sleep(TAKEOVER) => {}
+        e = &mut keepalive => return Err(e),
+        _ = cancel.cancelled() => {
+            hand_over(client, key).await;
+            return Ok(());
+        }
+    }
     let leadership = Leadership {
         key: key.key().to_vec(),
         revision: key.rev(),
@@ -232,13 +302,7 @@ pub async fn run(
     let outcome = tokio::select! {
         e = &mut keepalive => Err(e),
         _ = cancel.cancelled() => {
-            // Hand over at once rather than after the TTL; but etcd may be stopping
-            // too (the whole node shuts down), so do not wait long for it.
-            let handover = async {
-                let _ = client.resign(Some(ResignOptions::new().with_leader(key))).await;
-                let _ = client.lease_revoke(lease).await;
-            };
-            let _ = tokio::time::timeout(HANDOVER_TIMEOUT, handover).await;
+            hand_over(client, key).await;
             Ok(())
         }
     };
@@ -444,6 +508,30 @@ mod tests {
         assert!(!s.observe(7, 3, 3, t0));
         s.clear();
         assert!(!s.observe(7, 3, 3, t0 + SILENCE_TO_REVOKE));
+    }
+
+    #[test]
+    fn a_successor_acts_only_after_its_predecessors_last_read_on_any_clock() {
+        assert_eq!(TAKEOVER, Duration::from_millis(367));
+        let e = CLOCK_RATE_ERROR_PER_MILLE;
+        for lease_ms in [1, 7, 100, 300, 333, 1000, 2500] {
+            let lease = Duration::from_millis(lease_ms);
+            let takeover = takeover_after(lease);
+            // In real time, the predecessor's clock slow (its lease lasts longest,
+            // lease / (1 − ε)), the successor's fast (its wait ends soonest,
+            // takeover / (1 + ε)); both times multiplied by (1 + ε)(1 − ε), in per mille,
+            // to stay in integers. Still in order...
+            let last_read = lease.as_micros() * (1000 + e);
+            let first_act = takeover.as_micros() * (1000 - e);
+            assert!(first_act >= last_read, "{lease:?}: {takeover:?}");
+            // ...and not much later: a millisecond of rounding.
+            assert!(
+                first_act - last_read < 1000 * (1000 - e),
+                "{lease:?}: {takeover:?}"
+            );
+        }
+        // Short enough not to change what a failover costs much.
+        assert!(TAKEOVER < Duration::from_millis(500));
     }
 
     #[test]

@@ -55,6 +55,11 @@
 //!   Re-running it with the same records succeeds; with different ones it fails.
 //! - Every leader write is an etcd transaction guarded by the leader's election key
 //!   (`election::leader_txn`): a deposed leader cannot write.
+//! - A read the leader answers leaves only while its read lease holds: etcd found its
+//!   election key in a linearizable read sent less than `election::READ_LEASE` before,
+//!   or in one started after the answer was made (`service::confirm`); a winner acts only
+//!   `election::TAKEOVER` after its win, when its predecessor's lease is over. A deposed
+//!   leader answers no read from memory.
 //! - Followers answer CuratorLocal from their own etcd member and forward every other
 //!   call to the leader with the caller's verified identity; the leader accepts a
 //!   forwarded identity only from the node certificate of an UP consensus member.

@@ -190,12 +190,19 @@ async fn follower_serves_local_api_and_takes_over() -> Result<()> {
         .context("leader is one of ours")?;
     let follower = 1 - leader;
 
-    // The leader serves Management, and so does the follower: it forwards the call to
-    // the leader with the owner's verified identity.
-    assert_eq!(
-        list_nodes(curators[leader].endpoint, &ca.cert_der, &owner).await??,
-        2
-    );
+    // The leader serves Management (once it acts: `election::TAKEOVER` after its win),
+    // and so does the follower: it forwards the call to the leader with the owner's
+    // verified identity.
+    let deadline = Instant::now() + TIMEOUT;
+    let served = loop {
+        match list_nodes(curators[leader].endpoint, &ca.cert_der, &owner).await? {
+            Err(s) if s.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            answer => break answer,
+        }
+    };
+    assert_eq!(served?, 2);
     let forwarded = list_nodes(curators[follower].endpoint, &ca.cert_der, &owner).await?;
     assert_eq!(forwarded.map_err(|s| s.to_string()), Ok(2));
     // The follower serves the local API.

@@ -11,6 +11,8 @@
 //! ```
 //! The trust rule: only a consensus member's certificate may present a forwarded
 //! identity. A worker or owner that sends the header is denied, whatever it claims.
+//! What this layer lets through is served here; a leader's answers to reads then wait
+//! for its proof that it still leads (the curator's `ConfirmLayer`, inside this one).
 
 use std::future::Future;
 use std::pin::Pin;

@@ -132,6 +132,9 @@ pub(super) async fn serve(
     }))
     .with_denials(super::audit_writer::denials(audit_sink.clone()));
     let forward = rpc::ForwardLayer::new(forwarding(shared.clone()));
+    // Inside forwarding: a read served here as leader leaves only once etcd confirms,
+    // after it was answered, that this curator still leads.
+    let confirm = super::confirm::ConfirmLayer::new(shared.clone());
     // Before forwarding (whose leader lookup reads etcd): no leader, no wait.
     let quorum = super::quorum::QuorumLayer::new(shared.etcd_leader.clone());
     // Innermost: sees exactly the calls handled here, with their verified caller.
@@ -168,6 +171,7 @@ pub(super) async fn serve(
         .layer(auth)
         .layer(quorum)
         .layer(forward)
+        .layer(confirm)
         .layer(audit)
         .add_service(api::curator_local_server::CuratorLocalServer::new(
             services.clone(),

@@ -21,8 +21,9 @@
 //!   │                ROOT/data/snapshots, pruned past the count kept (`scheduled`)
 //!   ├── curator-certificate  the curator certificate served (issued at start when
 //!   │                missing; renewed when due; see `curator_certificate`)
-//!   └── listener     TLS + AuthLayer → QuorumLayer → local | aaa | management | nodes (Curator service)
-//!                    | backup | audit_log; AuditLayer → audit_writer
+//!   └── listener     TLS + AuthLayer → QuorumLayer → ForwardLayer → ConfirmLayer → local | aaa
+//!                    | management | nodes (Curator service) | backup | audit_log;
+//!                    AuditLayer → audit_writer
 //! ```
 //!
 //! Modules top to bottom (each imports only modules below it, and the crate's own:
@@ -30,6 +31,8 @@
 //! ```text
 //!   run (this file)  wires the runnables
 //!   listener         TLS, AuthLayer, ForwardLayer, every service
+//!   confirm          ConfirmLayer: a read the leader answers leaves only once etcd
+//!                    confirms, after the answer, that this curator still leads
 //!   handlers         local (CuratorLocal), aaa (AAA), management (Management),
 //!                    nodes (Curator), backup (Backup: a snapshot of this curator's
 //!                    own etcd member); node_info builds their NodeInfo answers;
@@ -78,6 +81,7 @@ mod audit_log;
 mod audit_writer;
 mod backup;
 pub mod certificates;
+mod confirm;
 mod crl;
 mod curator_certificate;
 mod decommission;

@@ -159,6 +159,13 @@ impl Shared {
         }
         let leader = election::current_leader(&self.curator).await.ok().flatten();
         Err(Status::unavailable(match leader {
+            // Won, but acts only once its predecessor's reads have ended (or it is
+            // stepping down while etcd still holds its key).
+            Some(l) if l.node_id == self.config.node_id => format!(
+                "the election names this curator, which does not act as leader now (just \
+                 elected, it acts within {:?}; or stepping down); retry",
+                election::TAKEOVER
+            ),
             Some(l) => format!(
                 "this curator is not the leader; the leader is {} at {}",
                 l.node_id, l.endpoint
