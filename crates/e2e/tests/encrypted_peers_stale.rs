@@ -88,6 +88,7 @@ async fn a_stale_or_hostile_peer_does_not_keep_a_member_locked() -> Result<()> {
             .serve_with_incoming(rpc::incoming(
                 listener,
                 rpc::tls::server_config(&credentials)?,
+                rpc::Port::Unlock,
             )),
     );
 

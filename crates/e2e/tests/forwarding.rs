@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use e2e::{Cluster, endpoints, read_register_params};
+use e2e::{Cluster, endpoints, read_register_params, unique_loopback};
 use proto::api;
 
 /// Registrations held open through the follower: more than one connection's streams.
@@ -58,12 +58,16 @@ async fn forty_waiting_registrations_do_not_block_forwarded_calls() -> Result<()
         .find(|c| c.ip() != leader)
         .context("a curator that does not lead")?;
 
-    // 40 registrations, each from its own key and connection, all waiting for approval.
+    // 40 registrations, each from its own key, connection and address (as 40 nodes
+    // would: one address holds only a few connections and streams without a cluster
+    // certificate), all waiting for approval.
     let trust = rpc::ServerTrust::PinnedCa(register.ca_certificate.clone());
     let mut waiting = Vec::new();
     for n in 0..WAITING_REGISTRATIONS {
         let key = identity::NodeKey::generate()?;
-        let channel = rpc::connect(follower, &trust, Some(&rpc::self_signed(&key)?)).await?;
+        let slot = rpc::CredentialSlot::new(rpc::self_signed(&key)?)?;
+        let channel =
+            rpc::connect_from(follower, &trust, Some(&slot), Some(unique_loopback())).await?;
         let mut updates = tokio::time::timeout(
             Duration::from_secs(30),
             api::curator_client::CuratorClient::new(channel).register_node(

@@ -115,7 +115,7 @@ async fn a_compromised_nodes_escape_sequences_are_shown_not_obeyed() -> Result<(
     let server = tokio::spawn(
         rpc::server::builder()
             .add_service(api::node_logs_server::NodeLogsServer::new(HostileLogs))
-            .serve_with_incoming(rpc::incoming(listener, tls)),
+            .serve_with_incoming(rpc::incoming(listener, tls, rpc::Port::Node)),
     );
     let logs = tokio::task::block_in_place(|| cluster.ctl(&["node", "logs", &id, "-n", "5"]));
     server.abort();

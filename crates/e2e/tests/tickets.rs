@@ -24,8 +24,9 @@ fn params(cluster: &Cluster, name: &str, extra: &[&str]) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// RegisterNode with a new key (self-signed, as a new node calls it) and a new address:
-/// the state it was registered in, or the refusal.
+/// RegisterNode with a new key (self-signed, as a new node calls it) and a new address,
+/// called from that address (as a node does; the curator caps registrations per
+/// source): the state it was registered in, or the refusal.
 async fn register_new_key(
     endpoint: SocketAddr,
     params: &Path,
@@ -33,11 +34,13 @@ async fn register_new_key(
     let register = read_register_params(params)?;
     let key = identity::NodeKey::generate()?;
     let trust = rpc::ServerTrust::PinnedCa(register.ca_certificate.clone());
-    let channel = rpc::connect(endpoint, &trust, Some(&rpc::self_signed(&key)?)).await?;
+    let address = unique_loopback();
+    let slot = rpc::CredentialSlot::new(rpc::self_signed(&key)?)?;
+    let channel = rpc::connect_from(endpoint, &trust, Some(&slot), Some(address)).await?;
     let answer = api::curator_client::CuratorClient::new(channel)
         .register_node(api::RegisterNodeRequest {
             register_ticket: register.register_ticket.clone(),
-            address: unique_loopback().to_string(),
+            address: address.to_string(),
             ..Default::default()
         })
         .await;

@@ -4,12 +4,23 @@
 //!
 //! Builds clients; may not make calls itself, retry, or decide anything about roles.
 
+use std::net::IpAddr;
+
 use anyhow::Result;
 
 use crate::crlfetch;
 use crate::settings::Settings;
 use crate::storage::read_file;
 use crate::values::NodeValues;
+
+/// The local address this node calls curators from: its own when it is a loopback one
+/// (nodes sharing a machine on 127.x, in tests and `cluster launch`), so that curators,
+/// which cap connections and registration streams per source, count each node as a
+/// source of its own, as they do nodes on machines of their own; else the one the
+/// system picks (a node's address may not be the route's source).
+pub fn local_source(address: IpAddr) -> Option<IpAddr> {
+    address.is_loopback().then_some(address)
+}
 
 /// A client of the cluster's curators with this node's certificate (the current one:
 /// after a renewal its next call connects with the new certificate), checking theirs
@@ -25,7 +36,8 @@ pub fn curator_client(settings: &Settings, values: &NodeValues) -> Result<rpc::C
         },
         Some(credentials),
     )
-    .with_epoch(values.epoch_seen.clone()))
+    .with_epoch(values.epoch_seen.clone())
+    .with_source(local_source(settings.address)))
 }
 
 /// Takes `crl` (from a curator, or the saved copy) into the node's CRL slot when it is

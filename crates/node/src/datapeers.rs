@@ -19,7 +19,9 @@
 //! sends nothing secret. So no single answer is final ([`first_accepted`]): an address
 //! in `data-peers` may be stale (another host now), or its host hostile; every member is
 //! asked in turn (each for [`PEER_TIMEOUT`], all for [`PEERS_TIMEOUT`]) until one's half
-//! is the one the device takes.
+//! is the one the device takes. Its callers are strangers until they prove a join key,
+//! so it caps connections per source (`rpc::Port::Unlock`) and UnlockData calls per
+//! source (`rpc::server::RateLayer`), as the curator does.
 //!
 //! A leaf: files, the listener task and client calls (on `datakeys`, `storage`).
 
@@ -192,9 +194,14 @@ pub async fn listen(root: &Root, address: IpAddr, join: &NodeKey) -> Result<()> 
     let service = Listener { root: root.clone() };
     tracing::info!(%listen, "serving members' data unlock");
     tokio::spawn(async move {
+        // Anyone may call with a self-signed certificate: per-source limits, as on the
+        // curator (connections per source: `rpc::Port::Unlock`).
         let served = rpc::server::builder()
+            .layer(rpc::server::RateLayer::new(
+                rpc::server::RateSettings::DEFAULT,
+            ))
             .add_service(api::data_unlock_server::DataUnlockServer::new(service))
-            .serve_with_incoming(rpc::incoming(listener, tls))
+            .serve_with_incoming(rpc::incoming(listener, tls, rpc::Port::Unlock))
             .await;
         if let Err(e) = served {
             tracing::error!("members' data unlock listener ended: {e}");

@@ -376,7 +376,7 @@ pub async fn run(
             },
         ))
         .serve_with_incoming_shutdown(
-            rpc::incoming(listener, tls),
+            rpc::incoming(listener, tls, rpc::Port::Node),
             ctx.cancellation_token().cancelled_owned(),
         )
         .await?;

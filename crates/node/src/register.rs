@@ -36,6 +36,7 @@ use proto::config::{
 use crate::cluster_state::ClusterState;
 use crate::crash::crash_point;
 use crate::crlfetch;
+use crate::curator_client::local_source;
 use crate::datakeys;
 use crate::files::{parse_endpoints, read_node_key};
 use crate::membership::{JoinData, roles_from_names};
@@ -116,7 +117,8 @@ pub async fn register(
         },
         Some(rpc::self_signed(&key).context("creating the self-signed registration certificate")?),
     )
-    .context("loading the self-signed registration certificate")?;
+    .context("loading the self-signed registration certificate")?
+    .with_source(local_source(address));
     let data = datakeys::registration(root)?;
     let request = api::RegisterNodeRequest {
         register_ticket: params.register_ticket.clone(),

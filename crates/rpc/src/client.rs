@@ -226,6 +226,8 @@ pub struct CuratorClient {
     /// The newest cluster epoch seen: answers of curators of an older one are refused
     /// (`crate::epoch`).
     epoch: EpochSlot,
+    /// The local address connections are made from (None: the one the system picks).
+    source: Option<std::net::IpAddr>,
 }
 
 impl CuratorClient {
@@ -252,6 +254,7 @@ impl CuratorClient {
             credentials,
             current: Mutex::new(None),
             epoch: EpochSlot::default(),
+            source: None,
         }
     }
 
@@ -259,6 +262,15 @@ impl CuratorClient {
     /// owner) instead of a slot of its own.
     pub fn with_epoch(mut self, slot: EpochSlot) -> CuratorClient {
         self.epoch = slot;
+        self
+    }
+
+    /// Connects from the local address `source` (None: the one the system picks). A
+    /// node on a loopback address (tests, `cluster launch`) calls from it, so that the
+    /// curator counts it as the source of its own, as it counts a node on a machine of
+    /// its own, not as one more client of 127.0.0.1.
+    pub fn with_source(mut self, source: Option<std::net::IpAddr>) -> CuratorClient {
+        self.source = source;
         self
     }
 
@@ -369,7 +381,14 @@ impl CuratorClient {
             let channel = match channel {
                 Some(c) => c,
                 None => {
-                    match connect_with(endpoint, &self.trust, self.credentials.as_ref()).await {
+                    let connected = connect_from(
+                        endpoint,
+                        &self.trust,
+                        self.credentials.as_ref(),
+                        self.source,
+                    )
+                    .await;
+                    match connected {
                         Ok(c) => c,
                         Err(e) => {
                             unreachable.push(e);

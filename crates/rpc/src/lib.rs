@@ -78,7 +78,7 @@ pub use client::{
     leader_endpoint, parse_endpoint, parse_endpoints, url_address,
 };
 pub use forward::{ForwardLayer, Forwarding};
-pub use server::{AuthLayer, CrlSource, Forwarders, Limits, PeerInfo, incoming};
+pub use server::{AuthLayer, CrlSource, Forwarders, Limits, PeerInfo, Port, incoming};
 pub use tls::{Authenticator, CredentialSlot, Credentials, CrlSlot, ServerTrust, self_signed};
 
 #[derive(Debug, thiserror::Error)]

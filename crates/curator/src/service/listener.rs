@@ -187,7 +187,7 @@ pub(super) async fn serve(
         ))
         .add_service(api::audit_server::AuditServer::new(services))
         .serve_with_incoming_shutdown(
-            rpc::incoming(listener, tls),
+            rpc::incoming(listener, tls, rpc::Port::Curator),
             cancel.clone().cancelled_owned(),
         );
     // A graceful shutdown waits for open connections; a client that never finishes its

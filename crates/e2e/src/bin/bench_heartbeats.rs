@@ -131,7 +131,11 @@ async fn enrol_at(
     address: &str,
 ) -> Result<Vec<u8>> {
     let started = Instant::now();
-    let channel = rpc::connect(endpoint, &setup.trust, Some(self_signed)).await?;
+    // From the node's own address, as a real node on its own machine: the curator caps
+    // connections and streams per source.
+    let slot = rpc::CredentialSlot::new(self_signed.clone())?;
+    let channel =
+        rpc::connect_from(endpoint, &setup.trust, Some(&slot), Some(address.parse()?)).await?;
     let mut curator = api::curator_client::CuratorClient::new(channel);
     let mut updates = curator
         .register_node(api::RegisterNodeRequest {
@@ -322,8 +326,10 @@ async fn session(
         return false;
     };
     let opened = tokio::time::timeout(CALL_TIMEOUT, async {
+        let slot = rpc::CredentialSlot::new(node.credentials.clone())?;
+        let source = node.address.parse().ok();
         let channel: Channel =
-            rpc::connect(endpoint, &setup.trust, Some(&node.credentials)).await?;
+            rpc::connect_from(endpoint, &setup.trust, Some(&slot), source).await?;
         let mut curator = api::curator_client::CuratorClient::new(channel);
         let mut stream = curator
             .watch_node(api::WatchNodeRequest {})

@@ -1,12 +1,13 @@
-//! The listener's accept loop: TCP_NODELAY, the cap on open connections (refused at once),
-//! the cap on concurrent handshakes (a connection beyond it waits, bounded, for a slot:
-//! a whole cluster reconnecting at once is queued, not refused), the bounded TLS
-//! handshake, and rate-limited logging of refusals and accept errors.
+//! The listener's accept loop: TCP_NODELAY, a seat for every connection (the admission
+//! table: caps per source and in all, evicting the oldest idle stranger rather than
+//! refusing a newcomer), the handshake gate of its source (a connection beyond it
+//! waits, bounded, for its turn), the bounded TLS handshake, running out of
+//! descriptors, and rate-limited logging of refusals, evictions and accept errors.
 //!
 //! May not look at who calls (that is `auth`); a connection's life after the handshake
 //! is `conn`'s.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -14,8 +15,10 @@ use tokio::sync::Semaphore;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument;
 
+use super::admission::{Caps, Refusal, SeatGuard, Table};
+use super::calls::Calls;
 use super::conn::TlsConn;
-use super::limits::Limits;
+use super::limits::{Limits, Port};
 
 /// Counts events and says when to log them: at most once per interval, with the number
 /// seen since the last line.
@@ -57,26 +60,45 @@ fn is_exhaustion(e: &std::io::Error) -> bool {
 }
 
 /// How long the accept loop pauses after an exhaustion error: descriptors free up as
-/// idle and stalled connections time out.
+/// the evicted connection closes, and as idle and stalled ones time out.
 const EXHAUSTION_PAUSE: Duration = Duration::from_millis(100);
 
-/// A handshake slot, waiting at most `wait` for one; `None` when none came free.
-pub(super) async fn admit(
-    handshakes: Arc<Semaphore>,
+/// The seat table of one listener.
+type Seats = Arc<Mutex<Table<Arc<Calls>>>>;
+
+/// The handshake gate of a connection's source, waiting at most `wait` for a turn;
+/// `None` when none came.
+pub(super) async fn turn(
+    gate: Arc<Semaphore>,
     wait: Duration,
 ) -> Option<tokio::sync::OwnedSemaphorePermit> {
-    tokio::time::timeout(wait, handshakes.acquire_owned())
+    tokio::time::timeout(wait, gate.acquire_owned())
         .await
         .ok()?
         .ok()
 }
 
-/// [`incoming_with`] with [`Limits::for_this_process`].
+/// [`incoming_with`] with the limits of `port` for this process's open-files limit.
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
+    port: Port,
 ) -> ReceiverStream<Result<TlsConn, std::io::Error>> {
-    incoming_with(listener, tls, Limits::for_this_process())
+    incoming_with(listener, tls, Limits::for_this_process(port))
+}
+
+/// Why a connection was refused, for the log.
+fn refusal_text(why: Refusal, limits: &Limits) -> String {
+    match why {
+        Refusal::SourceFull => format!(
+            "its source holds {} connections without a cluster identity, each with a call in flight",
+            limits.per_source_connections
+        ),
+        Refusal::ListenerFull => format!(
+            "all {} connections are nodes', owners' or busy",
+            limits.max_connections
+        ),
+    }
 }
 
 /// Accepts TCP connections within `limits` and completes TLS handshakes concurrently (a
@@ -88,17 +110,22 @@ pub fn incoming_with(
 ) -> ReceiverStream<Result<TlsConn, std::io::Error>> {
     tracing::info!(
         max_connections = limits.max_connections,
-        max_handshakes = limits.max_handshakes,
+        per_source_connections = limits.per_source_connections,
+        per_source_handshakes = limits.per_source_handshakes,
         "connection limits"
     );
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let connections = Arc::new(Semaphore::new(limits.max_connections));
-    let handshakes = Arc::new(Semaphore::new(limits.max_handshakes));
+    let seats: Seats = Arc::new(Mutex::new(Table::new(Caps {
+        max: limits.max_connections,
+        per_source: limits.per_source_connections,
+        handshakes_per_source: limits.per_source_handshakes,
+    })));
     tokio::spawn(
         async move {
             let mut errors = LogBudget::new(Duration::from_secs(1));
             let mut refusals = LogBudget::new(Duration::from_secs(1));
+            let mut evictions = LogBudget::new(Duration::from_secs(1));
             loop {
                 let accepted = tokio::select! {
                     a = listener.accept() => a,
@@ -111,6 +138,12 @@ pub fn incoming_with(
                             tracing::warn!("accepting connections: {e} ({n} errors)");
                         }
                         if is_exhaustion(&e) {
+                            // Out of descriptors below the caps (something else holds
+                            // them): an idle stranger's descriptor is the one to free.
+                            let evicted = seats.lock().expect("seat table poisoned").evict_oldest();
+                            if let Some(calls) = evicted {
+                                calls.evict();
+                            }
                             tokio::time::sleep(EXHAUSTION_PAUSE).await;
                         }
                         continue;
@@ -121,37 +154,66 @@ pub fn incoming_with(
                 if let Err(e) = tcp.set_nodelay(true) {
                     tracing::debug!(%remote, "setting TCP_NODELAY: {e}");
                 }
-                let Ok(slot) = connections.clone().try_acquire_owned() else {
-                    if let Some(n) = refusals.record(std::time::Instant::now()) {
+                let calls = Arc::new(Calls::new());
+                let admitted = seats
+                    .lock()
+                    .expect("seat table poisoned")
+                    .admit(remote.ip(), calls.clone());
+                let seated = match admitted {
+                    Ok(seated) => seated,
+                    Err(why) => {
+                        if let Some(n) = refusals.record(std::time::Instant::now()) {
+                            tracing::warn!(
+                                "refused {n} connections: {} (latest from {remote})",
+                                refusal_text(why, &limits)
+                            );
+                        }
+                        drop(tcp);
+                        continue;
+                    }
+                };
+                for evicted in &seated.evicted {
+                    evicted.evict();
+                    if let Some(n) = evictions.record(std::time::Instant::now()) {
                         tracing::warn!(
-                            "refused {n} connections at the cap on open connections (latest from {remote})"
+                            "closed {n} idle connections without a cluster identity to make room (latest for {remote})"
                         );
                     }
-                    drop(tcp);
-                    continue;
-                };
-                let handshakes = handshakes.clone();
+                }
+                let seat = SeatGuard::new(seated.id, seats.clone());
+                let gate = seated.handshake_gate;
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(
                     async move {
-                        // Queued (it holds its connection slot, so the queue is bounded by
-                        // the connection cap) for at most one handshake timeout.
-                        let Some(handshake) = admit(handshakes, limits.handshake_timeout).await
-                        else {
-                            tracing::debug!(%remote, "no TLS handshake slot within the handshake timeout");
-                            return;
-                        };
-                        let handshake_result =
-                            tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp))
-                                .await;
-                        drop(handshake);
-                        match handshake_result {
-                            Ok(Ok(stream)) => {
-                                let conn = TlsConn::new(stream, remote, limits, slot);
-                                let _ = tx.send(Ok(conn)).await;
+                        let handshake = async {
+                            // Queued behind its own source's handshakes (bounded by the
+                            // source's seats) for at most one handshake timeout.
+                            let Some(_turn) = turn(gate, limits.handshake_timeout).await else {
+                                tracing::debug!(%remote, "no TLS handshake turn within the handshake timeout");
+                                return None;
+                            };
+                            match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
+                                Ok(Ok(stream)) => Some(stream),
+                                Ok(Err(e)) => {
+                                    tracing::debug!(%remote, "TLS handshake failed: {e}");
+                                    None
+                                }
+                                Err(_) => {
+                                    tracing::debug!(%remote, "TLS handshake timed out");
+                                    None
+                                }
                             }
-                            Ok(Err(e)) => tracing::debug!(%remote, "TLS handshake failed: {e}"),
-                            Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+                        };
+                        let stream = tokio::select! {
+                            stream = handshake => stream,
+                            () = calls.evicted() => {
+                                tracing::debug!(%remote, "evicted before its handshake ended");
+                                None
+                            }
+                        };
+                        if let Some(stream) = stream {
+                            let conn = TlsConn::new(stream, remote, limits, seat, calls);
+                            let _ = tx.send(Ok(conn)).await;
                         }
                     }
                     .in_current_span(),

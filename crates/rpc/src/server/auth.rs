@@ -178,6 +178,7 @@ where
             // Keeps the connection from being closed as idle while the call runs, up to
             // the end of its response body.
             let call = peer.map(|p| p.calls.start());
+            let connection = peer.map(|p| p.calls.clone());
             let leaf = peer.and_then(|p| p.certificates.clone());
             let remote = peer.map(|p| p.remote);
             let caller = match leaf.as_ref().and_then(|c| c.first()) {
@@ -197,6 +198,13 @@ where
                     }
                 },
             };
+            // A node's or a user's connection keeps its seat: never evicted for a
+            // newcomer, not counted against its source (`admission`).
+            if matches!(caller, Identity::Node { .. } | Identity::User { .. })
+                && let Some(connection) = &connection
+            {
+                connection.prove();
+            }
             // A forwarded call: the identity a curator verified, if this caller is one.
             let forwarded = request
                 .headers_mut()

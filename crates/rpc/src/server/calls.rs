@@ -1,21 +1,30 @@
-//! Calls in flight on one connection, and when the last one started or ended: what
-//! decides whether a connection is idle.
+//! What one connection's parts share about it: the calls in flight and when the last
+//! one started or ended (whether it is idle), whether a call showed a cluster identity
+//! (proven), and whether the listener evicted it to make room for a newcomer.
 //!
-//! A leaf (besides [`Limits`]): may not touch sockets.
+//! A leaf (besides [`Limits`] and the admission table's [`Occupant`]): may not touch
+//! sockets.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
 use tokio::time::Instant;
 
+use super::admission::Occupant;
 use super::limits::Limits;
 
-/// Calls in flight on one connection, and when the last one started or ended.
+/// One connection's calls in flight, its proof, and its eviction.
 #[derive(Debug)]
 pub(crate) struct Calls {
     in_flight: AtomicUsize,
     /// `None` until the first call starts.
     last: Mutex<Option<Instant>>,
+    proven: AtomicBool,
+    evicted: AtomicBool,
+    /// Whoever waits for the connection's bytes (the handshake, then the connection's
+    /// reads): woken by an eviction.
+    waiter: Mutex<Option<Waker>>,
 }
 
 impl Calls {
@@ -23,6 +32,9 @@ impl Calls {
         Calls {
             in_flight: AtomicUsize::new(0),
             last: Mutex::new(None),
+            proven: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
+            waiter: Mutex::new(None),
         }
     }
 
@@ -36,6 +48,38 @@ impl Calls {
         CallGuard(self.clone())
     }
 
+    /// A call on this connection was made with a cluster certificate: the connection
+    /// is no longer evicted nor counted against its source.
+    pub(super) fn prove(&self) {
+        self.proven.store(true, Ordering::SeqCst);
+    }
+
+    /// Closes the connection at its next read (the listener needs its seat).
+    pub(super) fn evict(&self) {
+        self.evicted.store(true, Ordering::SeqCst);
+        if let Some(waker) = self.waiter.lock().expect("calls lock poisoned").take() {
+            waker.wake();
+        }
+    }
+
+    /// Ready once the connection is evicted; registers `cx` to be woken otherwise.
+    pub(super) fn poll_evicted(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.evicted.load(Ordering::SeqCst) {
+            return Poll::Ready(());
+        }
+        *self.waiter.lock().expect("calls lock poisoned") = Some(cx.waker().clone());
+        // An eviction between the check and the registration found no waker.
+        if self.evicted.load(Ordering::SeqCst) {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+
+    /// Resolves once the connection is evicted.
+    pub(super) async fn evicted(&self) {
+        std::future::poll_fn(|cx| self.poll_evicted(cx)).await
+    }
+
     /// When the connection becomes closable for idleness: `None` while a call is in
     /// flight.
     pub(super) fn idle_deadline(&self, accepted: Instant, limits: &Limits) -> Option<Instant> {
@@ -46,6 +90,15 @@ impl Calls {
             None => accepted + limits.first_call_timeout,
             Some(last) => last + limits.idle_timeout,
         })
+    }
+}
+
+impl Occupant for Arc<Calls> {
+    fn proven(&self) -> bool {
+        self.proven.load(Ordering::SeqCst)
+    }
+    fn busy(&self) -> bool {
+        self.in_flight.load(Ordering::SeqCst) > 0
     }
 }
 

@@ -1,6 +1,7 @@
 //! One accepted TLS connection ([`TlsConn`]): what the server knows about its peer
-//! ([`PeerInfo`], handed to tonic), and the idle timer that closes it once no call has
-//! been in flight for too long.
+//! ([`PeerInfo`], handed to tonic), the idle timer that closes it once no call has
+//! been in flight for too long, and its seat (closed at once when evicted, freed when
+//! dropped).
 //!
 //! May not authenticate or authorize (that is `auth`) nor accept (that is `accept`).
 
@@ -13,10 +14,10 @@ use std::task::{Context, Poll};
 use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
+use super::admission::SeatGuard;
 use super::calls::Calls;
 use super::limits::Limits;
 
@@ -29,24 +30,25 @@ pub struct PeerInfo {
 }
 
 /// One accepted TLS connection. It fails its reads (and so hyper closes it) once it has
-/// been idle for too long; it holds its slot of the connection cap until dropped.
+/// been idle for too long or was evicted; it holds its seat until dropped.
 pub struct TlsConn {
     stream: tokio_rustls::server::TlsStream<TcpStream>,
     info: PeerInfo,
     limits: Limits,
     accepted: Instant,
     idle: Pin<Box<Sleep>>,
-    _slot: OwnedSemaphorePermit,
+    _seat: SeatGuard<Arc<Calls>>,
 }
 
 impl TlsConn {
-    /// A connection whose handshake just finished, holding `slot` of the connection cap;
-    /// the first call must start within `limits.first_call_timeout`.
+    /// A connection whose handshake just finished, holding `seat` (whose occupant is
+    /// `calls`); the first call must start within `limits.first_call_timeout`.
     pub(super) fn new(
         stream: tokio_rustls::server::TlsStream<TcpStream>,
         remote: SocketAddr,
         limits: Limits,
-        slot: OwnedSemaphorePermit,
+        seat: SeatGuard<Arc<Calls>>,
+        calls: Arc<Calls>,
     ) -> TlsConn {
         let certificates = stream
             .get_ref()
@@ -56,7 +58,7 @@ impl TlsConn {
         let info = PeerInfo {
             remote,
             certificates,
-            calls: Arc::new(Calls::new()),
+            calls,
         };
         let accepted = Instant::now();
         TlsConn {
@@ -67,7 +69,7 @@ impl TlsConn {
             idle: Box::pin(tokio::time::sleep_until(
                 accepted + limits.first_call_timeout,
             )),
-            _slot: slot,
+            _seat: seat,
         }
     }
 
@@ -112,7 +114,13 @@ impl AsyncRead for TlsConn {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         // hyper always has a read outstanding on an HTTP/2 connection (also while it
-        // waits for the preface), so the idle timer is polled here.
+        // waits for the preface), so the idle timer and the eviction are polled here.
+        if self.info.calls.poll_evicted(cx).is_ready() {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "connection evicted: the listener needed its seat",
+            )));
+        }
         match Pin::new(&mut self.stream).poll_read(cx, buf) {
             Poll::Pending => self.poll_idle(cx).map(Err),
             ready => ready,

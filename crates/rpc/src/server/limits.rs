@@ -1,18 +1,46 @@
 //! Connection limits of a listener: the numbers, why they are what they are, and how
-//! they shrink to fit the process's open-files limit.
+//! the node's listeners share the process's open-files limit.
 //!
 //! A leaf: may not accept connections.
 
 use std::time::Duration;
 
+/// Which of the node's TLS listeners a set of limits is for: they share one process's
+/// descriptors, each its own part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Port {
+    /// The curator (7835): every node's heartbeat channel, operators, other curators.
+    Curator,
+    /// The node port (7836): logs and member status, for owners and nodes.
+    Node,
+    /// Members' data unlock (7837): locked members starting.
+    Unlock,
+}
+
+impl Port {
+    /// This listener's part of the descriptors left for listeners (in sixteenths) and
+    /// its cap however many there are.
+    fn share(self) -> (usize, usize) {
+        match self {
+            Port::Curator => (12, Limits::PRODUCTION.max_connections),
+            Port::Node => (3, 512),
+            Port::Unlock => (1, 128),
+        }
+    }
+}
+
 /// Connection limits of a listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Open connections (including those in their handshake).
+    /// Open connections (including those in their handshake). At the cap, the oldest
+    /// connection that may go makes room (see `admission`).
     pub max_connections: usize,
-    /// Connections in their TLS handshake at once; more wait (for at most
-    /// `handshake_timeout`) for a slot.
-    pub max_handshakes: usize,
+    /// Connections from one source (an IPv4 address, an IPv6 /64) that have not shown a
+    /// cluster certificate in a call; beyond it the source's own oldest idle one goes.
+    pub per_source_connections: usize,
+    /// Connections from one source in their TLS handshake at once; more wait (for at
+    /// most `handshake_timeout`) for their turn.
+    pub per_source_handshakes: usize,
     /// How long a client gets to finish the TLS handshake.
     pub handshake_timeout: Duration,
     /// How long after the handshake the first call must start (covers clients that
@@ -25,48 +53,52 @@ pub struct Limits {
 impl Limits {
     /// For a curator serving ~1000 nodes: each node keeps about one connection (its
     /// heartbeat channel), plus operators and other curators; 4096 is four times that.
-    /// A restart of the whole cluster reconnects every node at once, so 1024 handshakes
-    /// may run together (more wait their turn). A TLS 1.3 handshake takes one round trip; 5 s allows slow
-    /// links. Clients call right after connecting (10 s), and nodes heartbeat every 5 s,
-    /// so 120 s without a call means the connection is abandoned.
+    /// A node, an operator's command or a registering node needs one connection, a
+    /// follower forwarding registrations one per registration, but those are proven
+    /// (a node certificate) and not counted per source: 32 unproven connections leave a
+    /// source (or a NAT of a few machines) plenty, and let a flood from one address
+    /// hold at most 32. Eight handshakes at once per source: a whole cluster restarting
+    /// reconnects one connection per address. A TLS 1.3 handshake takes one round trip;
+    /// 5 s allows slow links. Clients call right after connecting (10 s), and nodes
+    /// heartbeat every 5 s, so 120 s without a call means the connection is abandoned.
     pub const PRODUCTION: Limits = Limits {
         max_connections: 4096,
-        max_handshakes: 1024,
+        per_source_connections: 32,
+        per_source_handshakes: 8,
         handshake_timeout: Duration::from_secs(5),
         first_call_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(120),
     };
 
-    /// Descriptors kept free for everything else (etcd client, logs, files, etcd's
-    /// peer connections are etcd's own).
+    /// Descriptors kept free for everything else: the etcd client, log files, the
+    /// metrics listener (64), files written; etcd's own are in its own process.
     const RESERVED_DESCRIPTORS: usize = 256;
 
-    /// [`Limits::PRODUCTION`], scaled down to fit the open-files limit `nofile` so that
-    /// the caps, not EMFILE, decide who is refused.
-    pub fn within_open_files(nofile: u64) -> Limits {
+    /// The limits of listener `port` when the process may open `nofile` descriptors:
+    /// its share of what the reserve leaves, so that the caps, not EMFILE, decide who
+    /// waits, and the three listeners together never run the process out.
+    pub fn within_open_files(nofile: u64, port: Port) -> Limits {
         let nofile = usize::try_from(nofile).unwrap_or(usize::MAX);
         let fit = nofile.saturating_sub(Self::RESERVED_DESCRIPTORS).max(16);
-        let max_connections = Self::PRODUCTION.max_connections.min(fit);
+        let (sixteenths, cap) = port.share();
+        let max_connections = (fit / 16).saturating_mul(sixteenths).clamp(1, cap);
         Limits {
             max_connections,
-            max_handshakes: Self::PRODUCTION
-                .max_handshakes
-                .min(max_connections / 4)
-                .max(1),
+            per_source_connections: Self::PRODUCTION.per_source_connections.min(max_connections),
             ..Self::PRODUCTION
         }
     }
 
-    /// The limits for this process's current open-files soft limit.
-    pub fn for_this_process() -> Limits {
+    /// The limits of `port` for this process's current open-files soft limit.
+    pub fn for_this_process(port: Port) -> Limits {
         let mut limit = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
         };
         // SAFETY: getrlimit with a valid pointer to a local struct.
         if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-            return Self::within_open_files(1024);
+            return Self::within_open_files(1024, port);
         }
-        Self::within_open_files(limit.rlim_cur)
+        Self::within_open_files(limit.rlim_cur, port)
     }
 }

@@ -1,22 +1,29 @@
-//! Per-source rate limits on the calls anyone may make without a cluster certificate
-//! (RegisterNode, Escrow: [`LIMITED`]): a token bucket per source address, in a table
-//! of bounded size, answering ResourceExhausted once a source's bucket is empty.
+//! Per-source limits on the calls anyone may make without a cluster certificate
+//! ([`LIMITED`]: RegisterNode, CommitNode, Escrow, UnlockData): a token bucket per
+//! source address, in a table of bounded size, answering ResourceExhausted once a
+//! source's bucket is empty; and for those answered with a stream that stays open
+//! ([`STREAMED`]: RegisterNode), a cap on the streams a source (and all sources) hold
+//! open at once.
 //!
 //! ```text
 //!   call ─▶ RateLayer: LIMITED method, not forwarded by a curator?
+//!             ├─ STREAMED: a place among the source's open streams? ── no ─▶ ResourceExhausted
 //!             └─ Buckets::take(source, now): a token? ── no ─▶ ResourceExhausted
-//!                                                 └─ yes ─▶ AuthLayer …
+//!                                                 └─ yes ─▶ AuthLayer … (the place is
+//!                                                    held until the response ends)
 //! ```
 //! A source is an IPv4 address, or an IPv6 /64 (one host usually holds a whole /64).
 //! The table holds at most `capacity` sources: a new one first drops those whose
 //! buckets are full again (as good as absent), then the least recently seen, so a
 //! flood of addresses cannot grow memory; it can only reset buckets to full, which a
-//! source with that many addresses gets anyway.
+//! source with that many addresses gets anyway. One bucket per source serves every
+//! limited method: a registering node makes a handful of such calls in all.
 //! Calls a curator forwarded (header `x-polis-forwarded-identity`) were limited by the
 //! curator that received them; a forged header is refused by the AuthLayer right after.
 //! [`Buckets`] is pure (time is an argument) and unit-tested; the layer is glue.
 //!
-//! A leaf beside `auth`: may not authenticate nor accept connections.
+//! A leaf beside `auth` (besides `streams` and `admission::source_key`): may not
+//! authenticate nor accept connections.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -26,10 +33,22 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
+use super::admission::source_key;
 use super::conn::PeerInfo;
+use super::streams::{HeldBody, OpenStreams, Place};
 
-/// The calls limited per source: those anyone may make, and that write to etcd.
-pub const LIMITED: &[&str] = &["/polis.api.Curator/RegisterNode", "/polis.api.AAA/Escrow"];
+/// The calls limited per source: those anyone may make (a self-signed certificate is
+/// enough to reach their handler), each costing etcd reads or writes or a signature.
+pub const LIMITED: &[&str] = &[
+    "/polis.api.Curator/RegisterNode",
+    "/polis.api.Curator/CommitNode",
+    "/polis.api.AAA/Escrow",
+    "/polis.api.DataUnlock/UnlockData",
+];
+
+/// Of those, the calls answered with a stream that stays open (a registration waiting
+/// for the owner's approval): capped in number open per source.
+pub const STREAMED: &[&str] = &["/polis.api.Curator/RegisterNode"];
 
 /// A token bucket's settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -40,17 +59,25 @@ pub struct RateSettings {
     pub burst: f64,
     /// Sources tracked at once.
     pub capacity: usize,
+    /// Streams of [`STREAMED`] calls one source holds open at once.
+    pub streams_per_source: usize,
+    /// Streams of [`STREAMED`] calls all sources hold open at once.
+    pub streams_total: usize,
 }
 
 impl RateSettings {
-    /// 10 calls a second, bursts of 20, 4096 sources (a few hundred KiB).
+    /// 10 calls a second, bursts of 20, 4096 sources (a few hundred KiB); a node
+    /// registers with one stream, so four per source, and 1024 in all (a quarter of a
+    /// curator's connections: each forwarded one is a connection of its own).
     pub const DEFAULT: RateSettings = RateSettings {
         per_second: 10.0,
         burst: 20.0,
         capacity: 4096,
+        streams_per_source: 4,
+        streams_total: 1024,
     };
 
-    /// `per_second` sustained, bursts of twice that; 0: no limit.
+    /// `per_second` sustained, bursts of twice that; 0: no limit (nor on streams).
     pub fn per_second(per_second: u32) -> RateSettings {
         RateSettings {
             per_second: f64::from(per_second),
@@ -71,20 +98,6 @@ struct Bucket {
 pub struct Buckets {
     settings: RateSettings,
     table: HashMap<IpAddr, Bucket>,
-}
-
-/// The source a call is counted under: an IPv4 address, or an IPv6 /64.
-pub fn source_key(address: IpAddr) -> IpAddr {
-    match address {
-        IpAddr::V4(v4) => IpAddr::V4(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let bits = u128::from(v6) & !((1u128 << 64) - 1);
-                IpAddr::V6(bits.into())
-            }
-        },
-    }
 }
 
 impl Buckets {
@@ -157,6 +170,7 @@ impl Buckets {
 #[derive(Clone)]
 pub struct RateLayer {
     buckets: Arc<Mutex<Buckets>>,
+    streams: Arc<Mutex<OpenStreams>>,
     settings: RateSettings,
 }
 
@@ -164,25 +178,45 @@ impl RateLayer {
     pub fn new(settings: RateSettings) -> RateLayer {
         RateLayer {
             buckets: Arc::new(Mutex::new(Buckets::new(settings))),
+            streams: Arc::new(Mutex::new(OpenStreams::new(
+                settings.streams_per_source,
+                settings.streams_total,
+            ))),
             settings,
         }
     }
 
-    /// Whether a call of `method` from `address` may go on (takes a token when limited).
-    fn admit(&self, method: &str, address: Option<IpAddr>) -> Result<(), tonic::Status> {
+    /// Whether a call of `method` from `address` may go on (takes a token when limited);
+    /// the place its stream holds, for a [`STREAMED`] call.
+    fn admit(&self, method: &str, address: Option<IpAddr>) -> Result<Option<Place>, tonic::Status> {
         let Some(address) = address else {
-            return Ok(());
+            return Ok(None);
         };
-        if !LIMITED.contains(&method) {
-            return Ok(());
+        if !LIMITED.contains(&method) || self.settings.per_second <= 0.0 {
+            return Ok(None);
         }
+        let source = source_key(address);
+        // First, so that a refused stream takes no token.
+        let place = if STREAMED.contains(&method) {
+            let Some(place) = Place::take(&self.streams, source) else {
+                tracing::debug!(method, %address, "too many streams open");
+                return Err(tonic::Status::resource_exhausted(format!(
+                    "too many {method} streams open: at most {} from {source} at once ({} in all); \
+                     try again once one has ended",
+                    self.settings.streams_per_source, self.settings.streams_total
+                )));
+            };
+            Some(place)
+        } else {
+            None
+        };
         let admitted = self
             .buckets
             .lock()
             .expect("rate buckets poisoned")
             .take(address, Instant::now());
         if admitted {
-            return Ok(());
+            return Ok(place);
         }
         tracing::debug!(method, %address, "rate limited");
         Err(tonic::Status::resource_exhausted(format!(
@@ -220,7 +254,7 @@ where
     ReqBody: Send + 'static,
     ResBody: Default + Send + 'static,
 {
-    type Response = http::Response<ResBody>;
+    type Response = http::Response<HeldBody<ResBody>>;
     type Error = S::Error;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
@@ -237,13 +271,26 @@ where
             .get::<PeerInfo>()
             .map(|p| p.remote.ip())
             .filter(|_| !forwarded);
-        if let Err(status) = self.layer.admit(request.uri().path(), address) {
-            return Box::pin(async move { Ok(status.into_http()) });
-        }
+        let place = match self.layer.admit(request.uri().path(), address) {
+            Ok(place) => place,
+            Err(status) => {
+                let response = status.into_http::<ResBody>().map(|body| HeldBody {
+                    inner: Box::pin(body),
+                    place: None,
+                });
+                return Box::pin(async move { Ok(response) });
+            }
+        };
         // The clone is not ready; keep the ready one for this call.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(inner.call(request))
+        Box::pin(async move {
+            let response = inner.call(request).await?;
+            Ok(response.map(|body| HeldBody {
+                inner: Box::pin(body),
+                place,
+            }))
+        })
     }
 }
 
@@ -261,6 +308,7 @@ mod tests {
         per_second: 10.0,
         burst: 20.0,
         capacity: 4,
+        ..RateSettings::DEFAULT
     };
 
     #[test]
@@ -358,15 +406,51 @@ mod tests {
             per_second: 1.0,
             burst: 1.0,
             capacity: 8,
+            ..RateSettings::DEFAULT
         });
         let a = Some(ip("127.0.0.9"));
         assert!(layer.admit("/polis.api.AAA/Escrow", a).is_ok());
         let refused = layer.admit("/polis.api.AAA/Escrow", a).unwrap_err();
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
         assert!(refused.message().contains("127.0.0.9"), "{refused:?}");
-        assert!(layer.admit("/polis.api.Curator/RegisterNode", a).is_err());
+        for method in [
+            "/polis.api.Curator/RegisterNode",
+            "/polis.api.Curator/CommitNode",
+            "/polis.api.DataUnlock/UnlockData",
+        ] {
+            assert!(layer.admit(method, a).is_err(), "{method}");
+        }
         assert!(layer.admit("/polis.api.Curator/Heartbeat", a).is_ok());
         // Forwarded calls (no address to count) were limited where they arrived.
         assert!(layer.admit("/polis.api.AAA/Escrow", None).is_ok());
+    }
+
+    #[test]
+    fn a_source_holds_at_most_its_cap_of_register_streams() {
+        let layer = RateLayer::new(RateSettings {
+            streams_per_source: 2,
+            ..RateSettings::DEFAULT
+        });
+        let register = "/polis.api.Curator/RegisterNode";
+        let (a, b) = (Some(ip("127.0.0.9")), Some(ip("127.0.0.10")));
+        let first = layer.admit(register, a).unwrap().expect("a stream's place");
+        let _second = layer.admit(register, a).unwrap().expect("a stream's place");
+        let refused = layer.admit(register, a).expect_err("a third stream");
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(refused.message().contains("streams open"), "{refused:?}");
+        assert!(layer.admit(register, b).unwrap().is_some(), "b has its own");
+        // Unary calls hold no place; an ended stream gives its place back.
+        assert!(
+            layer
+                .admit("/polis.api.Curator/CommitNode", a)
+                .unwrap()
+                .is_none()
+        );
+        drop(first);
+        assert!(layer.admit(register, a).unwrap().is_some());
+        // No limit at all: no place taken either.
+        let open = RateLayer::new(RateSettings::per_second(0));
+        let places: Vec<_> = (0..10).map(|_| open.admit(register, a).unwrap()).collect();
+        assert!(places.iter().all(Option::is_none));
     }
 }

@@ -11,6 +11,8 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
+use tokio_stream::wrappers::ReceiverStream;
+
 use super::calls::Calls;
 use super::*;
 use crate::tls::{
@@ -19,14 +21,24 @@ use crate::tls::{
 
 const WAIT: Duration = Duration::from_secs(5);
 
-fn small(max_connections: usize, max_handshakes: usize) -> Limits {
+fn small(max_connections: usize, per_source_handshakes: usize) -> Limits {
     Limits {
         max_connections,
-        max_handshakes,
+        per_source_connections: 32,
+        per_source_handshakes,
         handshake_timeout: Duration::from_millis(400),
         first_call_timeout: Duration::from_millis(400),
         idle_timeout: Duration::from_millis(400),
     }
+}
+
+/// A TCP connection to `address` from the loopback address `source`.
+async fn tcp_from(source: &str, address: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(SocketAddr::new(source.parse().unwrap(), 0))
+        .unwrap();
+    socket.connect(address).await.unwrap()
 }
 
 fn server_credentials() -> Credentials {
@@ -43,8 +55,15 @@ async fn bind() -> (TcpListener, SocketAddr) {
 async fn tls_client(
     address: SocketAddr,
 ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    tls_over(TcpStream::connect(address).await?, address).await
+}
+
+/// A TLS session over `tcp` (connected to `address`) that then sends nothing.
+async fn tls_over(
+    tcp: TcpStream,
+    address: SocketAddr,
+) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
     let config = client_config(&ServerTrust::FirstUse, None).unwrap();
-    let tcp = TcpStream::connect(address).await?;
     let name = rustls::pki_types::ServerName::IpAddress(address.ip().into());
     tokio_rustls::TlsConnector::from(config)
         .connect(name, tcp)
@@ -81,61 +100,120 @@ async fn accepted_sockets_have_nodelay() {
     assert!(conn.tcp().nodelay().unwrap());
 }
 
+/// Waits until the server has seated `n` connections it was handed (each appears
+/// on `incoming` once its handshake is done).
+async fn next_conn(incoming: &mut ReceiverStream<Result<TlsConn, std::io::Error>>) -> TlsConn {
+    tokio::time::timeout(WAIT, tokio_stream::StreamExt::next(incoming))
+        .await
+        .expect("a connection within the wait")
+        .expect("the listener runs")
+        .expect("a connection")
+}
+
+/// Whether the server still holds `stream` open after `within`.
+async fn still_open<S: AsyncRead + Unpin>(stream: &mut S, within: Duration) -> bool {
+    let mut buf = [0u8; 64];
+    tokio::time::timeout(within, stream.read(&mut buf))
+        .await
+        .is_err()
+}
+
 #[tokio::test]
-async fn beyond_the_connection_cap_new_connections_are_closed_at_once() {
-    // One held TLS connection and one in its handshake fill two slots.
+async fn beyond_the_connection_cap_the_oldest_idle_stranger_makes_room() {
+    // Two seats: one TLS connection without a call, one in its handshake; a third
+    // source's newcomer closes the oldest (the TLS one) and completes its handshake.
     let (listener, address) = bind().await;
     let mut incoming = incoming_with(
         listener,
         server_config(&server_credentials()).unwrap(),
-        small(2, 2),
+        Limits {
+            first_call_timeout: WAIT * 2,
+            handshake_timeout: WAIT * 2,
+            ..small(2, 2)
+        },
     );
-    let _tls = tls_client(address).await.unwrap();
-    let _held = tokio::time::timeout(WAIT, tokio_stream::StreamExt::next(&mut incoming))
+    let mut oldest = tls_over(tcp_from("127.0.0.2", address).await, address)
         .await
         .unwrap();
-    let _handshaking = TcpStream::connect(address).await.unwrap();
-    let mut refused = TcpStream::connect(address).await.unwrap();
-    assert!(closed_after(&mut refused).await < Duration::from_millis(300));
+    // Read as hyper reads a connection: an eviction ends the read, the drop closes it.
+    let mut held = next_conn(&mut incoming).await;
+    tokio::spawn(async move {
+        let mut buf = [0u8; 16];
+        let _ = held.read(&mut buf).await;
+    });
+    let mut handshaking = tcp_from("127.0.0.3", address).await;
+    let newcomer = tls_over(tcp_from("127.0.0.4", address).await, address).await;
+    assert!(newcomer.is_ok(), "the newcomer got in: {newcomer:?}");
+    assert!(closed_after(&mut oldest).await < Duration::from_secs(2));
+    assert!(
+        still_open(&mut handshaking, Duration::from_millis(300)).await,
+        "only one seat was needed"
+    );
 }
 
 #[tokio::test]
-async fn beyond_the_handshake_cap_new_connections_wait_for_a_slot() {
-    // One silent TCP client holds the only handshake slot until its handshake times out
-    // (400 ms); a TLS client arriving meanwhile waits for the slot instead of being
-    // refused, and its handshake completes once the slot is free.
+async fn a_source_at_its_cap_replaces_its_own_oldest_connection() {
+    let (listener, address) = bind().await;
+    let _incoming = incoming_with(
+        listener,
+        server_config(&server_credentials()).unwrap(),
+        Limits {
+            per_source_connections: 2,
+            handshake_timeout: WAIT * 2,
+            ..small(16, 8)
+        },
+    );
+    let mut first = tcp_from("127.0.0.2", address).await;
+    let mut second = tcp_from("127.0.0.2", address).await;
+    let mut third = tcp_from("127.0.0.2", address).await;
+    assert!(closed_after(&mut first).await < Duration::from_secs(2));
+    // Another source is not touched by it.
+    let mut other = tcp_from("127.0.0.3", address).await;
+    assert!(still_open(&mut second, Duration::from_millis(300)).await);
+    assert!(still_open(&mut third, Duration::from_millis(10)).await);
+    assert!(still_open(&mut other, Duration::from_millis(10)).await);
+}
+
+#[tokio::test]
+async fn beyond_its_handshake_turns_a_source_waits_and_others_do_not() {
+    // One silent TCP client holds its source's only turn until its handshake times out
+    // (400 ms); a TLS client from that source waits for the turn instead of being
+    // refused, and one from another source does not wait at all.
     let (listener, address) = bind().await;
     let mut incoming = incoming_with(
         listener,
         server_config(&server_credentials()).unwrap(),
         small(8, 1),
     );
-    let mut silent = TcpStream::connect(address).await.unwrap();
-    // Let the server accept it before the next one arrives.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut silent = tcp_from("127.0.0.2", address).await;
     let started = StdInstant::now();
-    let queued = tokio::time::timeout(WAIT, tls_client(address))
-        .await
-        .expect("the queued client got its handshake within the wait")
-        .expect("the queued client's handshake succeeds");
-    let waited = started.elapsed();
+    let (queued, other) = tokio::join!(
+        async {
+            let tls = tls_over(tcp_from("127.0.0.2", address).await, address).await;
+            (tls, started.elapsed())
+        },
+        async {
+            let tls = tls_over(tcp_from("127.0.0.3", address).await, address).await;
+            (tls, started.elapsed())
+        },
+    );
+    let (queued, waited) = (queued.0.expect("the queued handshake succeeds"), queued.1);
+    let (other, other_took) = (other.0.expect("the other source's handshake"), other.1);
     assert!(waited >= Duration::from_millis(200), "{waited:?}");
+    assert!(other_took < Duration::from_millis(200), "{other_took:?}");
     let held = closed_after(&mut silent).await;
     assert!(held < Duration::from_secs(2), "{held:?}");
-    tokio::time::timeout(WAIT, tokio_stream::StreamExt::next(&mut incoming))
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    drop(queued);
+    next_conn(&mut incoming).await;
+    next_conn(&mut incoming).await;
+    drop((queued, other));
 }
 
 #[tokio::test]
-async fn waiting_for_a_handshake_slot_is_bounded() {
+async fn waiting_for_a_handshake_turn_is_bounded() {
     let none = Arc::new(tokio::sync::Semaphore::new(0));
     let started = StdInstant::now();
     assert!(
-        accept::admit(none.clone(), Duration::from_millis(100))
+        accept::turn(none.clone(), Duration::from_millis(100))
             .await
             .is_none()
     );
@@ -145,16 +223,27 @@ async fn waiting_for_a_handshake_slot_is_bounded() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         freed.add_permits(1);
     });
-    assert!(accept::admit(none, WAIT).await.is_some());
+    assert!(accept::turn(none, WAIT).await.is_some());
 }
 
 #[test]
-fn limits_fit_the_open_files_limit() {
-    assert_eq!(Limits::within_open_files(1 << 20), Limits::PRODUCTION);
-    let small = Limits::within_open_files(1024);
-    assert_eq!(small.max_connections, 1024 - 256);
-    assert_eq!(small.max_handshakes, (1024 - 256) / 4);
-    assert!(Limits::within_open_files(0).max_connections > 0);
+fn limits_share_the_open_files_limit() {
+    assert_eq!(
+        Limits::within_open_files(1 << 20, Port::Curator),
+        Limits::PRODUCTION
+    );
+    // 1024 - 256 left for listeners: 12, 3 and 1 sixteenths.
+    let parts = [Port::Curator, Port::Node, Port::Unlock]
+        .map(|p| Limits::within_open_files(1024, p).max_connections);
+    assert_eq!(parts, [576, 144, 48]);
+    assert!(parts.iter().sum::<usize>() <= 1024 - 256);
+    assert_eq!(
+        Limits::within_open_files(1 << 20, Port::Unlock).max_connections,
+        128
+    );
+    let tiny = Limits::within_open_files(0, Port::Unlock);
+    assert!(tiny.max_connections > 0);
+    assert!(tiny.per_source_connections <= tiny.max_connections);
 }
 
 #[test]
@@ -360,6 +449,46 @@ async fn out_of_descriptors_the_accept_loop_pauses_and_recovers() {
         matches!(conn, Ok(Some(Ok(_)))),
         "accepting again after EMFILE"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_the_oldest_idle_stranger_is_closed() {
+    let (listener, address) = bind().await;
+    let long = Limits {
+        handshake_timeout: WAIT * 4,
+        first_call_timeout: WAIT * 4,
+        ..small(64, 8)
+    };
+    let mut incoming = incoming_with(
+        listener,
+        server_config(&server_credentials()).unwrap(),
+        long,
+    );
+    // A stranger seated (TLS done, no call), its connection read as hyper reads it.
+    let mut stranger = tls_client(address).await.unwrap();
+    let mut conn = next_conn(&mut incoming).await;
+    let reader = tokio::spawn(async move {
+        let mut buf = [0u8; 16];
+        let _ = conn.read(&mut buf).await;
+    });
+    // One descriptor left, which the next client takes: the server's accept fails.
+    let saved = open_files_limit();
+    let in_use = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64 - 1;
+    set_open_files_soft_limit(in_use + 1);
+    let waiting = TcpStream::connect(address).await;
+    let closed = tokio::time::timeout(WAIT, async {
+        let mut buf = [0u8; 16];
+        matches!(stranger.read(&mut buf).await, Ok(0) | Err(_))
+    })
+    .await;
+    set_open_files_soft_limit(saved.rlim_cur);
+    assert!(waiting.is_ok(), "{waiting:?}");
+    assert_eq!(
+        closed,
+        Ok(true),
+        "the stranger was closed to free a descriptor"
+    );
+    reader.await.unwrap();
 }
 
 async fn futures_connect(address: SocketAddr, n: usize) -> Vec<TcpStream> {

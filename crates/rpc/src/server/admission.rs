@@ -1,0 +1,432 @@
+//! Who gets a connection (pure): the seat table of one listener, its caps per source
+//! and in all, and which connection makes room for a newcomer.
+//!
+//! ```text
+//!   accepted from S ─▶ S holds `per_source` unproven seats? ─ yes ─▶ S's oldest
+//!                      │                                            evictable goes
+//!                      │                                            (none: refused)
+//!                      ▼
+//!                      the listener is full? ─ yes ─▶ the oldest evictable anywhere
+//!                      │                              goes (none: refused)
+//!                      ▼
+//!                      seated (unproven), behind S's handshake gate
+//! ```
+//! A seat is *proven* once a call on it was made with a cluster certificate (a node or
+//! a user): those are never evicted and do not count against their source, so nodes
+//! and owners always keep what they hold. An unproven seat (TCP only, in its handshake,
+//! handshaken but silent, or calling with a self-signed certificate) is *evictable*
+//! while no call is in flight on it. Evicting the oldest rather than refusing the
+//! newcomer means that a flood, however long it holds its connections, cannot keep
+//! anyone out: a newcomer always finds an older idle stranger to replace, and honest
+//! clients call right after their handshake, so they are never the oldest for long.
+//! A source is an IPv4 address or an IPv6 /64 ([`source_key`]; the per-source rate
+//! limits count the same sources).
+//!
+//! The table learns that a seat is proven or busy from the seat itself ([`Occupant`]),
+//! lazily: a proven seat leaves its source's count the next time that count is looked
+//! at. Time does not enter: age is the order of seating.
+//!
+//! A leaf: may not touch sockets or tasks.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Semaphore;
+
+/// The source a connection or call is counted under: an IPv4 address, or an IPv6 /64.
+pub fn source_key(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let bits = u128::from(v6) & !((1u128 << 64) - 1);
+                IpAddr::V6(bits.into())
+            }
+        },
+    }
+}
+
+/// What the table asks of a seat's connection.
+pub(crate) trait Occupant {
+    /// A call on it was made with a cluster certificate.
+    fn proven(&self) -> bool;
+    /// A call is in flight on it.
+    fn busy(&self) -> bool;
+}
+
+/// The caps of one table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Caps {
+    /// Seats in all.
+    pub(crate) max: usize,
+    /// Unproven seats per source.
+    pub(crate) per_source: usize,
+    /// Handshakes in progress per source (more wait at the gate).
+    pub(crate) handshakes_per_source: usize,
+}
+
+/// Why a newcomer was not seated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// Its source holds its cap of unproven seats, each with a call in flight.
+    SourceFull,
+    /// Every seat is proven or busy.
+    ListenerFull,
+}
+
+/// A newcomer's seat: its number, the gate its handshake passes, and the connections
+/// evicted to make room (the caller closes them).
+pub(crate) struct Seated<T> {
+    pub(crate) id: u64,
+    pub(crate) handshake_gate: Arc<Semaphore>,
+    pub(crate) evicted: Vec<T>,
+}
+
+struct Seat<T> {
+    source: IpAddr,
+    occupant: T,
+}
+
+struct Source {
+    /// Seats of this source, proven or not.
+    seats: usize,
+    /// Its seats not known to be proven, oldest first.
+    unproven: BTreeSet<u64>,
+    handshakes: Arc<Semaphore>,
+}
+
+/// The seats of one listener.
+pub(crate) struct Table<T> {
+    caps: Caps,
+    next: u64,
+    seats: HashMap<u64, Seat<T>>,
+    /// Seats not known to be proven, oldest first.
+    unproven: BTreeSet<u64>,
+    sources: HashMap<IpAddr, Source>,
+}
+
+impl<T: Occupant + Clone> Table<T> {
+    pub(crate) fn new(caps: Caps) -> Table<T> {
+        Table {
+            caps: Caps {
+                max: caps.max.max(1),
+                per_source: caps.per_source.max(1),
+                handshakes_per_source: caps.handshakes_per_source.max(1),
+            },
+            next: 0,
+            seats: HashMap::new(),
+            unproven: BTreeSet::new(),
+            sources: HashMap::new(),
+        }
+    }
+
+    /// Seats in use.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.seats.len()
+    }
+
+    /// Seats a connection from `address`, making room when a cap is reached.
+    pub(crate) fn admit(&mut self, address: IpAddr, occupant: T) -> Result<Seated<T>, Refusal> {
+        let source = source_key(address);
+        let mut evicted = Vec::new();
+        if self.unproven_of(source) >= self.caps.per_source {
+            let oldest = self.sources.get(&source).and_then(|s| {
+                s.unproven
+                    .iter()
+                    .copied()
+                    .find(|id| !self.seats[id].occupant.busy())
+            });
+            match oldest {
+                Some(id) => evicted.extend(self.leave(id)),
+                None => return Err(Refusal::SourceFull),
+            }
+        }
+        if self.seats.len() >= self.caps.max {
+            match self.oldest_evictable() {
+                Some(id) => evicted.extend(self.leave(id)),
+                None => return Err(Refusal::ListenerFull),
+            }
+        }
+        let id = self.next;
+        self.next += 1;
+        self.seats.insert(id, Seat { source, occupant });
+        self.unproven.insert(id);
+        let per_source = self.caps.handshakes_per_source;
+        let entry = self.sources.entry(source).or_insert_with(|| Source {
+            seats: 0,
+            unproven: BTreeSet::new(),
+            handshakes: Arc::new(Semaphore::new(per_source)),
+        });
+        entry.seats += 1;
+        entry.unproven.insert(id);
+        Ok(Seated {
+            id,
+            handshake_gate: entry.handshakes.clone(),
+            evicted,
+        })
+    }
+
+    /// Frees seat `id` (a connection closed, or evicted); its occupant, if it was seated.
+    pub(crate) fn leave(&mut self, id: u64) -> Option<T> {
+        let seat = self.seats.remove(&id)?;
+        self.unproven.remove(&id);
+        if let Some(source) = self.sources.get_mut(&seat.source) {
+            source.seats -= 1;
+            source.unproven.remove(&id);
+            if source.seats == 0 {
+                self.sources.remove(&seat.source);
+            }
+        }
+        Some(seat.occupant)
+    }
+
+    /// Evicts the oldest evictable seat anywhere (descriptors ran out): its occupant.
+    pub(crate) fn evict_oldest(&mut self) -> Option<T> {
+        let id = self.oldest_evictable()?;
+        self.leave(id)
+    }
+
+    /// The unproven seats of `source`, forgetting those proven since last asked.
+    fn unproven_of(&mut self, source: IpAddr) -> usize {
+        let Some(entry) = self.sources.get_mut(&source) else {
+            return 0;
+        };
+        let seats = &self.seats;
+        let proven: Vec<u64> = entry
+            .unproven
+            .iter()
+            .copied()
+            .filter(|id| seats[id].occupant.proven())
+            .collect();
+        for id in &proven {
+            entry.unproven.remove(id);
+            self.unproven.remove(id);
+        }
+        entry.unproven.len()
+    }
+
+    /// The oldest seat that may go, forgetting the proven seats it passes.
+    fn oldest_evictable(&mut self) -> Option<u64> {
+        let mut proven = Vec::new();
+        let found = self.unproven.iter().copied().find(|id| {
+            let occupant = &self.seats[id].occupant;
+            if occupant.proven() {
+                proven.push(*id);
+                return false;
+            }
+            !occupant.busy()
+        });
+        for id in proven {
+            self.unproven.remove(&id);
+            let source = self.seats[&id].source;
+            if let Some(s) = self.sources.get_mut(&source) {
+                s.unproven.remove(&id);
+            }
+        }
+        found
+    }
+}
+
+/// A seat held by a connection: freed when dropped.
+pub(crate) struct SeatGuard<T: Occupant + Clone> {
+    id: u64,
+    table: Arc<Mutex<Table<T>>>,
+}
+
+impl<T: Occupant + Clone> SeatGuard<T> {
+    pub(crate) fn new(id: u64, table: Arc<Mutex<Table<T>>>) -> SeatGuard<T> {
+        SeatGuard { id, table }
+    }
+}
+
+impl<T: Occupant + Clone> Drop for SeatGuard<T> {
+    fn drop(&mut self) {
+        // The occupant is dropped after the lock is released.
+        let occupant = self
+            .table
+            .lock()
+            .expect("seat table poisoned")
+            .leave(self.id);
+        drop(occupant);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use super::*;
+
+    /// A connection whose state the test sets.
+    #[derive(Clone, Default)]
+    struct Conn {
+        name: &'static str,
+        proven: Rc<Cell<bool>>,
+        busy: Rc<Cell<bool>>,
+    }
+
+    impl Occupant for Conn {
+        fn proven(&self) -> bool {
+            self.proven.get()
+        }
+        fn busy(&self) -> bool {
+            self.busy.get()
+        }
+    }
+
+    fn conn(name: &'static str) -> Conn {
+        Conn {
+            name,
+            ..Conn::default()
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    const CAPS: Caps = Caps {
+        max: 6,
+        per_source: 3,
+        handshakes_per_source: 2,
+    };
+
+    fn names(evicted: &[Conn]) -> Vec<&'static str> {
+        evicted.iter().map(|c| c.name).collect()
+    }
+
+    #[test]
+    fn a_source_at_its_cap_replaces_its_own_oldest_idle_seat() {
+        let mut t = Table::new(CAPS);
+        let a = ip("127.0.0.9");
+        for name in ["a1", "a2", "a3"] {
+            assert!(t.admit(a, conn(name)).unwrap().evicted.is_empty());
+        }
+        let seated = t.admit(a, conn("a4")).unwrap();
+        assert_eq!(names(&seated.evicted), ["a1"]);
+        assert_eq!(t.len(), 3);
+        // Another source is not touched by a's churn.
+        let b = t.admit(ip("127.0.0.10"), conn("b1")).unwrap();
+        assert!(b.evicted.is_empty());
+        assert_eq!(t.len(), 4);
+    }
+
+    #[test]
+    fn busy_seats_stay_and_a_source_of_only_busy_seats_is_refused() {
+        let mut t = Table::new(CAPS);
+        let a = ip("127.0.0.9");
+        let held: Vec<Conn> = ["a1", "a2", "a3"].map(conn).to_vec();
+        for c in &held {
+            t.admit(a, c.clone()).unwrap();
+        }
+        held[0].busy.set(true);
+        assert_eq!(
+            names(&t.admit(a, conn("a4")).unwrap().evicted),
+            ["a2"],
+            "a1 has a call in flight"
+        );
+        held[2].busy.set(true);
+        let a5 = conn("a5");
+        assert_eq!(names(&t.admit(a, a5.clone()).unwrap().evicted), ["a4"]);
+        a5.busy.set(true);
+        assert_eq!(t.admit(a, conn("a6")).err(), Some(Refusal::SourceFull));
+        assert_eq!(t.len(), 3);
+    }
+
+    #[test]
+    fn proven_seats_do_not_count_against_their_source_and_never_go() {
+        let mut t = Table::new(CAPS);
+        let a = ip("127.0.0.9");
+        let owner = conn("owner");
+        t.admit(a, owner.clone()).unwrap();
+        owner.proven.set(true);
+        for name in ["a1", "a2", "a3"] {
+            assert!(t.admit(a, conn(name)).unwrap().evicted.is_empty());
+        }
+        assert_eq!(names(&t.admit(a, conn("a4")).unwrap().evicted), ["a1"]);
+        // The listener fills (6): evictions pass over the proven seat.
+        t.admit(ip("127.0.0.10"), conn("b1")).unwrap();
+        t.admit(ip("127.0.0.10"), conn("b2")).unwrap();
+        assert_eq!(t.len(), 6);
+        let seated = t.admit(ip("127.0.0.11"), conn("c1")).unwrap();
+        assert_eq!(names(&seated.evicted), ["a2"]);
+        assert!(t.seats.values().any(|s| s.occupant.name == "owner"));
+    }
+
+    #[test]
+    fn a_full_listener_evicts_the_oldest_idle_seat_anywhere() {
+        let mut t = Table::new(CAPS);
+        // Six sources, one seat each: full.
+        let conns: Vec<Conn> = ["s0", "s1", "s2", "s3", "s4", "s5"].map(conn).to_vec();
+        for (i, c) in conns.iter().enumerate() {
+            t.admit(IpAddr::from([127, 1, 0, i as u8]), c.clone())
+                .unwrap();
+        }
+        conns[0].busy.set(true);
+        let seated = t.admit(ip("127.2.0.1"), conn("new")).unwrap();
+        assert_eq!(names(&seated.evicted), ["s1"]);
+        assert_eq!(t.len(), 6);
+        // Nobody idle and unproven: refused, nothing evicted.
+        for s in t.seats.values() {
+            s.occupant.busy.set(true);
+        }
+        assert_eq!(
+            t.admit(ip("127.2.0.2"), conn("late")).err(),
+            Some(Refusal::ListenerFull)
+        );
+        assert_eq!(t.len(), 6);
+    }
+
+    #[test]
+    fn a_source_at_its_cap_and_a_full_listener_evict_two() {
+        let mut t = Table::new(Caps {
+            max: 4,
+            per_source: 2,
+            handshakes_per_source: 1,
+        });
+        t.admit(ip("127.0.0.1"), conn("x")).unwrap();
+        t.admit(ip("127.0.0.2"), conn("y")).unwrap();
+        t.admit(ip("127.0.0.9"), conn("a1")).unwrap();
+        t.admit(ip("127.0.0.9"), conn("a2")).unwrap();
+        // a's own oldest makes room for a3 within its cap; the listener then has room.
+        let seated = t.admit(ip("127.0.0.9"), conn("a3")).unwrap();
+        assert_eq!(names(&seated.evicted), ["a1"]);
+        assert_eq!(t.len(), 4);
+    }
+
+    #[test]
+    fn sources_are_forgotten_when_their_last_seat_leaves() {
+        let mut t = Table::new(CAPS);
+        let s = t.admit(ip("2001:db8:0:1::1"), conn("v6")).unwrap();
+        // Same /64: same source, same gate.
+        let s2 = t.admit(ip("2001:db8:0:1::2"), conn("v6b")).unwrap();
+        assert!(Arc::ptr_eq(&s.handshake_gate, &s2.handshake_gate));
+        assert_eq!(s.handshake_gate.available_permits(), 2);
+        assert_eq!(t.leave(s.id).map(|c| c.name), Some("v6"));
+        assert_eq!(
+            t.leave(s.id).map(|c| c.name),
+            None,
+            "leaving twice is a no-op"
+        );
+        t.leave(s2.id);
+        assert!(t.sources.is_empty() && t.unproven.is_empty() && t.len() == 0);
+    }
+
+    #[test]
+    fn out_of_descriptors_the_oldest_idle_unproven_seat_goes() {
+        let mut t = Table::new(CAPS);
+        let owner = conn("owner");
+        t.admit(ip("127.0.0.1"), owner.clone()).unwrap();
+        owner.proven.set(true);
+        t.admit(ip("127.0.0.9"), conn("a1")).unwrap();
+        t.admit(ip("127.0.0.9"), conn("a2")).unwrap();
+        assert_eq!(t.evict_oldest().map(|c| c.name), Some("a1"));
+        assert_eq!(t.evict_oldest().map(|c| c.name), Some("a2"));
+        assert!(t.evict_oldest().is_none(), "the owner stays");
+        assert_eq!(t.len(), 1);
+    }
+}
