@@ -1,15 +1,19 @@
 //! The `/metrics` endpoint: plain HTTP/1.1 on its own listener, `GET /metrics` answers
 //! the registry (OpenMetrics text when the client accepts it, else the Prometheus text
-//! format 0.0.4), anything else 404. A connection is closed once it has moved no byte
-//! for 30 s (before its first request or between keep-alive requests), and one that takes
-//! longer than 10 s to send its request headers.
+//! format 0.0.4), anything else 404.
+//!
+//! Connections are seated (`seats`): at most 8 per source and 64 in all, and at either
+//! cap the idlest connection (one that never sent a byte first) is closed to seat the
+//! newcomer, so idle connections cannot keep a scraper out. A connection that sends no
+//! byte within 2 s of its accept is closed, and so is one that takes longer than 10 s
+//! to send its request headers, or that moves no byte for 30 s between keep-alive
+//! requests.
 //!
 //! Serves until its future is dropped; may not serve anything but the metrics.
 
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -23,64 +27,43 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::families::Metrics;
+use crate::seats::{Answering, Conn, Seats};
 
 /// OpenMetrics text, served to clients that ask for it (Prometheus does).
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// The Prometheus text format 0.0.4, served to every other client.
 pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
-/// How long a scrape connection may take, and idle.
+/// How many scrape connections, and how long one may take and idle.
 #[derive(Debug, Clone, Copy)]
 struct Limits {
     /// Longest a client may take to send its request headers.
     header_read: Duration,
-    /// Longest a connection may go without a byte read or written (before its first
-    /// request, or between keep-alive requests) before it is closed.
+    /// Longest a new connection may stay silent: a scraper sends its request at once.
+    first_byte: Duration,
+    /// Longest a connection may go without a byte read or written between keep-alive
+    /// requests before it is closed.
     idle: Duration,
+    /// Connections served at once.
+    max_connections: usize,
+    /// Connections one source (an IPv4 address, an IPv6 /64) holds at once.
+    per_source: usize,
 }
 
+/// A scraper (Prometheus) keeps one keep-alive connection per target and scrapes every
+/// 15–60 s, so 30 s of idleness is a normal pause, and eight connections per source
+/// allow several scrapers behind one address.
 const LIMITS: Limits = Limits {
     header_read: Duration::from_secs(10),
+    first_byte: Duration::from_secs(2),
     idle: Duration::from_secs(30),
+    max_connections: 64,
+    per_source: 8,
 };
-/// Most scrape connections served at once.
-const MAX_CONNECTIONS: usize = 64;
 
-/// When a connection last moved a byte (read or written).
-#[derive(Clone)]
-struct Activity {
-    since: Instant,
-    /// Milliseconds after `since`.
-    last_ms: Arc<AtomicU64>,
-}
-
-impl Activity {
-    fn touch(&self) {
-        let ms = self.since.elapsed().as_millis() as u64;
-        self.last_ms.store(ms, Ordering::Relaxed);
-    }
-    fn last(&self) -> Instant {
-        self.since + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
-    }
-}
-
-/// A stream that records its activity.
+/// A stream that records its activity in its connection's seat.
 struct Tracked<S> {
     inner: S,
-    activity: Activity,
-}
-
-impl<S> Tracked<S> {
-    fn new(inner: S) -> (Tracked<S>, Activity) {
-        let activity = Activity {
-            since: Instant::now(),
-            last_ms: Arc::new(AtomicU64::new(0)),
-        };
-        let tracked = Tracked {
-            inner,
-            activity: activity.clone(),
-        };
-        (tracked, activity)
-    }
+    conn: Arc<Conn>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
@@ -92,7 +75,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.touch();
+            self.conn.touch(Instant::now(), true);
         }
         polled
     }
@@ -106,7 +89,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     ) -> Poll<std::io::Result<usize>> {
         let polled = Pin::new(&mut self.inner).poll_write(cx, data);
         if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
+            self.conn.touch(Instant::now(), false);
         }
         polled
     }
@@ -118,7 +101,45 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     }
 }
 
-fn answer(
+/// A response body that keeps its connection counted as answering until it is sent.
+struct Answer {
+    body: Full<Bytes>,
+    _answering: Answering,
+}
+
+impl http_body::Body for Answer {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        http_body::Body::is_end_stream(&self.body)
+    }
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::Body::size_hint(&self.body)
+    }
+}
+
+/// Frees a seat when its connection's task ends, however it ends.
+struct SeatGuard {
+    seats: Arc<Mutex<Seats>>,
+    id: u64,
+}
+
+impl Drop for SeatGuard {
+    fn drop(&mut self) {
+        self.seats
+            .lock()
+            .expect("metrics seats poisoned")
+            .leave(self.id);
+    }
+}
+
+fn answer_request(
     metrics: &Metrics,
     request: &http::Request<hyper::body::Incoming>,
 ) -> http::Response<Full<Bytes>> {
@@ -154,35 +175,88 @@ pub async fn serve(listener: TcpListener, metrics: &'static Metrics) {
     serve_with(listener, metrics, LIMITS).await
 }
 
+/// Accept errors after which accepting again at once would fail the same way.
+fn is_exhaustion(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
 async fn serve_with(listener: TcpListener, metrics: &'static Metrics, limits: Limits) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let seats = Arc::new(Mutex::new(Seats::new(
+        limits.max_connections,
+        limits.per_source,
+    )));
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
                 tracing::warn!("metrics listener: accept failed: {e}");
+                if is_exhaustion(&e) {
+                    let idlest = seats
+                        .lock()
+                        .expect("metrics seats poisoned")
+                        .evict_idlest(None);
+                    if let Some(conn) = idlest {
+                        conn.evicted.notify_one();
+                    }
+                }
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tracing::debug!(%peer, "metrics: too many connections, closing");
-            continue;
+        let conn = Conn::new(Instant::now());
+        let admitted = seats
+            .lock()
+            .expect("metrics seats poisoned")
+            .admit(peer.ip(), conn.clone());
+        let id = match admitted {
+            Ok((id, evicted)) => {
+                for idle in evicted {
+                    tracing::debug!(%peer, "metrics: closing an idle connection to seat a new one");
+                    idle.evicted.notify_one();
+                }
+                id
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "metrics: every connection is answering, closing");
+                continue;
+            }
+        };
+        let seat = SeatGuard {
+            seats: seats.clone(),
+            id,
         };
         tokio::spawn(
             async move {
-                let service = hyper::service::service_fn(move |request| async move {
-                    Ok::<_, Infallible>(answer(metrics, &request))
+                let answering = conn.clone();
+                let service = hyper::service::service_fn(move |request| {
+                    let busy = answering.answering();
+                    async move {
+                        let response = answer_request(metrics, &request);
+                        Ok::<_, Infallible>(response.map(|body| Answer {
+                            body,
+                            _answering: busy,
+                        }))
+                    }
                 });
                 let mut builder = http1::Builder::new();
                 builder
                     .timer(hyper_util::rt::TokioTimer::new())
                     .header_read_timeout(limits.header_read);
-                let (stream, activity) = Tracked::new(stream);
+                let stream = Tracked {
+                    inner: stream,
+                    conn: conn.clone(),
+                };
                 let connection = builder.serve_connection(TokioIo::new(stream), service);
                 tokio::pin!(connection);
                 loop {
-                    let deadline = activity.last() + limits.idle;
+                    let deadline = if conn.spoke() {
+                        conn.last() + limits.idle
+                    } else {
+                        conn.since + limits.first_byte
+                    };
                     tokio::select! {
                         result = connection.as_mut() => {
                             if let Err(e) = result {
@@ -190,17 +264,27 @@ async fn serve_with(listener: TcpListener, metrics: &'static Metrics, limits: Li
                             }
                             break;
                         }
+                        () = conn.evicted.notified() => {
+                            tracing::debug!(%peer, "metrics connection evicted, closing");
+                            break;
+                        }
                         () = tokio::time::sleep_until(deadline) => {
-                            if activity.last() + limits.idle <= Instant::now() {
+                            let spoke = conn.spoke();
+                            let still = if spoke {
+                                conn.last() + limits.idle
+                            } else {
+                                conn.since + limits.first_byte
+                            };
+                            if still <= Instant::now() {
                                 // Nothing moved either way for the whole bound: whatever
                                 // the client waits for, dropping the connection closes it.
-                                tracing::debug!(%peer, "metrics connection idle, closing");
+                                tracing::debug!(%peer, spoke, "metrics connection idle, closing");
                                 break;
                             }
                         }
                     }
                 }
-                drop(slot);
+                drop(seat);
             }
             .instrument(tracing::Span::current()),
         );
@@ -216,10 +300,13 @@ mod tests {
 
     use super::*;
 
-    /// The header read timeout longer than any test waits: only the idle bound closes.
+    /// The header read timeout longer than any test waits: only the idle bounds close.
     const SHORT: Limits = Limits {
         header_read: Duration::from_secs(60),
+        first_byte: Duration::from_millis(800),
         idle: Duration::from_millis(800),
+        max_connections: 64,
+        per_source: 8,
     };
 
     async fn server(limits: Limits) -> std::net::SocketAddr {
@@ -247,6 +334,71 @@ mod tests {
                 Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
             }
         }
+    }
+
+    /// A connection to `address` from the loopback address `source`.
+    async fn connect_from(source: &str, address: std::net::SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(std::net::SocketAddr::new(source.parse().unwrap(), 0))
+            .unwrap();
+        socket.connect(address).await.unwrap()
+    }
+
+    /// GET /metrics on a new connection: the status line.
+    async fn scrape(address: std::net::SocketAddr) -> String {
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let (got, _) = read_until_closed(&mut stream, Duration::from_secs(5))
+            .await
+            .expect("an answer within 5 s");
+        String::from_utf8_lossy(&got)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    #[tokio::test]
+    async fn idle_connections_from_one_source_or_many_cannot_keep_a_scraper_out() {
+        // Long bounds: only the caps close anything here.
+        let limits = Limits {
+            first_byte: Duration::from_secs(60),
+            idle: Duration::from_secs(60),
+            max_connections: 16,
+            per_source: 4,
+            ..SHORT
+        };
+        let address = server(limits).await;
+        // One source far past its cap, then eight sources at theirs (past the total).
+        let mut held = Vec::new();
+        for _ in 0..40 {
+            held.push(connect_from("127.0.0.2", address).await);
+        }
+        for i in 0..8 {
+            for _ in 0..4 {
+                held.push(connect_from(&format!("127.0.1.{}", i + 1), address).await);
+            }
+        }
+        for _ in 0..5 {
+            assert_eq!(scrape(address).await, "HTTP/1.0 200 OK");
+        }
+        // The flood only replaced itself: of its 72 connections, the server closed all
+        // but the 16 seats (less the scrapers' turns).
+        let mut open = 0;
+        for stream in &mut held {
+            let mut buf = [0u8; 1];
+            if tokio::time::timeout(Duration::from_millis(20), stream.read(&mut buf))
+                .await
+                .is_err()
+            {
+                open += 1;
+            }
+        }
+        assert!(open <= 16, "{open} idle connections still open");
     }
 
     #[tokio::test]

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! http       serve(): GET /metrics → OpenMetrics text of the registry (hyper, http1)
+//!   │        seats: connections per source and in all, the idlest evicted (pure)
 //!   │
 //! rpc        RpcLayer: counts and times every curator call by method and gRPC code
 //!   │
@@ -25,6 +26,7 @@ pub mod http;
 pub mod member;
 pub mod process;
 pub mod rpc;
+mod seats;
 pub mod snapshot;
 
 pub use families::{Metrics, enabled, global, set_enabled};
