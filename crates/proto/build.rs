@@ -12,6 +12,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set_path(out_dir.join("polis_descriptor.bin"))
         .build_server(true)
         .build_client(true)
+        // Every WatchNode stream sends the CRL with every update: one buffer shared by
+        // all of them (a reference count per message, not a copy per stream).
+        .bytes(".polis.api.WatchNodeUpdate.cluster_crl")
         .compile_protos(&protos, &["proto"])?;
     Ok(())
 }

@@ -25,6 +25,7 @@
 //!   for its first heartbeat too (counting from the tenure start timed out every node
 //!   enrolled more than one timeout into it before it could heartbeat).
 //! - Only UP nodes have a verdict; the others are UNKNOWN.
+//! - A node's status is written at most once per period ([`status_write_due`]).
 
 use std::time::{Duration, Instant};
 
@@ -86,6 +87,16 @@ impl Default for Timing {
     fn default() -> Timing {
         Timing::DEFAULT
     }
+}
+
+/// Whether a node's changed status may be written at `now`, its last status write in
+/// this tenure at `last`: at most once per heartbeat period. A node whose status
+/// changes on every heartbeat (a hostile or broken one heartbeating as fast as it can)
+/// thus costs etcd one write per period, and so every WatchNode stream one wake-up,
+/// however fast it calls; an honest node, which heartbeats once per period, has every
+/// change written at its next heartbeat at the latest.
+pub fn status_write_due(last: Option<Instant>, now: Instant, timing: &Timing) -> bool {
+    last.is_none_or(|last| now.saturating_duration_since(last) >= timing.period)
 }
 
 /// What one leader tenure knows of one node's heartbeats, and its verdict.
@@ -158,6 +169,28 @@ mod tests {
 
     fn timing() -> Timing {
         Timing::new(Duration::from_secs(5), Duration::from_secs(15)).unwrap()
+    }
+
+    #[test]
+    fn a_status_is_written_at_most_once_per_period() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert!(status_write_due(None, t0, &timing()), "the first change");
+        // A flood: one write per period, whatever the rate of calls.
+        let mut last = None;
+        let mut writes = 0;
+        for ms in (0..20_000).step_by(10) {
+            if status_write_due(last, at(ms), &timing()) {
+                last = Some(at(ms));
+                writes += 1;
+            }
+        }
+        assert_eq!(writes, 4, "20 s of calls every 10 ms");
+        // An honest node heartbeats a period after its last write: written then.
+        assert!(status_write_due(Some(t0), at(5_000), &timing()));
+        assert!(!status_write_due(Some(t0), at(4_999), &timing()));
+        // A clock that went backwards writes nothing early.
+        assert!(!status_write_due(Some(at(1_000)), t0, &timing()));
     }
 
     enum Step {

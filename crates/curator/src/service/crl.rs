@@ -33,7 +33,7 @@ pub(super) async fn run(
                         // The per-call check below still uses it: etcd is the authority.
                         tracing::error!("the cluster CRL in etcd does not check out: {e}");
                     }
-                    shared.crl.set(Arc::new(crl));
+                    shared.crl.set(crl.into());
                     ctx.signal_healthy();
                 }
                 None => return Err("the CRL watch stopped".into()),
@@ -49,7 +49,7 @@ pub(super) fn source(shared: &Arc<Shared>) -> rpc::CrlSource {
     Arc::new(move || {
         let crl = shared.crl.current();
         Box::pin(async move {
-            crl.map(|c| c.as_ref().clone())
+            crl.map(|c| c.to_vec())
                 .ok_or_else(|| "the cluster CRL has not been loaded yet".to_string())
         })
     })

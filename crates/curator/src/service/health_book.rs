@@ -1,5 +1,5 @@
-//! The leader's heartbeat book: this tenure's health trackers, kept in memory, and the
-//! verdict a record stores.
+//! The leader's heartbeat book: this tenure's health trackers and status writes, kept in
+//! memory, and the verdict a record stores.
 //!
 //! ```text
 //!   Heartbeat (nodes) ──▶ HealthBook::tenure(l).trackers ◀── health runnable, node_info
@@ -33,6 +33,9 @@ pub(super) struct HealthBook {
 pub(super) struct TenureBook {
     pub(super) since: Instant,
     pub(super) trackers: HashMap<String, rules::Tracker>,
+    /// When each node's status was last written in this tenure
+    /// (`rules::status_write_due`).
+    pub(super) status_written: HashMap<String, Instant>,
 }
 
 impl HealthBook {
@@ -44,6 +47,7 @@ impl HealthBook {
             self.current = Some(TenureBook {
                 since: leadership.since,
                 trackers: HashMap::new(),
+                status_written: HashMap::new(),
             });
         }
         self.current.as_mut().expect("set above")

@@ -57,12 +57,7 @@ impl api::curator_local_server::CuratorLocal for Services {
     ) -> Result<Response<api::GetCaCertificateResponse>, Status> {
         Ok(Response::new(api::GetCaCertificateResponse {
             ca_certificate: self.0.config.ca_certificate.clone(),
-            crl: self
-                .0
-                .crl
-                .current()
-                .map(|c| c.as_ref().clone())
-                .unwrap_or_default(),
+            crl: self.0.crl.current().map(|c| c.to_vec()).unwrap_or_default(),
         }))
     }
 

@@ -15,7 +15,8 @@
 //!   WatchNode (node certificate) ────────▶ stream: own state and roles, curator list
 //!   Heartbeat(status) (node certificate) ─▶ this tenure's health tracker (see `health`);
 //!                                          the status into the record when it differs
-//!                                          from the snapshot's (no etcd read otherwise)
+//!                                          from the snapshot's (no etcd read otherwise),
+//!                                          at most once per period per node
 //!   RenewCertificates (node certificate) ─▶ issuance::renew: new node (and peer)
 //!                                          certificate
 //!   JoinConsensus (node certificate) ────▶ membership::join
@@ -40,7 +41,7 @@ use super::status::{
 use super::{issuance, membership, tickets, unlock};
 use crate::election::Leadership;
 use crate::error::NodeUpdateError;
-use crate::health::Tracker;
+use crate::health::{Tracker, status_write_due};
 use crate::lifecycle::{Event, Outcome, TransitionError};
 use crate::{records, writes};
 
@@ -197,21 +198,35 @@ impl api::curator_server::Curator for Services {
                 .get(&id)
                 .map(|n| (stored_verdict(n), n.status.clone()))
         });
-        {
+        let changed =
+            status.filter(|status| stored.as_ref().is_none_or(|s| s.1.as_ref() != Some(status)));
+        let deferred = changed.is_some();
+        let write = {
             let mut book = self.0.health.lock().expect("health lock poisoned");
             let verdict = stored.as_ref().map_or(HealthVerdict::Unknown, |s| s.0);
             let now = Instant::now();
-            book.tenure(&leadership)
-                .trackers
+            let timing = &self.0.config.heartbeat;
+            let book = book.tenure(&leadership);
+            book.trackers
                 .entry(id.clone())
                 .or_insert_with(|| Tracker::new(verdict, now))
-                .heartbeat(now, &self.0.config.heartbeat);
+                .heartbeat(now, timing);
+            // Decided under the lock: of concurrent heartbeats, one writes.
+            changed.filter(|_| {
+                let due = status_write_due(book.status_written.get(&id).copied(), now, timing);
+                if due {
+                    book.status_written.insert(id.clone(), now);
+                }
+                due
+            })
+        };
+        if deferred && write.is_none() {
+            tracing::debug!(
+                node = id,
+                "status changed again within a period: written later"
+            );
         }
-        if let Some(status) = status
-            && stored
-                .as_ref()
-                .is_none_or(|s| s.1.as_ref() != Some(&status))
-        {
+        if let Some(status) = write {
             let written = writes::modify_node(&self.0.curator, &leadership, &id, |current| {
                 let node = current.ok_or_else(|| NodeUpdateError::NotFound(id.clone()))?;
                 if node.status.as_ref() == Some(&status) {
@@ -449,10 +464,7 @@ impl api::curator_server::Curator for Services {
                 state: node.state,
                 roles: records::role_names(node),
                 curator_endpoints: nodes.curator_endpoints.clone(),
-                cluster_crl: crl
-                    .current()
-                    .map(|c| c.as_ref().clone())
-                    .unwrap_or_default(),
+                cluster_crl: crl.current().unwrap_or_default(),
             })
         });
         Ok(Response::new(stream))

@@ -118,8 +118,9 @@ pub struct Shared {
     /// Held while etcd membership changes: etcd 3.4 has at most one learner, so a join
     /// holds it until its learner is promoted, and joins and removals queue behind it.
     pub(super) membership: Arc<tokio::sync::Mutex<()>>,
-    /// The cluster CRL (DER), fed by one etcd watch (the `crl` runnable).
-    pub(super) crl: event::Value<Arc<Vec<u8>>>,
+    /// The cluster CRL (DER), fed by one etcd watch (the `crl` runnable); shared, not
+    /// copied, by every WatchNode update that carries it.
+    pub(super) crl: event::Value<prost::bytes::Bytes>,
     /// The same CRL for this curator's own calls to other curators (forwarding, quorum
     /// questions): a removed node cannot pose as one.
     pub(super) crl_slot: rpc::CrlSlot,

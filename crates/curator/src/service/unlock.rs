@@ -6,14 +6,16 @@
 //!        ◀── node ID, cluster half ─────────────────── unless DECOMMISSIONED/DECOMMISSIONING,
 //!                                                      erased, or no such record (deleted)
 //! ```
-//! The half leaves etcd only here, only to the holder of the join key. Records are read
-//! from etcd (not the snapshot), so an erase is never answered around.
+//! The half leaves etcd only here, only to the holder of the join key. The holder is
+//! found in the node snapshot, its record then read from etcd (not the snapshot), so an
+//! erase is never answered around; callers are limited per source
+//! (`rpc::server::RateLayer`), as anyone with a self-signed certificate may call.
 
 use proto::api;
 use proto::state::{Node, NodeState};
 use tonic::{Request, Response, Status};
 
-use super::shared::Services;
+use super::shared::{Services, Shared};
 use super::status::{self_signed_key, status_from};
 use crate::records;
 
@@ -60,6 +62,37 @@ pub(super) fn check_registration(join_key: &[u8], half: &[u8]) -> Result<(), Sta
     }
 }
 
+/// The record holding join key `key`, as etcd has it now: found in the node snapshot
+/// (a scan in memory, not a read of every record per call), then read alone. Only while
+/// the snapshot is not live are all records read.
+async fn holder(shared: &Shared, key: &[u8]) -> Result<Option<Node>, Status> {
+    let snapshot = shared
+        .nodes
+        .current()
+        .filter(|_| shared.nodes_live.current() == Some(true));
+    let Some(snapshot) = snapshot else {
+        let nodes = records::list_nodes(&shared.curator)
+            .await
+            .map_err(status_from)?;
+        return Ok(nodes
+            .into_iter()
+            .find(|n| n.data_join_key.as_slice() == key));
+    };
+    let Some(id) = snapshot
+        .nodes
+        .iter()
+        .find(|(_, n)| n.data_join_key.as_slice() == key)
+        .map(|(id, _)| id.clone())
+    else {
+        return Ok(None);
+    };
+    let node = records::load_node(&shared.curator, &id)
+        .await
+        .map_err(status_from)?;
+    // Join keys never move between records; a record gone or changed since is refused.
+    Ok(node.filter(|n| n.data_join_key.as_slice() == key))
+}
+
 #[tonic::async_trait]
 impl api::data_unlock_server::DataUnlock for Services {
     async fn unlock_data(
@@ -67,13 +100,7 @@ impl api::data_unlock_server::DataUnlock for Services {
         request: Request<api::UnlockDataRequest>,
     ) -> Result<Response<api::UnlockDataResponse>, Status> {
         let key = self_signed_key(&request)?;
-        let nodes = records::list_nodes(&self.0.curator)
-            .await
-            .map_err(status_from)?;
-        let Some(node) = nodes
-            .into_iter()
-            .find(|n| n.data_join_key.as_slice() == key.as_slice())
-        else {
+        let Some(node) = holder(&self.0, &key).await? else {
             tracing::warn!("data unlock refused: no record holds this join key");
             return Err(Status::permission_denied(
                 "no node of this cluster holds this join key (deleted, or never registered \
