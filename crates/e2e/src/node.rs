@@ -27,6 +27,9 @@ pub struct Node {
     /// The network namespace the node runs in (`ip netns exec`; see `crate::partition`),
     /// or None for the test's own.
     pub netns: Option<String>,
+    /// Started under `prlimit --nofile=N:N` (soft and hard open-files limit N), or None
+    /// for the test's own limits.
+    pub open_files: Option<u64>,
 }
 
 impl Node {
@@ -40,6 +43,7 @@ impl Node {
             starts: 0,
             extra_args: Vec::new(),
             netns: None,
+            open_files: None,
         }
     }
 
@@ -80,15 +84,17 @@ impl Node {
 
     /// The command line that starts this node.
     pub fn command(&self, extra: &[&str]) -> Command {
-        let mut cmd = match &self.netns {
-            Some(netns) => {
-                // `ip netns exec` execs polis-node: the pid stays the node's.
-                let mut cmd = Command::new("ip");
-                cmd.args(["netns", "exec", netns]).arg(bin("polis-node"));
-                cmd
-            }
-            None => Command::new(bin("polis-node")),
-        };
+        // `ip netns exec` and `prlimit` exec what follows: the pid stays the node's.
+        let mut launcher: Vec<std::ffi::OsString> = Vec::new();
+        if let Some(netns) = &self.netns {
+            launcher.extend(["ip", "netns", "exec", netns].map(Into::into));
+        }
+        if let Some(n) = self.open_files {
+            launcher.extend(["prlimit".into(), format!("--nofile={n}:{n}").into()]);
+        }
+        launcher.push(bin("polis-node").into());
+        let mut cmd = Command::new(&launcher[0]);
+        cmd.args(&launcher[1..]);
         cmd.arg("--root")
             .arg(&self.root)
             .arg("--address")
