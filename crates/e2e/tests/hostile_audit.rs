@@ -196,8 +196,8 @@ async fn the_owners_entry_survives_a_flood_of_refused_calls() -> Result<()> {
         .context("no entry of the owner's label")?;
     let started = Instant::now();
 
-    // Self-signed, one address, one connection: UnlockData and CommitNode (neither is
-    // rate limited), all refused.
+    // Self-signed, one address, one connection: UnlockData and CommitNode, all refused
+    // (past the per-source burst as ResourceExhausted, before the audit layer).
     let channel = throwaway(&cluster, unique_loopback()).await?;
     let mut unlock = api::data_unlock_client::DataUnlockClient::new(channel.clone());
     let mut commit = api::curator_client::CuratorClient::new(channel);
