@@ -1,5 +1,5 @@
-//! The leader's heartbeat book: this tenure's health trackers and status writes, kept in
-//! memory, and the verdict a record stores.
+//! The leader's heartbeat book: this tenure's health trackers and status writes (done and
+//! pending), kept in memory, and the verdict a record stores.
 //!
 //! ```text
 //!   Heartbeat (nodes) ──▶ HealthBook::tenure(l).trackers ◀── health runnable, node_info
@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use proto::state::{HealthVerdict, Node};
+use proto::state::{HealthVerdict, Node, NodeStatus};
 
 use crate::election::Leadership;
 use crate::health as rules;
@@ -36,6 +36,9 @@ pub(super) struct TenureBook {
     /// When each node's status was last written in this tenure
     /// (`rules::status_write_due`).
     pub(super) status_written: HashMap<String, Instant>,
+    /// Each node's latest status not yet written, waiting for its period's end
+    /// (`node_status`).
+    pub(super) status_pending: HashMap<String, NodeStatus>,
 }
 
 impl HealthBook {
@@ -48,8 +51,18 @@ impl HealthBook {
                 since: leadership.since,
                 trackers: HashMap::new(),
                 status_written: HashMap::new(),
+                status_pending: HashMap::new(),
             });
         }
         self.current.as_mut().expect("set above")
+    }
+
+    /// The book of `leadership`'s tenure if it is the current one (never replaces it).
+    pub(super) fn current(&mut self, leadership: &Leadership) -> Option<&mut TenureBook> {
+        let tenure = (leadership.key.clone(), leadership.revision);
+        if self.tenure.as_ref() != Some(&tenure) {
+            return None;
+        }
+        self.current.as_mut()
     }
 }

@@ -40,7 +40,8 @@
 //!                    audit_log (Audit: the log read in pages, followed);
 //!                    audit_writer (behind rpc::AuditLayer: entries cut to size,
 //!                    refusals counted, the log held to its budget);
-//!                    unlock (DataUnlock: a node's cluster half of its data key)
+//!                    unlock (DataUnlock: a node's cluster half of its data key);
+//!                    node_status (Heartbeat's status into the record, once a period)
 //!   runnables        snapshot (`nodes`), quorum (also its layer), crl, health, upkeep
 //!                    (etcd upkeep; also
 //!                    CuratorLocal.DefragmentMember's work), scheduled (scheduled
@@ -95,6 +96,7 @@ mod local;
 mod management;
 mod membership;
 mod node_info;
+mod node_status;
 mod nodes;
 mod quorum;
 mod reconciler;

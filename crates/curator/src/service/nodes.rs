@@ -34,6 +34,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use super::health_book::stored_verdict;
+use super::node_status::{self, StatusWrite};
 use super::shared::{NodeSnapshot, Services, Shared};
 use super::status::{
     identity, node_update_status, record_address, record_key, self_signed_key, status_from,
@@ -41,7 +42,7 @@ use super::status::{
 use super::{issuance, membership, tickets, unlock};
 use crate::election::Leadership;
 use crate::error::NodeUpdateError;
-use crate::health::{Tracker, status_write_due};
+use crate::health::Tracker;
 use crate::lifecycle::{Event, Outcome, TransitionError};
 use crate::{records, writes};
 
@@ -200,7 +201,6 @@ impl api::curator_server::Curator for Services {
         });
         let changed =
             status.filter(|status| stored.as_ref().is_none_or(|s| s.1.as_ref() != Some(status)));
-        let deferred = changed.is_some();
         let write = {
             let mut book = self.0.health.lock().expect("health lock poisoned");
             let verdict = stored.as_ref().map_or(HealthVerdict::Unknown, |s| s.0);
@@ -212,41 +212,20 @@ impl api::curator_server::Curator for Services {
                 .or_insert_with(|| Tracker::new(verdict, now))
                 .heartbeat(now, timing);
             // Decided under the lock: of concurrent heartbeats, one writes.
-            changed.filter(|_| {
-                let due = status_write_due(book.status_written.get(&id).copied(), now, timing);
-                if due {
-                    book.status_written.insert(id.clone(), now);
-                }
-                due
-            })
+            node_status::decide(book, &id, changed, now, timing)
         };
-        if deferred && write.is_none() {
-            tracing::debug!(
-                node = id,
-                "status changed again within a period: written later"
-            );
-        }
-        if let Some(status) = write {
-            let written = writes::modify_node(&self.0.curator, &leadership, &id, |current| {
-                let node = current.ok_or_else(|| NodeUpdateError::NotFound(id.clone()))?;
-                if node.status.as_ref() == Some(&status) {
-                    return Ok(None);
-                }
-                let mut node = node.clone();
-                node.status = Some(status.clone());
-                Ok(Some(node))
-            })
-            .await;
-            match written {
-                Ok(_) => tracing::debug!(node = id, ?status, "node status recorded"),
-                // etcd upkeep: the heartbeat itself counted (the tracker above); the
-                // status is recorded by a later heartbeat once etcd has space again, so
-                // NOSPACE does not make every node believe it is split.
-                Err(NodeUpdateError::Curator(crate::error::CuratorError::NoSpace)) => {
-                    tracing::debug!(node = id, "node status not recorded: etcd is out of space")
-                }
-                Err(e) => return Err(node_update_status(e)),
+        match write {
+            StatusWrite::Now(status) => {
+                node_status::record(&self.0, &leadership, &id, status).await?
             }
+            StatusWrite::Later(at) => {
+                tracing::debug!(
+                    node = id,
+                    "status changed within a period: written at its end"
+                );
+                node_status::record_later(self.0.clone(), leadership, id, at);
+            }
+            StatusWrite::None => {}
         }
         Ok(Response::new(api::HeartbeatResponse {}))
     }
