@@ -93,8 +93,8 @@ impl Default for Timing {
 /// this tenure at `last`: at most once per heartbeat period. A node whose status
 /// changes on every heartbeat (a hostile or broken one heartbeating as fast as it can)
 /// thus costs etcd one write per period, and so every WatchNode stream one wake-up,
-/// however fast it calls; an honest node, which heartbeats once per period, has every
-/// change written at its next heartbeat at the latest.
+/// however fast it calls; a change within a period is written at its end
+/// (`service::node_status`), so the record still ends with the last status reported.
 pub fn status_write_due(last: Option<Instant>, now: Instant, timing: &Timing) -> bool {
     last.is_none_or(|last| now.saturating_duration_since(last) >= timing.period)
 }
