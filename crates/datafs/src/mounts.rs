@@ -104,3 +104,36 @@ mod tests {
         assert_eq!(unescape("\\377"), [0xff]);
     }
 }
+
+/// Properties over arbitrary mountinfo text (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_field_unescapes(field in prop_oneof![any::<String>(), "([a-z/ ]|\\\\[0-9]{0,4}){0,12}"]) {
+            let _ = unescape(&field);
+            let _ = mount_points(&field).count();
+        }
+
+        #[test]
+        fn escaped_bytes_come_back(path in prop::collection::vec(any::<u8>(), 0..40)) {
+            // The kernel's escaping of space, tab, newline and backslash in a path.
+            let mut escaped = String::new();
+            for &b in &path {
+                match b {
+                    b' ' | b'\t' | b'\n' | b'\\' => escaped.push_str(&format!("\\{b:03o}")),
+                    _ => escaped.push(char::from(b)),
+                }
+            }
+            let latin1: Vec<u8> = unescape(&escaped);
+            let want: Vec<u8> = path
+                .iter()
+                .flat_map(|&b| char::from(b).to_string().into_bytes())
+                .collect();
+            prop_assert_eq!(latin1, want);
+        }
+    }
+}

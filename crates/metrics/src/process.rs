@@ -150,3 +150,23 @@ mod tests {
         assert!(stats.start_time_seconds > 1_600_000_000.0);
     }
 }
+
+/// Properties over arbitrary /proc text (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_stat_text_parses_or_is_refused(
+            text in prop_oneof![
+                any::<String>(),
+                "[0-9]{1,5} \\([ a-z)]{0,10}\\) S( [0-9]{1,20}){20,24}",
+            ],
+        ) {
+            let _ = parse_stat(&text, 100.0, 4096, 1_700_000_000);
+            let _ = parse_boot_time(&text);
+        }
+    }
+}
