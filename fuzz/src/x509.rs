@@ -45,24 +45,41 @@ pub fn certificate_seeds() -> Vec<Vec<u8>> {
     ]
 }
 
-/// A CRL: its serials, and its number once it verifies against the test CA. Verified
-/// twice, it says the same.
+/// A CRL: its serials, and its number once it verifies against the test CA (verified
+/// twice, it says the same); then offered to a client's `rpc::CrlSlot` that holds the
+/// test CA's CRL number 7, as one a curator hands out: kept only when newer.
 pub fn crl(data: &[u8]) {
     let _ = pki::crl_serials(data);
-    if let Ok(number) = pki::verified_crl_number(data, fixture::CA_DER) {
+    let verified = pki::verified_crl_number(data, fixture::CA_DER);
+    if let Ok(number) = verified {
         assert_eq!(
             pki::verified_crl_number(data, fixture::CA_DER).ok(),
             Some(number)
         );
         pki::crl_serials(data).expect("a verified CRL lists its serials");
     }
+    let slot = rpc::CrlSlot::new();
+    assert_eq!(slot.offer(fixture::CA_DER, fixture::crl()).ok(), Some(true));
+    match slot.offer(fixture::CA_DER, data) {
+        Ok(replaced) => {
+            let number = verified.expect("the slot keeps only verified CRLs");
+            assert_eq!(
+                replaced,
+                number > 7 || (number == 7 && data != fixture::crl())
+            );
+            assert_eq!(slot.offer(fixture::CA_DER, data).ok(), Some(false));
+        }
+        Err(_) => assert!(verified.is_err()),
+    }
 }
 
 pub fn crl_seeds() -> Vec<Vec<u8>> {
-    let empty = fixture::ca()
-        .crl(&[], u64::MAX)
+    let ca = fixture::ca();
+    let newest = ca.crl(&[], u64::MAX).expect("the test CA signs a CRL");
+    let older = ca
+        .crl(&[vec![1, 2, 3]], 6)
         .expect("the test CA signs a CRL");
-    vec![fixture::crl().to_vec(), empty]
+    vec![fixture::crl().to_vec(), newest, older]
 }
 
 /// The curator's classification of a TLS client (`rpc::Authenticator`), the first byte
