@@ -155,3 +155,74 @@ fn files_are_private_atomic_and_errors_name_them() {
     let err = inspect_file(&path).unwrap_err().to_string();
     assert!(err.starts_with(&path.display().to_string()), "{err}");
 }
+
+/// Properties over arbitrary files and headers (proptest).
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn any_header() -> impl Strategy<Value = Header> {
+        (
+            (any::<String>(), any::<i64>(), any::<bool>(), any::<u64>()),
+            (any::<String>(), any::<String>(), any::<String>()),
+            (any::<String>(), any::<String>()),
+        )
+            .prop_map(
+                |(
+                    (ca_fingerprint, revision, quorum_read, taken_at_unix_ms),
+                    (node_id, etcd_cluster_id, etcd_member_id),
+                    (polis_version, etcd_version),
+                )| Header {
+                    ca_fingerprint,
+                    revision,
+                    quorum_read,
+                    taken_at_unix_ms,
+                    node_id,
+                    etcd_cluster_id,
+                    etcd_member_id,
+                    polis_version,
+                    etcd_version,
+                },
+            )
+    }
+
+    fn written(header: &Header, snapshot: &[u8]) -> Vec<u8> {
+        let mut w = Writer::new(Vec::new(), header).unwrap();
+        w.write_snapshot(snapshot).unwrap();
+        w.finish().unwrap().0
+    }
+
+    proptest! {
+        #[test]
+        fn any_file_opens_or_is_refused(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+            let _ = check(bytes.clone());
+            // The same bytes behind a valid prefix reach the header and trailer checks.
+            let mut prefixed = MAGIC.to_vec();
+            prefixed.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
+            prefixed.extend_from_slice(&bytes);
+            let _ = check(prefixed);
+        }
+
+        #[test]
+        fn what_is_written_reads_back(
+            header in any_header(),
+            snapshot in prop::collection::vec(any::<u8>(), 0..500),
+        ) {
+            let (backup, out) = check(written(&header, &snapshot)).unwrap();
+            prop_assert_eq!(backup.header, header);
+            prop_assert_eq!(out, snapshot);
+        }
+
+        #[test]
+        fn any_changed_byte_is_caught(
+            snapshot in prop::collection::vec(any::<u8>(), 0..200),
+            at in any::<prop::sample::Index>(),
+            flip in 1u8..,
+        ) {
+            let mut bytes = written(&header(), &snapshot);
+            let at = at.index(bytes.len());
+            bytes[at] ^= flip;
+            prop_assert!(check(bytes).is_err(), "byte {} changed unnoticed", at);
+        }
+    }
+}

@@ -265,3 +265,61 @@ etcd_network_peer_received_bytes_total{From=\"0\"} 120
         assert!(peer_view(&SelfReport::default(), 1, &[member(1, "own")]).is_empty());
     }
 }
+
+/// Properties over arbitrary metrics text (proptest): it never fails, and what a line
+/// says is read whatever surrounds it.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn line() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "# [A-Z]{4} .{0,20}",
+            (
+                prop_oneof![
+                    Just("etcd_server_has_leader"),
+                    Just("etcd_server_id"),
+                    Just("etcd_network_active_peers"),
+                    Just("etcd_network_peer_sent_failures_total"),
+                    Just("etcd_server_proposals_committed_total"),
+                    Just("etcd_mvcc_db_total_size_in_bytes"),
+                ],
+                "(\\{[A-Za-z_]{1,9}=\"[0-9a-f]{0,17}\"(,[A-Za-z]{1,6}=\"[0-9a-f]{0,17}\")?\\})?",
+                prop_oneof![
+                    any::<f64>().prop_map(|v| v.to_string()),
+                    Just("NaN".to_string()),
+                    Just("+Inf".to_string()),
+                    Just("-1e400".to_string()),
+                    "[0-9.e+-]{1,12}",
+                ],
+            )
+                .prop_map(|(name, labels, value)| format!("{name}{labels} {value}")),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn any_text_gives_a_report(lines in prop::collection::vec(line(), 0..12)) {
+            let report = parse(&lines.join("\n"));
+            prop_assert!(!report.peers.contains_key(&0));
+            let view = peer_view(&report, report.member_id, &[]);
+            prop_assert!(view.iter().all(|p| p.id != report.member_id && p.id != 0));
+        }
+
+        #[test]
+        fn a_peer_line_is_read_among_any_others(
+            before in prop::collection::vec(line(), 0..5),
+            remote in 1u64..,
+            active in any::<bool>(),
+        ) {
+            let mut text = before.join("\n");
+            text.push_str(&format!(
+                "\netcd_network_active_peers{{Local=\"1\",Remote=\"{remote:x}\"}} {}\n",
+                u8::from(active)
+            ));
+            prop_assert_eq!(parse(&text).peers.get(&remote).copied(), Some(active));
+        }
+    }
+}

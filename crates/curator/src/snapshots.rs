@@ -152,3 +152,33 @@ mod tests {
         );
     }
 }
+
+/// Properties over arbitrary names (proptest): a name that parses is one plain file
+/// name, spelled one way, before it is ever joined to a directory.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn names_round_trip(taken_at_unix_ms in 0u64..10_000_000_000_000_000, revision in 0i64..1_000_000_000_000_000_000) {
+            let name = SnapshotName { taken_at_unix_ms, revision };
+            prop_assert_eq!(SnapshotName::parse(&name.file_name()), Some(name));
+        }
+
+        #[test]
+        fn only_exact_names_parse(
+            text in prop_oneof![
+                any::<String>(),
+                "snapshot-[0-9]{15,17}-r[-+0-9]{0,20}\\.polisbak",
+                "(\\.\\./)?snapshot-[0-9/.]{16}-r[0-9]{1,3}\\.polisbak[/.]?",
+            ],
+        ) {
+            if let Some(name) = SnapshotName::parse(&text) {
+                prop_assert!(!text.contains('/') && !text.starts_with('.'));
+                prop_assert_eq!(name.file_name(), text);
+            }
+        }
+    }
+}

@@ -539,3 +539,32 @@ mod tests {
         ));
     }
 }
+
+/// Properties over arbitrary presented tickets (proptest): a register ticket comes from
+/// a node that has not been admitted yet.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn tickets_round_trip(id in "[0-9a-f]{8}", secret in any::<[u8; SECRET_LEN]>()) {
+            let presented = parse_ticket(&format_ticket(&id, &secret)).unwrap();
+            prop_assert_eq!(presented.id, id);
+            prop_assert_eq!(presented.secret, secret);
+        }
+
+        #[test]
+        fn anything_else_is_malformed(
+            bytes in prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..100),
+                "[0-9a-fA-F]{7,9}\\.[0-9a-fA-F]{62,66}".prop_map(String::into_bytes),
+            ],
+        ) {
+            if let Ok(presented) = parse_ticket(&bytes) {
+                prop_assert_eq!(format_ticket(&presented.id, &presented.secret).to_ascii_lowercase(), bytes.to_ascii_lowercase());
+            }
+        }
+    }
+}

@@ -220,3 +220,37 @@ mod tests {
         assert!(!format!("{key:?}").contains("ab"));
     }
 }
+
+/// Properties over arbitrary bytes (proptest): every half round-trips, and nothing but
+/// an exact encoding decodes.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn every_half_round_trips(bytes in any::<[u8; HALF_LEN]>()) {
+            let half = Half::from_bytes(bytes);
+            prop_assert_eq!(Half::decode(&half.encode()), Ok(half));
+        }
+
+        #[test]
+        fn only_an_encoding_decodes(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok(half) = Half::decode(&bytes) {
+                prop_assert_eq!(half.encode(), bytes);
+            }
+        }
+
+        #[test]
+        fn any_changed_byte_is_refused(
+            bytes in any::<[u8; HALF_LEN]>(),
+            at in 0..ENCODED_HALF_LEN,
+            flip in 1u8..,
+        ) {
+            let mut encoded = Half::from_bytes(bytes).encode();
+            encoded[at] ^= flip;
+            prop_assert!(Half::decode(&encoded).is_err());
+        }
+    }
+}

@@ -125,3 +125,30 @@ mod tests {
         assert!(owner().validate().is_ok());
     }
 }
+
+/// Properties over arbitrary text (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn valid_owners_round_trip(cluster in "[^\\s]{1,40}", node in "[^\\s]{1,40}") {
+            let owner = Owner { cluster, node };
+            prop_assert_eq!(Owner::decode(&owner.encode()), Ok(owner));
+        }
+
+        #[test]
+        fn what_decodes_round_trips(
+            text in prop_oneof![
+                any::<String>(),
+                "polis-datafs 1\ncluster [^\n]{0,8}\nnode [^\n]{0,8}\n[ \n]{0,3}",
+            ],
+        ) {
+            if let Ok(owner) = Owner::decode(&text) {
+                prop_assert_eq!(Owner::decode(&owner.encode()), Ok(owner));
+            }
+        }
+    }
+}

@@ -130,3 +130,20 @@ mod tests {
         );
     }
 }
+
+/// Properties over arbitrary device heads (proptest): only zeros are ever formatted.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn only_zeros_are_empty(
+            head in prop::collection::vec(prop_oneof![Just(0u8), any::<u8>()], 0..2200),
+        ) {
+            let zeros = head.iter().all(|&b| b == 0);
+            prop_assert_eq!(classify(&head) == Content::Empty, zeros);
+        }
+    }
+}

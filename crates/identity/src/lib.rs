@@ -232,3 +232,52 @@ mod tests {
         assert!(public_key_from_slice(&[0; 32]).is_ok());
     }
 }
+
+/// Properties over arbitrary keys and text (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn every_key_names_a_valid_node_id(key in any::<[u8; PUBLIC_KEY_LEN]>()) {
+            prop_assert!(validate_node_id(&node_id(&key)).is_ok());
+        }
+
+        #[test]
+        fn valid_node_ids_are_exactly_prefix_and_32_lowercase_hex(
+            id in prop_oneof![any::<String>(), "polis-[0-9a-fA-F]{30,34}"],
+        ) {
+            let rule = id
+                .strip_prefix(NODE_ID_PREFIX)
+                .is_some_and(|h| h.len() == 32 && h.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')));
+            prop_assert_eq!(validate_node_id(&id).is_ok(), rule);
+        }
+
+        #[test]
+        fn any_key_file_loads_or_is_refused(bytes in prop::collection::vec(any::<u8>(), 0..120)) {
+            if let Ok(key) = NodeKey::from_pkcs8(&bytes) {
+                let again = NodeKey::from_pkcs8(key.pkcs8_der()).unwrap();
+                prop_assert_eq!(again.public_key(), key.public_key());
+            }
+        }
+
+        #[test]
+        fn a_changed_pkcs8_byte_never_loads_another_key(
+            at in any::<prop::sample::Index>(),
+            flip in 1u8..,
+        ) {
+            let key = NodeKey::generate().unwrap();
+            let mut der = key.pkcs8_der().to_vec();
+            let at = at.index(der.len());
+            der[at] ^= flip;
+            if let Ok(other) = NodeKey::from_pkcs8(&der) {
+                // Only the seed's bytes make another key; the structure around them is
+                // checked.
+                prop_assert!(at >= der.len() - 32, "byte {} changed, still loads", at);
+                prop_assert_ne!(other.public_key(), key.public_key());
+            }
+        }
+    }
+}

@@ -32,8 +32,10 @@ pub fn parse_stat(
     let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
     let (utime, stime, start, rss) = (field(14)?, field(15)?, field(22)?, field(24)?);
     Some(ProcessStats {
-        resident_bytes: rss * page_size,
-        cpu_seconds: (utime + stime) as f64 / ticks_per_second,
+        // Saturating, and summed as floats: a stat line is text, and a sum or product
+        // that overflows is no figure.
+        resident_bytes: rss.saturating_mul(page_size),
+        cpu_seconds: (utime as f64 + stime as f64) / ticks_per_second,
         start_time_seconds: boot_time as f64 + start as f64 / ticks_per_second,
     })
 }
@@ -122,6 +124,20 @@ mod tests {
         assert_eq!(parse_stat("garbage", 100.0, 4096, 0), None);
     }
 
+    /// Found by `properties::any_stat_text_parses_or_is_refused`: an rss of 2^52 pages
+    /// overflowed the byte count (a panic in debug builds); CPU times near 2^64 ticks
+    /// overflowed their sum the same way.
+    #[test]
+    fn huge_figures_do_not_overflow() {
+        let stat = "0 () S 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 4503600000000000";
+        let s = parse_stat(stat, 100.0, 4096, 0).unwrap();
+        assert_eq!(s.resident_bytes, u64::MAX);
+        let max = u64::MAX;
+        let stat = format!("0 () S 0 0 0 0 0 0 0 0 0 0 {max} {max} 0 0 0 0 0 0 0 0 1");
+        let s = parse_stat(&stat, 100.0, 4096, 0).unwrap();
+        assert!(s.cpu_seconds > 3e17, "{}", s.cpu_seconds);
+    }
+
     #[test]
     fn parses_boot_time_and_reads_itself() {
         assert_eq!(
@@ -132,5 +148,25 @@ mod tests {
         let (stats, fds) = read().expect("/proc/self readable");
         assert!(stats.resident_bytes > 0 && fds > 0);
         assert!(stats.start_time_seconds > 1_600_000_000.0);
+    }
+}
+
+/// Properties over arbitrary /proc text (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_stat_text_parses_or_is_refused(
+            text in prop_oneof![
+                any::<String>(),
+                "[0-9]{1,5} \\([ a-z)]{0,10}\\) S( [0-9]{1,20}){20,24}",
+            ],
+        ) {
+            let _ = parse_stat(&text, 100.0, 4096, 1_700_000_000);
+            let _ = parse_boot_time(&text);
+        }
     }
 }

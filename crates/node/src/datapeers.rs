@@ -555,3 +555,40 @@ mod tests {
         assert!(answer(&[], &[2; 32]).is_err());
     }
 }
+
+/// Properties over arbitrary files (proptest): the peers file round-trips, and damaged
+/// bytes are refused, never a panic.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn peer() -> impl Strategy<Value = Peer> {
+        (
+            any::<String>(),
+            any::<String>(),
+            prop::collection::vec(any::<u8>(), 0..40),
+            prop::collection::vec(any::<u8>(), 0..50),
+        )
+            .prop_map(|(id, address, join_key, half)| Peer {
+                id,
+                address,
+                join_key,
+                half,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn peers_round_trip(peers in prop::collection::vec(peer(), 0..5)) {
+            prop_assert_eq!(decode(&encode(&peers)).unwrap(), peers);
+        }
+
+        #[test]
+        fn any_file_decodes_or_is_refused(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+            if let Ok(peers) = decode(&bytes) {
+                prop_assert_eq!(decode(&encode(&peers)).unwrap(), peers);
+            }
+        }
+    }
+}

@@ -192,3 +192,23 @@ mod tests {
         assert_eq!(newer_member(&own, &answers).map(|(ip, _)| ip), Some(a));
     }
 }
+
+/// Properties over arbitrary etcdctl output (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn the_revision_is_read_from_any_status(revision in any::<i64>(), hash in any::<u32>()) {
+            let json = format!(r#"{{"hash":{hash},"revision":{revision},"totalKey":6,"totalSize":20480}}"#);
+            prop_assert_eq!(parse_status_revision(json.as_bytes()), Some(revision));
+        }
+
+        #[test]
+        fn any_output_gives_a_revision_or_none(bytes in prop::collection::vec(any::<u8>(), 0..100)) {
+            let _ = parse_status_revision(&bytes);
+        }
+    }
+}

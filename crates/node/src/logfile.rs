@@ -167,3 +167,69 @@ mod tests {
         assert!(read_tail(&dir.path().join("absent"), 5).is_empty());
     }
 }
+
+/// Properties over arbitrary log files (proptest): what is written is read back whole,
+/// and whatever a file holds (a crash cuts lines, a disk garbles them) the read-back
+/// keeps its bound and skips what does not parse.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn any_line() -> impl Strategy<Value = LogLine> {
+        (
+            any::<u64>(),
+            any::<String>(),
+            any::<String>(),
+            any::<String>(),
+            any::<String>(),
+        )
+            .prop_map(
+                |(time_unix_micros, level, runnable, target, text)| LogLine {
+                    sequence: 0,
+                    time_unix_micros,
+                    level,
+                    runnable,
+                    target,
+                    text,
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn written_lines_read_back(lines in prop::collection::vec(any_line(), 1..8), n in 1usize..10) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut file = RotatingFile::open(dir.path(), ROTATE_BYTES).unwrap();
+            for line in &lines {
+                file.write_line(line).unwrap();
+            }
+            let tail = read_tail(dir.path(), n);
+            prop_assert_eq!(tail.as_slice(), &lines[lines.len().saturating_sub(n)..]);
+        }
+
+        #[test]
+        fn any_file_reads_back_within_the_bound(
+            bytes in prop::collection::vec(
+                prop_oneof![
+                    Just(b'\n'),
+                    any::<u8>(),
+                    Just(b'{'),
+                    Just(b'"'),
+                ],
+                0..300,
+            ),
+            json in prop::collection::vec("\\{\"[tlrgm]\":(-?[0-9]{1,21}|\"[a-z]{0,3}\"|null|\\[\\]|\\{\\})\\}", 0..4),
+            n in 1usize..6,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let mut content = bytes;
+            for j in json {
+                content.push(b'\n');
+                content.extend_from_slice(j.as_bytes());
+            }
+            fs::write(dir.path().join("node.log"), &content).unwrap();
+            prop_assert!(read_tail(dir.path(), n).len() <= n);
+        }
+    }
+}

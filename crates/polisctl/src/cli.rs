@@ -564,3 +564,52 @@ mod tests {
         assert!(parse_etcd_quota("0").is_err());
     }
 }
+
+/// Properties of the argument parsers over arbitrary text (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn unit() -> impl Strategy<Value = (&'static str, u64)> {
+        prop_oneof![
+            Just(("s", 1)),
+            Just(("m", 60)),
+            Just(("h", 3600)),
+            Just(("d", 86_400)),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn any_argument_parses_or_is_refused(text in any::<String>()) {
+            let _ = parse_ticket_ttl(&text);
+            let _ = parse_since(&text);
+            if let Ok(secs) = parse_lifetime(&text) {
+                prop_assert!(pki::check_lifetime(std::time::Duration::from_secs(secs)).is_ok());
+            }
+            let _ = parse_etcd_quota(&text);
+            let _ = parse_audit_max_bytes(&text);
+            let _ = parse_snapshot_interval_normal(&text);
+            let _ = parse_snapshot_interval_any(&text);
+            let _ = parse_snapshot_keep(&text);
+        }
+
+        #[test]
+        fn durations_are_their_number_of_units(n in any::<u64>(), (unit, scale) in unit()) {
+            prop_assert_eq!(parse_since(&format!("{n}{unit}")).ok(), n.checked_mul(scale));
+            let ttl = parse_ticket_ttl(&format!("{n}{unit}"));
+            match n.checked_mul(scale) {
+                // A ticket lives at least a second; `0` alone means never.
+                Some(0) => prop_assert!(ttl.is_err()),
+                Some(secs) => prop_assert_eq!(ttl, Ok(secs)),
+                None => prop_assert!(ttl.is_err()),
+            }
+        }
+
+        #[test]
+        fn labels_split_at_the_first_equals_sign(key in "[^=]{1,20}", value in any::<String>()) {
+            prop_assert_eq!(parse_label(&format!("{key}={value}")), Ok((key, value)));
+        }
+    }
+}

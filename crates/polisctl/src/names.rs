@@ -46,3 +46,19 @@ mod tests {
         assert_eq!(state_name(NodeState::Up as i32), "UP");
     }
 }
+
+/// Properties over arbitrary state names (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_state_name_parses_or_is_refused(text in any::<String>()) {
+            if let Ok(state) = parse_state(&text) {
+                prop_assert!(NodeState::try_from(state).is_ok());
+            }
+        }
+    }
+}

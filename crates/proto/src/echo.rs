@@ -77,3 +77,30 @@ mod tests {
         }
     }
 }
+
+/// Properties over arbitrary input (proptest): the bounds hold for any text.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn quotes_are_bounded(text in any::<String>(), long in 0usize..3) {
+            let text = text.repeat(1 + long * 40);
+            prop_assert!(quoted(&text).len() < 800, "{}", quoted(&text).len());
+        }
+
+        #[test]
+        fn clipped_texts_keep_their_bound_and_start(text in any::<String>(), max in 0usize..200) {
+            let clipped = clip(&text, max);
+            if text.len() <= max {
+                prop_assert_eq!(clipped, text);
+            } else {
+                prop_assert!(clipped.len() <= max);
+                let kept = clipped.split('…').next().unwrap_or("");
+                prop_assert!(text.starts_with(kept));
+            }
+        }
+    }
+}

@@ -256,3 +256,68 @@ mod tests {
         ));
     }
 }
+
+/// Properties over arbitrary epochs (proptest): `newer` is a strict order, `latest` its
+/// maximum, and the drop rule decides without panicking.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn epoch() -> impl Strategy<Value = ClusterEpoch> {
+        (
+            0u64..4,
+            0u64..4,
+            "[ab]?",
+            0u64..4,
+            "[ab]?",
+            -2i64..6,
+            -2i64..6,
+        )
+            .prop_map(
+                |(number, at, by, parent_at, parent_by, parent_revision, record_revision)| {
+                    ClusterEpoch {
+                        number,
+                        made_unix_ms: at,
+                        made_by: by,
+                        kind: "recover".into(),
+                        parent_made_unix_ms: parent_at,
+                        parent_made_by: parent_by,
+                        parent_number: 0,
+                        parent_revision,
+                        record_revision,
+                    }
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn newer_is_a_strict_order(a in epoch(), b in epoch(), c in epoch()) {
+            prop_assert!(!newer(&a, &a));
+            prop_assert!(!(newer(&a, &b) && newer(&b, &a)));
+            if newer(&a, &b) && newer(&b, &c) {
+                prop_assert!(newer(&a, &c));
+            }
+            prop_assert_eq!(same(&a, &b), !newer(&a, &b) && !newer(&b, &a));
+        }
+
+        #[test]
+        fn latest_is_never_older_than_any(chain in prop::collection::vec(epoch(), 0..6)) {
+            let l = latest(&chain);
+            prop_assert!(chain.iter().all(|e| !newer(e, &l)));
+        }
+
+        #[test]
+        fn the_latest_epoch_may_always_drop_and_others_are_decided(
+            own in epoch(),
+            revision in -2i64..8,
+            chain in prop::collection::vec(epoch(), 0..6),
+        ) {
+            prop_assert_eq!(may_drop(&latest(&chain), revision, &chain), Ok(()));
+            if let Err(keep) = may_drop(&own, revision, &chain) {
+                prop_assert!(!keep.to_string().is_empty());
+            }
+        }
+    }
+}

@@ -202,3 +202,64 @@ mod tests {
         assert!(err.contains("\"zo ne\""), "{err}");
     }
 }
+
+/// Properties over arbitrary input (proptest): the rules above as an oracle, and what
+/// `apply` accepts it accepts again.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn allowed(c: char) -> bool {
+        c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+    }
+
+    /// The module doc's rule, written out independently.
+    fn key_rule(s: &str) -> bool {
+        (1..=MAX_LENGTH).contains(&s.len())
+            && s.chars().all(allowed)
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "[A-Za-z0-9._-]{0,70}",
+            "[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?",
+            any::<String>(),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn keys_and_values_follow_the_rule(key in text(), value in text()) {
+            prop_assert_eq!(validate_key(&key).is_ok(), key_rule(&key));
+            prop_assert_eq!(
+                validate_value(&key, &value).is_ok(),
+                value.is_empty() || key_rule(&value)
+            );
+        }
+
+        #[test]
+        fn what_apply_accepts_is_valid_and_accepted_again(
+            current in prop::collection::hash_map(text(), text(), 0..4),
+            upsert in prop::collection::btree_map(text(), text(), 0..6),
+            delete in prop::collection::vec(text(), 0..4),
+        ) {
+            match apply(&current, &upsert, &delete) {
+                Ok(labels) => {
+                    prop_assert!(labels.len() <= MAX_LABELS);
+                    for (k, v) in &upsert {
+                        prop_assert_eq!(labels.get(k), Some(v));
+                    }
+                    for k in &delete {
+                        prop_assert!(!labels.contains_key(k));
+                    }
+                    prop_assert_eq!(apply(&labels, &upsert, &delete), Ok(labels.clone()));
+                }
+                // However large the input, an error quotes a bounded part of it.
+                Err(e) => prop_assert!(e.to_string().len() < 1000, "{}", e),
+            }
+        }
+    }
+}

@@ -125,3 +125,62 @@ mod tests {
         assert_eq!(show(100), "100B");
     }
 }
+
+/// Properties over arbitrary input (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_text_parses_or_is_refused(text in any::<String>()) {
+            if let Err(e) = parse_size(&text) {
+                prop_assert!(e.to_string().len() < 200);
+            }
+        }
+
+        #[test]
+        fn a_number_with_a_unit_is_that_many_bytes(
+            n in any::<u64>(),
+            (unit, shift) in prop_oneof![
+                Just(("", 0u32)), Just(("B", 0)), Just(("k", 10)), Just((" KiB", 10)),
+                Just(("MiB", 20)), Just(("gib", 30)), Just(("TiB", 40)),
+            ],
+        ) {
+            prop_assert_eq!(
+                parse_size(&format!("{n}{unit}")).ok(),
+                n.checked_mul(1 << shift)
+            );
+        }
+
+        #[test]
+        // `show` rounds to a tenth of its unit (it is for people): only a whole number
+        // of its unit comes back exactly.
+        fn whole_sizes_show_as_sizes_that_parse_back(
+            n in 1u64..1024,
+            shift in prop_oneof![Just(0u32), Just(10), Just(20), Just(30), Just(40)],
+        ) {
+            let bytes = n << shift;
+            let shown = show(bytes);
+            prop_assert_eq!(parse_size(&shown), Ok(bytes), "{}", shown);
+        }
+
+        #[test]
+        fn a_shown_size_is_within_a_tenth_of_its_unit(bytes in any::<u64>()) {
+            let shown = show(bytes);
+            let (number, unit) = shown.split_at(shown.find(|c: char| c.is_ascii_alphabetic()).unwrap());
+            let scale = parse_size(&format!("1{unit}")).unwrap() as f64;
+            let shown_bytes = number.parse::<f64>().unwrap() * scale;
+            prop_assert!(shown_bytes <= bytes as f64 * (1.0 + 1e-12), "{}", shown);
+            prop_assert!(bytes as f64 - shown_bytes < scale / 10.0 * (1.0 + 1e-9), "{}", shown);
+        }
+
+        #[test]
+        fn effective_quotas_lie_within_the_bounds(q in any::<u64>()) {
+            if let Ok(e) = effective_quota(q) {
+                prop_assert!((MIN_QUOTA_BYTES..=MAX_QUOTA_BYTES).contains(&e));
+            }
+        }
+    }
+}

@@ -183,3 +183,37 @@ mod tests {
         assert_eq!(show(86400), "1d");
     }
 }
+
+/// Properties over arbitrary input (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_text_parses_or_is_refused(text in any::<String>()) {
+            let _ = parse_interval(&text);
+        }
+
+        #[test]
+        fn every_interval_shows_as_one_that_parses_back(seconds in any::<u64>()) {
+            let shown = show(seconds);
+            prop_assert_eq!(parse_interval(&shown), Ok(seconds), "{}", shown);
+        }
+
+        #[test]
+        fn every_configuration_gives_a_sane_schedule(
+            interval in any::<u64>(),
+            keep in any::<u32>(),
+            testing in any::<bool>(),
+        ) {
+            let bounds = if testing { Bounds::TESTING } else { Bounds::NORMAL };
+            let s = effective(interval, keep, bounds);
+            let secs = s.interval.as_secs();
+            prop_assert!((bounds.min_interval_seconds..=MAX_INTERVAL_SECONDS).contains(&secs));
+            prop_assert!((1..=MAX_KEEP).contains(&s.keep));
+            prop_assert_eq!(check_interval(secs, bounds), Ok(secs));
+        }
+    }
+}

@@ -473,3 +473,31 @@ mod tests {
         assert!(parse_endpoint("").is_err());
     }
 }
+
+/// Properties over arbitrary endpoints (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        // From an IP and a port: an IPv6 socket address' flow label is never written out.
+        fn addresses_parse_back(ip in any::<std::net::IpAddr>(), port in any::<u16>()) {
+            let address = SocketAddr::new(ip, port);
+            prop_assert_eq!(parse_endpoint(&address.to_string()).ok(), Some(address));
+            prop_assert_eq!(
+                parse_endpoint(&ip.to_string()).ok(),
+                Some(SocketAddr::new(ip, CURATOR_PORT))
+            );
+        }
+
+        #[test]
+        fn any_text_parses_or_is_refused(text in any::<String>()) {
+            if let Ok(address) = parse_endpoint(&text) {
+                prop_assert_eq!(parse_endpoint(&address.to_string()).ok(), Some(address));
+            }
+            let _ = url_address(&text);
+        }
+    }
+}

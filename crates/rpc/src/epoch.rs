@@ -223,3 +223,34 @@ mod tests {
         assert_eq!(*told.lock().unwrap(), vec![0, 1, 2]);
     }
 }
+
+/// Properties over arbitrary header values (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn valid_epochs_round_trip(
+            number in any::<u64>(),
+            made_unix_ms in any::<u64>(),
+            kind in "[A-Za-z0-9]{0,20}",
+            made_by in "[A-Za-z0-9-]{0,60}",
+        ) {
+            let e = ClusterEpoch { number, made_unix_ms, kind, made_by, ..Default::default() };
+            prop_assert_eq!(decode(&encode(&e)), Some(e));
+        }
+
+        #[test]
+        fn what_decodes_encodes_to_a_header_that_decodes_the_same(
+            value in prop_oneof![any::<String>(), "[0-9+]{1,3}-[0-9]{1,3}-[a-z-]{0,4}-[a-z-]{0,4}"],
+        ) {
+            if let Some(e) = decode(&value) {
+                let header = encode(&e);
+                prop_assert!(http::HeaderValue::from_str(&header).is_ok(), "{}", header);
+                prop_assert_eq!(decode(&header), Some(e));
+            }
+        }
+    }
+}

@@ -246,3 +246,42 @@ mod tests {
         }
     }
 }
+
+/// Properties over arbitrary identities and header values (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn identity() -> impl Strategy<Value = Identity> {
+        let key = prop::collection::vec(any::<u8>(), 0..40);
+        prop_oneof![
+            Just(Identity::Anonymous),
+            key.clone()
+                .prop_map(|public_key| Identity::SelfSigned { public_key }),
+            ("polis-[0-9a-f]{32}", key.clone())
+                .prop_map(|(id, public_key)| Identity::Node { id, public_key }),
+            (any::<String>(), key)
+                .prop_map(|(name, public_key)| Identity::User { name, public_key }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn identities_round_trip(identity in identity()) {
+            let text = encode_identity(&identity).unwrap();
+            prop_assert!(http::HeaderValue::from_str(&text).is_ok(), "{}", text);
+            prop_assert_eq!(decode_identity(&text), Some(identity));
+        }
+
+        #[test]
+        fn what_decodes_encodes_to_the_same_text(
+            text in prop_oneof![any::<String>(), "(anonymous|self-signed|node|user)(:[0-9a-fpolis-]{0,8}){0,3}"],
+        ) {
+            if let Some(identity) = decode_identity(&text) {
+                let again = encode_identity(&identity).unwrap();
+                prop_assert_eq!(decode_identity(&again), Some(identity));
+            }
+        }
+    }
+}

@@ -257,3 +257,33 @@ mod tests {
         assert!(parse_label_changes(&["bad".into()]).is_err());
     }
 }
+
+/// Properties of the label change arguments (proptest).
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn every_change_is_a_set_or_a_removal(changes in prop::collection::vec(any::<String>(), 0..6)) {
+            if let Ok(parsed) = parse_label_changes(&changes) {
+                prop_assert_eq!(parsed.upsert.len() + parsed.delete.len(), changes.len());
+            } else {
+                prop_assert!(changes.iter().any(|c| !c.contains('=') && !c.ends_with('-')));
+            }
+        }
+
+        #[test]
+        fn sets_and_removals_come_back_in_order(
+            sets in prop::collection::vec(("[^=]{0,10}", any::<String>()), 0..4),
+            removals in prop::collection::vec("[^=]{0,10}", 0..4),
+        ) {
+            let mut changes: Vec<String> = sets.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            changes.extend(removals.iter().map(|k| format!("{k}-")));
+            let parsed = parse_label_changes(&changes).unwrap();
+            prop_assert_eq!(parsed.upsert, sets);
+            prop_assert_eq!(parsed.delete, removals);
+        }
+    }
+}
