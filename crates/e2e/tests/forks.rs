@@ -70,6 +70,18 @@ fn stop(node: &mut Node) -> Result<()> {
     Ok(())
 }
 
+/// A label `before=yes` on node `id` written through all three; then member 2 lost for
+/// good (killed, its root removed) and members 0 and 1 stopped: no quorum anywhere.
+fn lose_the_majority(cluster: &Cluster, nodes: &mut [Node], id: &str) -> Result<()> {
+    let all = endpoints(&[&nodes[0], &nodes[1], &nodes[2]]);
+    cluster.ctl_retry(&["--endpoints", &all, "node", "label", id, "before=yes"])?;
+    nodes[2].proc().signal(libc::SIGKILL);
+    nodes[2].proc().wait_exit(TIMEOUT)?;
+    std::fs::remove_dir_all(&nodes[2].root)?;
+    stop(&mut nodes[0])?;
+    stop(&mut nodes[1])
+}
+
 /// One label write through `endpoint` only: whether it was acknowledged.
 fn label_via(cluster: &Cluster, endpoint: &str, id: &str, key: &str) -> Result<bool> {
     let (ok, _, _) = cluster.ctl(&[
@@ -133,14 +145,7 @@ fn a_second_recover_is_refused_while_the_first_serves() -> Result<()> {
         mut nodes,
         ids,
     } = three_members(dir.path())?;
-    let all = endpoints(&[&nodes[0], &nodes[1], &nodes[2]]);
-    cluster.ctl_retry(&["--endpoints", &all, "node", "label", &ids[0], "before=yes"])?;
-    // Member 2 lost for good, 0 and 1 stopped.
-    nodes[2].proc().signal(libc::SIGKILL);
-    nodes[2].proc().wait_exit(TIMEOUT)?;
-    std::fs::remove_dir_all(&nodes[2].root)?;
-    stop(&mut nodes[0])?;
-    stop(&mut nodes[1])?;
+    lose_the_majority(&cluster, &mut nodes, &ids[0])?;
 
     nodes[0].proc = Some(recover(&nodes[0], "recover", &[])?);
     nodes[0].wait_for_curator()?;
@@ -191,13 +196,7 @@ fn two_recovers_at_the_same_moment_leave_one_cluster() -> Result<()> {
         mut nodes,
         ids,
     } = three_members(dir.path())?;
-    let all = endpoints(&[&nodes[0], &nodes[1], &nodes[2]]);
-    cluster.ctl_retry(&["--endpoints", &all, "node", "label", &ids[0], "before=yes"])?;
-    nodes[2].proc().signal(libc::SIGKILL);
-    nodes[2].proc().wait_exit(TIMEOUT)?;
-    std::fs::remove_dir_all(&nodes[2].root)?;
-    stop(&mut nodes[0])?;
-    stop(&mut nodes[1])?;
+    lose_the_majority(&cluster, &mut nodes, &ids[0])?;
 
     let a = recover(&nodes[0], "recover", &[])?;
     let b = recover(&nodes[1], "recover", &[])?;
