@@ -201,7 +201,7 @@ impl MemberStatus {
     /// What a member whose etcd does not run says of itself: its node, the epoch of its
     /// data, how far that data reaches, and why it holds back (`superseded`; empty for a
     /// recovery whose etcd is starting).
-    fn held_back_answer(&self, held: HeldBack) -> api::GetConsensusStatusResponse {
+    fn answer_without_etcd(&self, held: HeldBack) -> api::GetConsensusStatusResponse {
         let root = &self.settings.root;
         let sealed: Option<proto::config::SealedConfiguration> =
             read_proto(&root.sealed_configuration(), "sealed configuration").ok();
@@ -270,14 +270,14 @@ impl api::curator_local_server::CuratorLocal for MemberStatus {
                     held_back: held.map(|h| h.reason).unwrap_or_default(),
                     ..answer
                 },
-                (Err(_), Some(held)) => self.held_back_answer(held),
+                (Err(_), Some(held)) => self.answer_without_etcd(held),
                 // A recovery's claim is answered before its etcd runs: a concurrent
                 // recovery must see it while both settle.
                 (Err(e), None) => match recorded_epoch() {
                     Some(claim)
                         if claim.record_revision == 0 && !proto::epoch::is_bootstrap(&claim) =>
                     {
-                        self.held_back_answer(HeldBack {
+                        self.answer_without_etcd(HeldBack {
                             reason: String::new(),
                             revision: claim.parent_revision,
                         })

@@ -51,14 +51,14 @@ pub struct NodeValues {
 pub fn saved_epoch_seen(root: &Root) -> Result<rpc::epoch::EpochSlot> {
     let path = root.node_dir().join("epoch-seen");
     let seen = match std::fs::read_to_string(&path) {
-        Ok(text) => Some(rpc::epoch::decode(text.trim()).with_context(|| {
+        Ok(text) => Some(rpc::epoch::from_saved_text(&text).with_context(|| {
             format!("the saved cluster epoch in {} is malformed", path.display())
         })?),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     let save = std::sync::Arc::new(move |epoch: &proto::config::ClusterEpoch| {
-        let line = format!("{}\n", rpc::epoch::encode(epoch));
+        let line = rpc::epoch::saved_text(epoch);
         match crate::storage::write_atomic(&path, line.as_bytes()) {
             Ok(()) => tracing::info!(
                 epoch = proto::epoch::describe(epoch),

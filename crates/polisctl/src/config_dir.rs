@@ -108,7 +108,7 @@ pub(crate) fn epoch_path(config: &Path) -> PathBuf {
 pub(crate) fn saved_epoch(config: &Path) -> Result<rpc::epoch::EpochSlot> {
     let path = epoch_path(config);
     let seen = match fs::read_to_string(&path) {
-        Ok(text) => Some(rpc::epoch::decode(text.trim()).with_context(|| {
+        Ok(text) => Some(rpc::epoch::from_saved_text(&text).with_context(|| {
             format!(
                 "the saved cluster epoch in {} is malformed; remove it",
                 path.display()
@@ -118,7 +118,7 @@ pub(crate) fn saved_epoch(config: &Path) -> Result<rpc::epoch::EpochSlot> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     let save = std::sync::Arc::new(move |epoch: &proto::config::ClusterEpoch| {
-        let line = format!("{}\n", rpc::epoch::encode(epoch));
+        let line = rpc::epoch::saved_text(epoch);
         if let Err(e) = privatefs::write_atomic(&path, line.as_bytes()) {
             eprintln!(
                 "warning: could not save the cluster epoch in {}: {e}",

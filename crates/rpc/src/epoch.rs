@@ -55,6 +55,17 @@ pub fn decode(value: &str) -> Option<ClusterEpoch> {
     })
 }
 
+/// The file a client keeps its newest epoch in: one line, the header value. The same
+/// format for polisctl (`CFG/epoch`) and nodes (`data/node/epoch-seen`).
+pub fn saved_text(epoch: &ClusterEpoch) -> String {
+    format!("{}\n", encode(epoch))
+}
+
+/// An epoch read back from [`saved_text`] (`None`: malformed).
+pub fn from_saved_text(text: &str) -> Option<ClusterEpoch> {
+    decode(text.trim())
+}
+
 type Hook = Arc<dyn Fn(&ClusterEpoch) + Send + Sync>;
 
 /// The newest epoch a client has seen, shared by its calls; `on_newer` (if set) is told
