@@ -125,7 +125,7 @@ pub mod snapshots;
 pub mod templates;
 mod ticket;
 pub mod upkeep;
-mod writes;
+pub mod writes;
 
 pub use bootstrap::{BootstrapRecords, create_bootstrap_records};
 pub use error::CuratorError;

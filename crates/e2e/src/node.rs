@@ -157,6 +157,26 @@ impl Node {
             .join(consensus::config::CLIENT_SOCKET_NAME)
     }
 
+    /// How many KV calls (Range, Put, DeleteRange, Txn, Compact) the node's etcd member
+    /// has started since it started, from its own metrics (`grpc_server_started_total`
+    /// of service `etcdserverpb.KV`, read over its metrics socket).
+    pub fn etcd_kv_calls(&self) -> Result<u64> {
+        use std::io::{Read, Write};
+        let socket = self
+            .root
+            .join("ephemeral/consensus")
+            .join(consensus::selfreport::METRICS_SOCKET_NAME);
+        let mut stream = std::os::unix::net::UnixStream::connect(&socket)
+            .with_context(|| format!("connecting to {}", socket.display()))?;
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n")?;
+        let mut text = String::new();
+        stream
+            .read_to_string(&mut text)
+            .with_context(|| format!("reading metrics from {}", socket.display()))?;
+        Ok(kv_calls_in(&text))
+    }
+
     /// Runs etcdctl against the node's socket.
     pub fn etcdctl(&self, args: &[&str]) -> Result<String> {
         let out = Command::new("etcdctl")
@@ -297,5 +317,30 @@ impl Node {
             )
         })?;
         Ok(answer.leader_endpoint.parse::<std::net::SocketAddr>()?.ip())
+    }
+}
+
+/// The KV calls counted in an etcd member's Prometheus text (see `Node::etcd_kv_calls`).
+pub fn kv_calls_in(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("grpc_server_started_total{")
+                && l.contains("grpc_service=\"etcdserverpb.KV\"")
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[cfg(test)]
+mod kv_call_tests {
+    #[test]
+    fn kv_calls_are_summed_over_methods_of_the_kv_service_only() {
+        let text = "# HELP x\n\
+grpc_server_started_total{grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 12\n\
+grpc_server_started_total{grpc_method=\"Txn\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 3\n\
+grpc_server_started_total{grpc_method=\"Watch\",grpc_service=\"etcdserverpb.Watch\",grpc_type=\"bidi_stream\"} 40\n\
+grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 12\n";
+        assert_eq!(super::kv_calls_in(text), 15);
     }
 }

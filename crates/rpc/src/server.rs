@@ -64,7 +64,9 @@ mod streams;
 
 pub use accept::{LogBudget, incoming, incoming_with};
 pub use admission::source_key;
-pub use audit::{AuditCall, AuditLayer, AuditSink, first_message};
+pub use audit::{
+    AuditCall, AuditLayer, AuditSink, CallInProgress, call_in_progress, first_message, run_in_call,
+};
 pub use auth::{
     AuthLayer, AuthService, ClientCertificate, CountedBody, CrlSource, DenialHook, Forwarders,
     denied_status,

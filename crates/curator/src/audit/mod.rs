@@ -9,7 +9,8 @@
 //!   bounds            clip (entry size), Budget, Account, Ledger (the share rule)
 //! ```
 //!
-//! May not do I/O: `service::audit_writer` writes the entries, `service::audit_log`
+//! May not do I/O (it reads the clock): `service::audit_writer` and the changes that
+//! carry their own entry (`writes::carried`) write the entries, `service::audit_log`
 //! reads them.
 
 pub mod bounds;
@@ -17,6 +18,8 @@ pub mod tally;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use proto::api::AuditEntry;
 
@@ -27,6 +30,61 @@ pub const PREFIX: &str = "audit/";
 /// sort by time and never collide (each curator numbers its own entries).
 pub fn entry_key(time_unix_micros: u64, sequence: u64, curator: &str) -> String {
     format!("{PREFIX}{time_unix_micros:020}-{sequence:010}-{curator}")
+}
+
+/// The next of this process's entry numbers: one sequence for every writer of entries
+/// (the audit writer and the changes that carry their own entry), so that no two
+/// entries of this curator share a key even when the clock steps back.
+pub fn next_sequence() -> u64 {
+    static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+    SEQUENCE.fetch_add(1, Ordering::Relaxed) + 1
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// The entry of one call written by `curator`, ended with `code` and `message`, cut to
+/// size ([`bounds::clip`]), its key still empty.
+pub fn entry_of(
+    curator: &str,
+    call: &rpc::server::AuditCall,
+    code: i32,
+    message: &str,
+) -> AuditEntry {
+    let serial = call
+        .certificate
+        .as_ref()
+        .and_then(|c| c.leaf())
+        .and_then(|der| x509_parser::parse_x509_certificate(der).ok())
+        .map(|(_, cert)| cert.tbs_certificate.raw_serial().to_vec());
+    let (identity_kind, identity) = who(call.identity.as_ref(), serial.as_deref());
+    let target = target(&call.method, &call.request, &identity_kind, &identity);
+    let mut entry = AuditEntry {
+        key: String::new(),
+        time_unix_micros: now_micros(),
+        identity_kind,
+        identity,
+        source_address: call.peer.map(|p| p.to_string()).unwrap_or_default(),
+        curator: curator.to_string(),
+        method: call.method.clone(),
+        target,
+        code,
+        code_name: format!("{:?}", tonic::Code::from_i32(code)),
+        message: message.to_string(),
+        count: 0,
+        first_time_unix_micros: 0,
+    };
+    bounds::clip(&mut entry);
+    entry
+}
+
+/// Gives `entry` its key (this curator's next number at its time).
+pub fn assign_key(entry: &mut AuditEntry) {
+    entry.key = entry_key(entry.time_unix_micros, next_sequence(), &entry.curator);
 }
 
 /// Who called: the identity kind and its name (node ID; owner certificate serial, or

@@ -85,35 +85,6 @@ fn now_micros() -> u64 {
         .unwrap_or(0)
 }
 
-/// The entry of one call, cut to size.
-fn entry_of(curator: &str, call: rpc::server::AuditCall) -> AuditEntry {
-    let serial = call
-        .certificate
-        .as_ref()
-        .and_then(|c| c.leaf())
-        .and_then(|der| x509_parser::parse_x509_certificate(der).ok())
-        .map(|(_, cert)| cert.tbs_certificate.raw_serial().to_vec());
-    let (identity_kind, identity) = audit::who(call.identity.as_ref(), serial.as_deref());
-    let target = audit::target(&call.method, &call.request, &identity_kind, &identity);
-    let mut entry = AuditEntry {
-        key: String::new(),
-        time_unix_micros: now_micros(),
-        identity_kind,
-        identity,
-        source_address: call.peer.map(|p| p.to_string()).unwrap_or_default(),
-        curator: curator.to_string(),
-        method: call.method,
-        target,
-        code: call.code,
-        code_name: format!("{:?}", tonic::Code::from_i32(call.code)),
-        message: call.message,
-        count: 0,
-        first_time_unix_micros: 0,
-    };
-    bounds::clip(&mut entry);
-    entry
-}
-
 /// The sink for `rpc::AuditLayer`: starts the writer and the tally's flusher (both end
 /// once the sink is dropped, i.e. when the server stops).
 pub(super) fn sink(shared: Arc<Shared>) -> rpc::server::AuditSink {
@@ -122,7 +93,7 @@ pub(super) fn sink(shared: Arc<Shared>) -> rpc::server::AuditSink {
     tokio::spawn(writer(shared.clone(), rx).instrument(tracing::Span::current()));
     tokio::spawn(flush_windows(tally.clone(), tx.downgrade()).instrument(tracing::Span::current()));
     Arc::new(move |call: rpc::server::AuditCall| {
-        let entry = entry_of(&shared.config.node_id, call);
+        let entry = audit::entry_of(&shared.config.node_id, &call, call.code, &call.message);
         if tally::counted(&entry) {
             tally.lock().expect("audit tally lock").add(entry);
             return Box::pin(async { Ok(()) });
@@ -287,7 +258,6 @@ fn apply(
 }
 
 async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Queued>) {
-    let mut sequence = 0u64;
     let mut mirror: Option<Mirror> = None;
     let mut next_load = Instant::now();
     loop {
@@ -328,13 +298,7 @@ async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Queued>) {
                         Err(_) => break,
                     }
                 }
-                write(
-                    &shared,
-                    &mut sequence,
-                    batch,
-                    mirror.as_mut().map(|m| &mut m.ledger),
-                )
-                .await;
+                write(&shared, batch, mirror.as_mut().map(|m| &mut m.ledger)).await;
             }
             Step::Watched(message) => {
                 if let Some(m) = mirror.as_mut()
@@ -359,18 +323,11 @@ async fn writer(shared: Arc<Shared>, mut rx: mpsc::Receiver<Queued>) {
 }
 
 /// Writes a batch in one transaction and answers every waiting call.
-async fn write(
-    shared: &Shared,
-    sequence: &mut u64,
-    mut batch: Vec<Queued>,
-    ledger: Option<&mut Ledger>,
-) {
+async fn write(shared: &Shared, mut batch: Vec<Queued>, ledger: Option<&mut Ledger>) {
     let mut ops = Vec::with_capacity(batch.len());
     let mut stored = Vec::with_capacity(batch.len());
     for (entry, _) in batch.iter_mut() {
-        *sequence += 1;
-        // Strictly increasing within this curator even if the clock steps back.
-        entry.key = audit::entry_key(entry.time_unix_micros, *sequence, &entry.curator);
+        audit::assign_key(entry);
         let key = shared.curator.key(&entry.key);
         let value = entry.encode_to_vec();
         let (account, source) = bounds::account(entry);

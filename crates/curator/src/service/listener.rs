@@ -138,7 +138,7 @@ pub(super) async fn serve(
     // Before forwarding (whose leader lookup reads etcd): no leader, no wait.
     let quorum = super::quorum::QuorumLayer::new(shared.etcd_leader.clone());
     // Innermost: sees exactly the calls handled here, with their verified caller.
-    let audit = rpc::server::AuditLayer::new(audit_sink);
+    let audit = rpc::server::AuditLayer::new(audit_sink, &shared.config.node_id);
     // The epoch of this member's data cannot change while it serves (a member that
     // sees a newer one stops, `node::superseded`): read once, named on every answer.
     let chain = crate::epochs::chain(&shared.curator, true)

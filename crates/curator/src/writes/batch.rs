@@ -29,9 +29,12 @@
 //!   than [`IDLE_SLOTS`] exist.
 //! - A record is created only while its key has no tombstone, checked inside the
 //!   creating transaction: a deletion racing a registration can never be undone by it.
+//! - A change that carries its call's audit entry (`carried`) has the entry in the very
+//!   transaction that writes it: a batch puts the record and the entries of every
+//!   change it includes, at most [`MAX_BATCH`] of them (etcd's `--max-txn-ops` is 128).
 //!
-//! May import only `error`, `layout` (the tombstone's key), `records` (decoding) and
-//! `election` (the guard).
+//! May import only `error`, `layout` (the tombstone's key), `records` (decoding),
+//! `election` (the guard) and `carried` (the entries).
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -42,6 +45,7 @@ use prost::Message;
 use proto::state::Node;
 use tokio::sync::oneshot;
 
+use super::carried::Carried;
 use crate::election::{self, Leadership};
 use crate::error::{CuratorError, NodeUpdateError};
 use crate::layout::tombstone_key;
@@ -78,6 +82,11 @@ pub fn written_by(leadership: &Leadership) -> i64 {
 /// Idle slots kept (each holds one decoded record) before they are cleaned up.
 const IDLE_SLOTS: usize = 256;
 
+/// Most changes of one record waiting for (or in) a write: with one audit entry each
+/// and the record, a batch's transaction stays under etcd's default 128 operations, and
+/// at 4 KiB per entry (`audit::bounds`) well under its 1.5 MiB request limit.
+const MAX_BATCH: u64 = 100;
+
 /// The record as etcd last confirmed it to this leader.
 #[derive(Clone)]
 struct Base {
@@ -113,6 +122,8 @@ struct SlotState {
     settled: u64,
     flushing: bool,
     waiters: Vec<(u64, oneshot::Sender<Outcome>)>,
+    /// The audit entries (puts) of accepted changes, by generation, until written.
+    entries: Vec<(u64, TxnOp)>,
 }
 
 #[derive(Default)]
@@ -160,7 +171,12 @@ async fn read(curator: &Namespaced, key: &str, id: &str) -> Result<Base, NodeUpd
 // Short-lived, one per attempt: boxing the record would cost an allocation per write.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Attempt {
-    Done(Option<Node>),
+    /// The record as written or found; `wrote`: this change was written (with its
+    /// audit entry, if it carried one).
+    Done {
+        node: Option<Node>,
+        wrote: bool,
+    },
     Retry,
 }
 
@@ -172,9 +188,15 @@ pub(crate) async fn attempt(
     key: &str,
     id: &str,
     change: &mut impl FnMut(Option<&Node>) -> Result<Option<Node>, NodeUpdateError>,
+    carried: Option<&Carried>,
 ) -> Result<Attempt, NodeUpdateError> {
     let slot = slot(key, leadership);
     let mut state = slot.state.lock().await;
+    while state.accepted - state.settled >= MAX_BATCH {
+        // A full batch: this change goes into a later one.
+        wait_settled(state).await;
+        state = slot.state.lock().await;
+    }
     let fresh = state.base.is_none();
     if fresh {
         let base = read(curator, key, id).await?;
@@ -200,7 +222,10 @@ pub(crate) async fn attempt(
                 Outcome::Written
             };
             return match outcome {
-                Outcome::Written => other.map(|_| Attempt::Done(found)),
+                Outcome::Written => other.map(|_| Attempt::Done {
+                    node: found,
+                    wrote: false,
+                }),
                 Outcome::Retry => Ok(Attempt::Retry),
                 Outcome::NotLeader => Err(CuratorError::NotLeader.into()),
                 Outcome::Deleted => Err(NodeUpdateError::Deleted(id.to_string())),
@@ -213,6 +238,9 @@ pub(crate) async fn attempt(
     state.working = Some(next.clone());
     let (tx, rx) = oneshot::channel();
     state.waiters.push((generation, tx));
+    if let Some(carried) = carried {
+        state.entries.push((generation, carried.op()));
+    }
     if !state.flushing {
         state.flushing = true;
         tokio::spawn(flush(
@@ -225,7 +253,10 @@ pub(crate) async fn attempt(
     }
     drop(state);
     match rx.await.unwrap_or(Outcome::Retry) {
-        Outcome::Written => Ok(Attempt::Done(Some(next))),
+        Outcome::Written => Ok(Attempt::Done {
+            node: Some(next),
+            wrote: true,
+        }),
         Outcome::Retry => Ok(Attempt::Retry),
         Outcome::NotLeader => Err(CuratorError::NotLeader.into()),
         Outcome::Deleted => Err(NodeUpdateError::Deleted(id.to_string())),
@@ -260,11 +291,20 @@ async fn flush(
     tombstone: String,
 ) {
     loop {
-        let (generation, node, revision) = {
+        let (generation, node, revision, entries) = {
             let mut state = slot.state.lock().await;
             let base = state.base.as_ref().map(|b| b.revision);
             match (state.settled < state.accepted, &state.working, base) {
-                (true, Some(node), Some(revision)) => (state.accepted, node.clone(), revision),
+                (true, Some(node), Some(revision)) => (
+                    state.accepted,
+                    node.clone(),
+                    revision,
+                    state
+                        .entries
+                        .iter()
+                        .map(|(_, op)| op.clone())
+                        .collect::<Vec<_>>(),
+                ),
                 _ => {
                     state.flushing = false;
                     return;
@@ -290,7 +330,11 @@ async fn flush(
         // carries no revision, and the revision written is the next write's CAS base.
         let txn = Txn::new()
             .when(compare)
-            .and_then([TxnOp::put(key.clone(), node.encode_to_vec(), None)])
+            .and_then(
+                std::iter::once(TxnOp::put(key.clone(), node.encode_to_vec(), None))
+                    .chain(entries)
+                    .collect::<Vec<_>>(),
+            )
             .or_else([
                 TxnOp::get(leadership.key.clone(), None),
                 TxnOp::get(tombstone.clone(), Some(GetOptions::new().with_count_only())),
@@ -320,6 +364,7 @@ async fn flush(
         let mut state = slot.state.lock().await;
         let (settled_upto, answer) = match outcome {
             Ok(written) => {
+                state.entries.retain(|(g, _)| *g > generation);
                 record_written(&leadership, written);
                 state.base = Some(Base {
                     node: Some(node),
@@ -332,6 +377,7 @@ async fn flush(
                 // them start over.
                 state.base = None;
                 state.working = None;
+                state.entries.clear();
                 (state.accepted, failure)
             }
         };

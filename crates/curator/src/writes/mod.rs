@@ -13,14 +13,19 @@
 //!                                          key: `claims`) taken in the index, + the
 //!                                          caller's extra guarded writes (a ticket's use)
 //! ```
+//! A write made for an audited call carries the call's audit entry in its own
+//! transaction (`carried`): the first change a call commits is recorded with it.
+//!
 //! Every write here is guarded by leadership (`election::guard`) and by the record's
 //! revision. A record's address and data join key are unique among records: the
 //! `claims` index entries are taken in the transaction creating the record, guarded by
 //! their revisions (see `claims`), so two registrations cannot both take one, on one
 //! leader or across a leader change. May import only `error`, `layout`, `lifecycle`,
-//! `records` and `election`: nothing here knows of gRPC or of the curator's services.
+//! `records`, `election` and `audit` (through `carried`): nothing here knows of the
+//! curator's services.
 
 mod batch;
+pub mod carried;
 pub mod claims;
 
 use consensus::Namespaced;
@@ -35,6 +40,7 @@ use crate::error::{CuratorError, NodeUpdateError};
 use crate::layout::{node_key, tombstone_key};
 use crate::lifecycle::{Event, Outcome, transition};
 use crate::records::{decode_node, node_state};
+use carried::Carried;
 
 /// How many times a change of a node record is attempted before giving up. With writes
 /// combined per record inside the leader (`batch`), an attempt fails only when someone
@@ -55,6 +61,7 @@ pub async fn modify_node(
     mut change: impl FnMut(Option<&Node>) -> Result<Option<Node>, NodeUpdateError>,
 ) -> Result<Option<Node>, NodeUpdateError> {
     let key = curator.key(&node_key(id));
+    let carried = Carried::take(curator);
     for attempt in 0..CAS_ATTEMPTS {
         // The first retry is immediate: it usually only re-reads a cached record.
         if attempt > 1 {
@@ -64,8 +71,13 @@ pub async fn modify_node(
             ))
             .await;
         }
-        match batch::attempt(curator, leadership, &key, id, &mut change).await? {
-            batch::Attempt::Done(node) => return Ok(node),
+        match batch::attempt(curator, leadership, &key, id, &mut change, carried.as_ref()).await? {
+            batch::Attempt::Done { node, wrote } => {
+                if wrote {
+                    carried::commit(carried);
+                }
+                return Ok(node);
+            }
             batch::Attempt::Retry => continue,
         }
     }
@@ -88,11 +100,16 @@ pub async fn update_node_labels(
     delete: &[String],
 ) -> Result<Node, NodeUpdateError> {
     modify_node(curator, leadership, id, |current| {
-        let mut node = current
-            .cloned()
-            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
-        node.labels = proto::labels::apply(&node.labels, upsert, delete)?;
-        Ok(Some(node))
+        let current = current.ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
+        let labels = proto::labels::apply(&current.labels, upsert, delete)?;
+        if labels == current.labels {
+            // Nothing changes: nothing is written (nor recorded as a change).
+            return Ok(None);
+        }
+        Ok(Some(Node {
+            labels,
+            ..current.clone()
+        }))
     })
     .await?
     .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))
@@ -199,6 +216,8 @@ pub async fn create_node(
         }
     }
     ops.extend(also);
+    let carried = Carried::take(curator);
+    ops.extend(carried.as_ref().map(Carried::op));
     let txn = Txn::new().when(compares).and_then(ops).or_else([
         TxnOp::get(leadership.key.clone(), None),
         TxnOp::get(tombstone, Some(GetOptions::new().with_count_only())),
@@ -210,6 +229,7 @@ pub async fn create_node(
         .await
         .map_err(CuratorError::from)?;
     if response.succeeded() {
+        carried::commit(carried);
         if let Some(revision) = response.header().map(|h| h.revision()) {
             batch::record_written(leadership, revision);
         }
@@ -250,6 +270,7 @@ pub async fn delete_node(
     id: &str,
 ) -> Result<Node, NodeUpdateError> {
     let key = curator.key(&node_key(id));
+    let carried = Carried::take(curator);
     for _ in 0..CAS_ATTEMPTS {
         let response = curator
             .client()
@@ -289,6 +310,7 @@ pub async fn delete_node(
                 ]
                 .into_iter()
                 .chain(claims::release(curator, &node))
+                .chain(carried.as_ref().map(Carried::op))
                 .collect::<Vec<_>>(),
             )
             .or_else([TxnOp::get(leadership.key.clone(), None)]);
@@ -298,6 +320,7 @@ pub async fn delete_node(
             .await
             .map_err(CuratorError::from)?;
         if response.succeeded() {
+            carried::commit(carried);
             if let Some(header) = response.header() {
                 batch::record_written(leadership, header.revision());
             }

@@ -7,6 +7,21 @@
 //! the handler was cut short (its outcome unknown) or no answer was sent yet; OK when a
 //! stream had sent answers before the client closed it.
 //!
+//! A change and its entry commit together: while a handler runs, its call is in reach
+//! of the code it calls ([`call_in_progress`], a task-local). A write that changes
+//! cluster state claims the call ([`CallInProgress::claim`]), puts the call's entry in
+//! its own transaction, and marks it recorded once that transaction committed; the
+//! layer then writes nothing more for a call that succeeded (one entry, one
+//! transaction), and a second entry, with the final status, for one that failed after
+//! its change. A call that changed nothing goes to the sink as before.
+//!
+//! ```text
+//!   call ─▶ CallInProgress (task-local) ─▶ handler ─▶ write: claim ─▶ txn {change, entry}
+//!                                                         ok: recorded │ failed: release
+//!   result ─▶ recorded and OK? ─ yes ─▶ passed on at once
+//!                               └ no ──▶ sink (entry with the result) ─▶ passed on
+//! ```
+//!
 //! Sits inside [`super::AuthLayer`] (it reads the verified [`Identity`]) and inside the
 //! forwarding layer (a call forwarded to the leader is recorded there, once). May not
 //! decide anything about the call: it never refuses one, it only delays its end.
@@ -15,6 +30,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll, ready};
 
 use http_body::Frame;
@@ -41,6 +57,81 @@ pub struct AuditCall {
     pub message: String,
 }
 
+/// A call whose handler runs now (see the module documentation).
+#[derive(Debug)]
+pub struct CallInProgress {
+    call: AuditCall,
+    /// The ID of the server that records the call (the curator's node ID).
+    recorder: Arc<str>,
+    state: AtomicU8,
+}
+
+/// [`CallInProgress`] states: no change holds the entry; a change's transaction carries
+/// it now; a committed change carried it.
+const OPEN: u8 = 0;
+const CLAIMED: u8 = 1;
+const RECORDED: u8 = 2;
+
+impl CallInProgress {
+    pub fn new(call: AuditCall, recorder: Arc<str>) -> CallInProgress {
+        CallInProgress {
+            call,
+            recorder,
+            state: AtomicU8::new(OPEN),
+        }
+    }
+
+    /// The call as it arrived (its code and message are not known yet).
+    pub fn call(&self) -> &AuditCall {
+        &self.call
+    }
+
+    pub fn recorder(&self) -> &str {
+        &self.recorder
+    }
+
+    /// Takes the call's entry for one change's transaction: false when another change
+    /// of this call holds it or already committed it.
+    pub fn claim(&self) -> bool {
+        self.state
+            .compare_exchange(OPEN, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The claiming transaction did not commit: the entry is the call's again.
+    pub fn release(&self) {
+        let _ = self
+            .state
+            .compare_exchange(CLAIMED, OPEN, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The claiming transaction committed: the entry is in the log.
+    pub fn mark_recorded(&self) {
+        let _ = self
+            .state
+            .compare_exchange(CLAIMED, RECORDED, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    pub fn is_recorded(&self) -> bool {
+        self.state.load(Ordering::Acquire) == RECORDED
+    }
+}
+
+tokio::task_local! {
+    static IN_CALL: Arc<CallInProgress>;
+}
+
+/// The audited call whose handler runs in this task, if any.
+pub fn call_in_progress() -> Option<Arc<CallInProgress>> {
+    IN_CALL.try_with(Arc::clone).ok()
+}
+
+/// Runs `future` as the handler of `call` (what [`call_in_progress`] finds). For tests
+/// and for servers that run handlers outside this layer.
+pub async fn run_in_call<F: Future>(call: Arc<CallInProgress>, future: F) -> F::Output {
+    IN_CALL.scope(call, future).await
+}
+
 /// Records one call; the call's result is held until the returned future is done. An
 /// error is logged on this node and the result passed on (see `not_recorded`).
 pub type AuditSink = Arc<
@@ -53,11 +144,16 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Clone)]
 pub struct AuditLayer {
     sink: AuditSink,
+    recorder: Arc<str>,
 }
 
 impl AuditLayer {
-    pub fn new(sink: AuditSink) -> AuditLayer {
-        AuditLayer { sink }
+    /// `recorder`: the ID this server's entries name as their writer.
+    pub fn new(sink: AuditSink, recorder: &str) -> AuditLayer {
+        AuditLayer {
+            sink,
+            recorder: recorder.into(),
+        }
     }
 }
 
@@ -67,6 +163,7 @@ impl<S> tower::Layer<S> for AuditLayer {
         AuditService {
             inner,
             sink: self.sink.clone(),
+            recorder: self.recorder.clone(),
         }
     }
 }
@@ -75,6 +172,7 @@ impl<S> tower::Layer<S> for AuditLayer {
 pub struct AuditService<S> {
     inner: S,
     sink: AuditSink,
+    recorder: Arc<str>,
 }
 
 /// The first gRPC message of a request body (5-byte frame header, then the message);
@@ -133,6 +231,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let sink = self.sink.clone();
+        let recorder = self.recorder.clone();
         Box::pin(async move {
             let method = request.uri().path().to_string();
             if !audited(&method) {
@@ -170,24 +269,20 @@ where
                 parts,
                 tonic::body::Body::new(http_body_util::Full::new(bytes)),
             );
+            let progress = Arc::new(CallInProgress::new(call, recorder));
             // Dropped with the handler when the client goes away mid-call: recorded then.
             let mut running = Running {
-                call: Some(call),
+                call: Some(progress.clone()),
                 sink: sink.clone(),
             };
-            let response = inner.call(request).await?;
+            let response = IN_CALL.scope(progress, inner.call(request)).await?;
             let call = running.call.take().expect("taken only here");
             if let Some((code, message)) = status_of(response.headers()) {
                 // A trailers-only answer (the call was refused or failed at once).
-                let method_name = call.method.clone();
-                let recorded = sink(AuditCall {
-                    code,
-                    message: message.clone(),
-                    ..call
-                })
-                .await;
-                if let Err(e) = recorded {
-                    not_recorded(&method_name, code, &message, &e);
+                if let Some(recorded) = final_entry(&sink, &call, code, &message) {
+                    if let Err(e) = recorded.await {
+                        not_recorded(&call.call.method, code, &message, &e);
+                    }
                 }
                 return Ok(response.map(tonic::body::Body::new));
             }
@@ -204,13 +299,38 @@ where
     }
 }
 
-/// Records, in the background, a call whose result is unknown or was never sent.
-fn record_later(sink: &AuditSink, call: AuditCall, code: tonic::Code, message: String) {
+/// The entry still to write for a call that ended with `code`: none when a change
+/// committed it and the call succeeded; the call's result when nothing recorded it; a
+/// second entry naming the failure when the call failed after its change was recorded.
+fn final_entry(
+    sink: &AuditSink,
+    progress: &CallInProgress,
+    code: i32,
+    message: &str,
+) -> Option<Pin<Box<dyn Future<Output = Result<(), String>> + Send>>> {
+    let message = match (progress.is_recorded(), code) {
+        (true, 0) => return None,
+        (true, _) => format!("after its change was recorded: {message}"),
+        (false, _) => message.to_string(),
+    };
+    Some(sink(AuditCall {
+        code,
+        message,
+        ..progress.call.clone()
+    }))
+}
+
+/// Records, in the background, a call whose result is unknown or was never sent
+/// (unless a change already recorded it).
+fn record_later(sink: &AuditSink, progress: &CallInProgress, code: tonic::Code, message: String) {
+    if progress.is_recorded() {
+        return;
+    }
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         let recorded = sink(AuditCall {
             code: code as i32,
             message,
-            ..call
+            ..progress.call.clone()
         });
         runtime.spawn(async move {
             if let Err(e) = recorded.await {
@@ -223,7 +343,7 @@ fn record_later(sink: &AuditSink, call: AuditCall, code: tonic::Code, message: S
 /// A call whose handler runs: if it is dropped (the client went away and the server
 /// cancelled the handler), it is recorded as Cancelled with an unknown outcome.
 struct Running {
-    call: Option<AuditCall>,
+    call: Option<Arc<CallInProgress>>,
     sink: AuditSink,
 }
 
@@ -232,7 +352,7 @@ impl Drop for Running {
         if let Some(call) = self.call.take() {
             record_later(
                 &self.sink,
-                call,
+                &call,
                 tonic::Code::Cancelled,
                 "the client went away while the call ran; its outcome is unknown".into(),
             );
@@ -248,7 +368,7 @@ type Recording = Pin<Box<dyn Future<Output = (Frame<Bytes>, Option<tonic::Status
 /// of messages sent when the server sent any (the server did not fail), else Cancelled.
 struct AuditBody<B> {
     inner: Pin<Box<B>>,
-    call: Option<AuditCall>,
+    call: Option<Arc<CallInProgress>>,
     sink: AuditSink,
     recording: Option<Recording>,
     /// Data frames sent so far.
@@ -295,12 +415,10 @@ where
                 return Poll::Ready(Some(Ok(frame)));
             };
             let (code, message) = status_of(trailers).unwrap_or((0, String::new()));
-            let method = call.method.clone();
-            let recorded = (this.sink)(AuditCall {
-                code,
-                message: message.clone(),
-                ..call
-            });
+            let method = call.call.method.clone();
+            let Some(recorded) = final_entry(&this.sink, &call, code, &message) else {
+                return Poll::Ready(Some(Ok(frame)));
+            };
             this.recording = Some(Box::pin(async move {
                 if let Err(e) = recorded.await {
                     not_recorded(&method, code, &message, &e);
@@ -328,7 +446,7 @@ impl<B> Drop for AuditBody<B> {
                     format!("the client closed the stream after {n} data frames"),
                 ),
             };
-            record_later(&self.sink, call, code, message);
+            record_later(&self.sink, &call, code, message);
         }
     }
 }
