@@ -8,8 +8,9 @@
 //!          recorded ID, certificates revoked, role cleared, revoked again)
 //!     etcd learners no record with the role stands for (a deposed leader's join)
 //!       ─▶ removal::remove_orphan_learners
-//!   on a change of leadership or of the node snapshot, every RECONCILE_EVERY, and
-//!   RETRY_AFTER after a step that failed
+//!   on a change of leadership or of what membership depends on in the node snapshot
+//!   (IDs, states, addresses, roles: not labels nor status), every RECONCILE_EVERY,
+//!   and RETRY_AFTER after a step that failed
 //! ```
 //! Every step is idempotent, so the next leader simply runs them again.
 //!
@@ -19,7 +20,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::shared::Shared;
+use super::shared::{NodeSnapshot, Shared};
 use super::{membership, removal};
 use crate::election::{Leadership, Role};
 
@@ -63,6 +64,24 @@ async fn reconcile(shared: &Arc<Shared>, leadership: &Leadership) -> Result<(), 
     problem.map_or(Ok(()), Err)
 }
 
+/// What of the node records the reconciler acts on: each record's ID, state, address
+/// and roles (a fingerprint). A change of anything else (labels, status, health) does
+/// not start a pass: under a flood of label writes each pass would cost an etcd read
+/// and a member list per write.
+fn membership_view(snapshot: Option<&NodeSnapshot>) -> u64 {
+    use prost::Message;
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for node in snapshot.iter().flat_map(|s| s.nodes.values()) {
+        (&node.id, node.state, &node.address).hash(&mut hasher);
+        node.roles
+            .as_ref()
+            .map(|r| r.encode_to_vec())
+            .hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
 /// The `membership` runnable: while this curator leads, reconciles etcd membership with
 /// the node records (see the module documentation).
 pub(super) async fn run(
@@ -73,6 +92,7 @@ pub(super) async fn run(
     let mut snapshots = shared.nodes.watch();
     ctx.signal_healthy();
     let mut last_problem = None;
+    let mut reconciled_view = None;
     loop {
         let leadership = match shared.role.current() {
             Some(Role::Leader(l)) => Some(l),
@@ -80,10 +100,15 @@ pub(super) async fn run(
         };
         let mut wait = RECONCILE_EVERY;
         if let Some(leadership) = leadership {
+            let view = membership_view(shared.nodes.current().as_ref());
             match reconcile(&shared, &leadership).await {
-                Ok(()) => last_problem = None,
+                Ok(()) => {
+                    last_problem = None;
+                    reconciled_view = Some(view);
+                }
                 Err(problem) => {
                     wait = RETRY_AFTER;
+                    reconciled_view = None;
                     if last_problem.as_ref() != Some(&problem) {
                         tracing::warn!("membership reconciliation held up: {problem}");
                         last_problem = Some(problem);
@@ -91,11 +116,19 @@ pub(super) async fn run(
                 }
             }
         }
-        tokio::select! {
-            r = roles.get() => { r?; }
-            s = snapshots.get() => { s?; }
-            _ = tokio::time::sleep(wait) => {}
-            _ = ctx.cancelled() => return Ok(()),
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            tokio::select! {
+                r = roles.get() => { r?; break; }
+                s = snapshots.get() => {
+                    let snapshot = s?;
+                    if reconciled_view != Some(membership_view(Some(&snapshot))) {
+                        break;
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = ctx.cancelled() => return Ok(()),
+            }
         }
     }
 }
