@@ -67,7 +67,7 @@ pub use datadev::{Mounts, data_image, fscrypt_usable};
 pub use etcd::BareEtcd;
 pub use impostor::Impostor;
 pub use net::{NetNs, unique_loopback};
-pub use node::{Node, is_home_line, read_register_params};
+pub use node::{Node, etcd_kv_calls_at, is_home_line, read_register_params};
 pub use partition::{HubGuard, Partition, Slot};
 pub use partitioned::{MEMBERS, PartitionedCluster};
 pub use process::{Proc, bin, bin_dir, process_alive};

@@ -161,20 +161,7 @@ impl Node {
     /// has started since it started, from its own metrics (`grpc_server_started_total`
     /// of service `etcdserverpb.KV`, read over its metrics socket).
     pub fn etcd_kv_calls(&self) -> Result<u64> {
-        use std::io::{Read, Write};
-        let socket = self
-            .root
-            .join("ephemeral/consensus")
-            .join(consensus::selfreport::METRICS_SOCKET_NAME);
-        let mut stream = std::os::unix::net::UnixStream::connect(&socket)
-            .with_context(|| format!("connecting to {}", socket.display()))?;
-        stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
-        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n")?;
-        let mut text = String::new();
-        stream
-            .read_to_string(&mut text)
-            .with_context(|| format!("reading metrics from {}", socket.display()))?;
-        Ok(kv_calls_in(&text))
+        etcd_kv_calls_at(&self.root)
     }
 
     /// Runs etcdctl against the node's socket.
@@ -318,6 +305,23 @@ impl Node {
         })?;
         Ok(answer.leader_endpoint.parse::<std::net::SocketAddr>()?.ip())
     }
+}
+
+/// [`Node::etcd_kv_calls`] of the node whose root is `root`.
+pub fn etcd_kv_calls_at(root: &Path) -> Result<u64> {
+    use std::io::{Read, Write};
+    let socket = root
+        .join("ephemeral/consensus")
+        .join(consensus::selfreport::METRICS_SOCKET_NAME);
+    let mut stream = std::os::unix::net::UnixStream::connect(&socket)
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: etcd\r\n\r\n")?;
+    let mut text = String::new();
+    stream
+        .read_to_string(&mut text)
+        .with_context(|| format!("reading metrics from {}", socket.display()))?;
+    Ok(kv_calls_in(&text))
 }
 
 /// The KV calls counted in an etcd member's Prometheus text (see `Node::etcd_kv_calls`).

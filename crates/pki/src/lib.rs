@@ -60,7 +60,7 @@ pub use lifetime::{
     BACKDATE, CA_LIFETIME, CERTIFICATE_LIFETIME, MAX_CERTIFICATE_LIFETIME,
     MIN_CERTIFICATE_LIFETIME, OWNER_CERTIFICATE_LIFETIME, Validity, check_lifetime, unix_now,
 };
-pub use store::{CaStore, certificate_serial};
+pub use store::{CaStore, NewRecord, certificate_serial};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {

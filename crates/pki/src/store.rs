@@ -79,6 +79,17 @@ fn unix_micros() -> u64 {
 const WATCH_RETRY_FIRST: Duration = Duration::from_millis(100);
 const WATCH_RETRY_MAX: Duration = Duration::from_secs(5);
 
+/// How [`CaStore::record_new_certificate_guarded`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NewRecord {
+    /// Recorded.
+    Recorded,
+    /// Nothing recorded: a certificate is recorded under the name already (DER).
+    Exists(Vec<u8>),
+    /// Nothing recorded: a guard failed (or, 2^-64, the serial is taken).
+    NotRecorded,
+}
+
 /// One CA's storage in etcd.
 #[derive(Debug, Clone)]
 pub struct CaStore {
@@ -173,6 +184,43 @@ impl CaStore {
     ) -> Result<Vec<u8>, PkiError> {
         self.ensure_certificate_guarded(name, Vec::new(), issue)
             .await
+    }
+
+    /// Records `issued` under `name` in one transaction, without reading first: only if
+    /// nothing is recorded under `name` yet, its serial is unused, and every `guard`
+    /// comparison holds (see [`CaStore::ensure_certificate_guarded`], which reads first
+    /// and retries). The common case of a first issue costs one round trip; any other
+    /// outcome is for the caller to decide on with a read.
+    pub async fn record_new_certificate_guarded(
+        &self,
+        name: &str,
+        guard: Vec<Compare>,
+        issued: &Issued,
+    ) -> Result<NewRecord, PkiError> {
+        let cert_key = self.ns.key(&format!("issued/{name}"));
+        let serial_key = self
+            .ns
+            .key(&format!("serials/{}", hex::encode(&issued.serial)));
+        let mut when = vec![
+            Compare::create_revision(cert_key.clone(), CompareOp::Equal, 0),
+            Compare::create_revision(serial_key.clone(), CompareOp::Equal, 0),
+        ];
+        when.extend(guard);
+        let txn = Txn::new()
+            .when(when)
+            .and_then([
+                TxnOp::put(cert_key.clone(), issued.der.clone(), None),
+                TxnOp::put(serial_key, name, None),
+            ])
+            .or_else([TxnOp::get(cert_key, None)]);
+        let response = self.ns.client().txn(txn).await?;
+        if response.succeeded() {
+            return Ok(NewRecord::Recorded);
+        }
+        Ok(match txn_get_value(response.op_responses().first()) {
+            Some(existing) => NewRecord::Exists(existing),
+            None => NewRecord::NotRecorded,
+        })
     }
 
     /// [`CaStore::ensure_certificate`], recording only while every `guard` comparison

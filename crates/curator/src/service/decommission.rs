@@ -63,6 +63,7 @@ pub(super) async fn start(
         None,
         Event::Decommission,
         Node::default,
+        None,
     )
     .await
     .map_err(node_update_status)?;

@@ -103,8 +103,11 @@ pub(super) async fn commit_node_certificate(
     leadership: &Leadership,
     id: &str,
     key: &[u8; 32],
-    admit: impl FnOnce(Option<&Node>) -> Result<IpAddr, Status>,
+    admit: impl Fn(Option<&Node>) -> Result<IpAddr, Status>,
 ) -> Result<(Vec<u8>, Vec<u8>), Status> {
+    if let Some(first) = first_certificate(shared, leadership, id, key, &admit).await? {
+        return Ok(first);
+    }
     let base = layout::node_certificate_prefix(id);
     let store = layout::cluster_pki(&shared.curator);
     let (record, configuration, ca, newest) = tokio::join!(
@@ -162,6 +165,109 @@ pub(super) async fn commit_node_certificate(
         )));
     }
     Ok((certificate, ca.cert_der))
+}
+
+/// The common case of [`commit_node_certificate`] in one etcd round trip: the record
+/// as the watched snapshot shows it (the fence's guard compares its mod revision), the
+/// tenure's CA and configuration, and a first certificate recorded if none is. `None`
+/// when that is not the case — no fresh snapshot, no record in it, `admit` or the fence
+/// refusing it, a certificate recorded already — and the caller decides on what it
+/// reads from etcd. Aborted, as on that path, when the record changed before the
+/// recording (the guard failed).
+async fn first_certificate(
+    shared: &Shared,
+    leadership: &Leadership,
+    id: &str,
+    key: &[u8; 32],
+    admit: &impl Fn(Option<&Node>) -> Result<IpAddr, Status>,
+) -> Result<Option<(Vec<u8>, Vec<u8>)>, Status> {
+    // As fresh as a read (every write of this tenure in it): a guard that fails below
+    // means the record changed while the certificate was issued, as on the full path.
+    let Some(snapshot) = shared.fresh_nodes(leadership).await else {
+        return Ok(None);
+    };
+    let (Some(node), Some(revision)) = (
+        snapshot.nodes.get(id),
+        snapshot.record_revisions.by_node.get(id),
+    ) else {
+        return Ok(None);
+    };
+    let known = crate::writes::Known {
+        node: node.clone(),
+        revision: *revision,
+    };
+    let Ok(address) = admit(Some(&known.node)) else {
+        return Ok(None);
+    };
+    if known.node.public_key != key.as_slice()
+        || !matches!(
+            records::node_state(&known.node),
+            NodeState::Standby | NodeState::Up
+        )
+    {
+        return Ok(None);
+    }
+    let guard = etcd_client::Compare::mod_revision(
+        shared.curator.key(&layout::node_key(id)),
+        etcd_client::CompareOp::Equal,
+        known.revision,
+    );
+    let (configuration, (store, ca)) = tokio::try_join!(
+        tenure_configuration(shared, leadership),
+        tenure_cluster_ca(shared, leadership)
+    )?;
+    let lifetime = templates::node_certificate_lifetime(Some(&configuration));
+    let issued = ca
+        .issue(
+            &templates::node_certificate_template(id, address, lifetime),
+            key,
+        )
+        .map_err(|e| Status::internal(format!("issuing the node certificate: {e}")))?;
+    // Test builds: widen the window between the snapshot's record and the recording
+    // (fenced_issuing test).
+    crate::pause::pause_point("node-commit-fenced", id).await;
+    let name = layout::node_certificate_prefix(id);
+    match store
+        .record_new_certificate_guarded(&name, vec![guard], &issued)
+        .await
+        .map_err(|e| Status::unavailable(format!("recording the node certificate: {e}")))?
+    {
+        pki::NewRecord::Recorded => Ok(Some((issued.der, ca.cert_der))),
+        pki::NewRecord::Exists(_) => Ok(None),
+        pki::NewRecord::NotRecorded => Err(fence::recording_status(
+            "issuing the node certificate",
+            pki::PkiError::Fenced(format!(
+                "certificate {name} not recorded: its recipient changed while it was issued"
+            )),
+        )),
+    }
+}
+
+/// The cluster configuration, read once per leader tenure (`Shared::tenure_configuration`)
+/// for what issuing uses of it (certificate lifetimes): those are set when the cluster
+/// is bootstrapped and never written again (the only later write of the configuration,
+/// `schedule::set_snapshot_schedule`, changes the snapshot settings only).
+async fn tenure_configuration(
+    shared: &Shared,
+    leadership: &Leadership,
+) -> Result<proto::config::ClusterConfiguration, Status> {
+    let tenure: Tenure = (leadership.key.clone(), leadership.revision);
+    let cached = shared
+        .tenure_configuration
+        .lock()
+        .expect("configuration cache poisoned")
+        .as_ref()
+        .filter(|(t, _)| *t == tenure)
+        .map(|(_, c)| c.clone());
+    if let Some(configuration) = cached {
+        return Ok(configuration);
+    }
+    let configuration = configuration(shared).await?;
+    *shared
+        .tenure_configuration
+        .lock()
+        .expect("configuration cache poisoned") = Some((tenure, configuration.clone()));
+    Ok(configuration)
 }
 
 /// A new node certificate for `id`, recorded as `node-<id>-<serial>` under `guard`

@@ -180,6 +180,7 @@ impl api::management_server::Management for Services {
             None,
             Event::Approve,
             Default::default,
+            self.0.known_record(&id),
         )
         .await
         .map_err(|e| match e {

@@ -146,6 +146,7 @@ pub async fn run(
         certificates_changed: tokio::sync::Notify::new(),
         limited_spends: tokio::sync::Mutex::new(()),
         tenure_ca: Mutex::new(None),
+        tenure_configuration: Mutex::new(None),
         claims_indexed: tokio::sync::Mutex::new(None),
         scheduled: Mutex::new(Default::default()),
     });

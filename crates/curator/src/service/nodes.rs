@@ -254,23 +254,20 @@ impl api::curator_server::Curator for Services {
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
         unlock::check_registration(&r.data_join_key, &r.data_cluster_half)?;
         let leadership = self.0.leadership().await?;
-        // Both read at once (each is a round of etcd's read index); the tombstone only
-        // matters when there is no record.
-        let (existing, deleted) = tokio::try_join!(
-            records::load_node(&self.0.curator, &id),
-            records::is_deleted(&self.0.curator, &id),
-        )
-        .map_err(status_from)?;
+        // Whether the key registered already, from the snapshot once it holds every write
+        // of this tenure (no etcd read), else from etcd. A record created meanwhile, or a
+        // deletion (a tombstone), fails the creating transaction, which says which.
+        let existing = match self.0.fresh_nodes(&leadership).await {
+            Some(snapshot) => snapshot.nodes.get(&id).is_some(),
+            None => records::load_node(&self.0.curator, &id)
+                .await
+                .map_err(status_from)?
+                .is_some(),
+        };
         // The ticket authorizes creating a record. A node that already registered this
         // key may repeat the call (a lost reply, a restart) even after the ticket was
         // rotated: it only learns its own state.
-        if existing.is_none() && deleted {
-            tracing::warn!(node = id, "registration refused: the node was deleted");
-            return Err(Status::permission_denied(format!(
-                "node {id} was deleted from this cluster; its key cannot register again"
-            )));
-        }
-        if existing.is_none() {
+        if !existing {
             claims_indexed(&self.0, &leadership).await?;
         }
         let new_record = || Node {
@@ -287,12 +284,10 @@ impl api::curator_server::Curator for Services {
         // A new key spends one use of its ticket in the transaction creating its record;
         // a key already registered (a retry, a restart) spends nothing and is not asked
         // for a live ticket: it only learns its own state.
-        let created = match existing {
-            None => {
-                tickets::register_new(&self.0, &leadership, &r.register_ticket, new_record())
-                    .await?
-            }
-            Some(_) => None,
+        let created = if existing {
+            None
+        } else {
+            tickets::register_new(&self.0, &leadership, &r.register_ticket, new_record()).await?
         };
         let node = match created {
             Some(node) => {
@@ -385,6 +380,7 @@ impl api::curator_server::Curator for Services {
             Some(&key),
             Event::Commit,
             Node::default,
+            self.0.known_record(&id),
         )
         .await
         .map_err(node_update_status)?;

@@ -141,6 +141,9 @@ pub struct Shared {
     pub(super) scheduled: Mutex<ScheduledOutcome>,
     /// The cluster CA (with its key) as loaded in one leader tenure (election key,
     /// revision), for `issuance` (see `issuance::tenure_cluster_ca`).
+    /// The cluster configuration read once per tenure, for issuing (see
+    /// `issuance::tenure_configuration`).
+    pub(super) tenure_configuration: Mutex<Option<(Tenure, proto::config::ClusterConfiguration)>>,
     pub(super) tenure_ca: Mutex<Option<(Tenure, pki::Ca)>>,
 }
 
@@ -191,6 +194,17 @@ impl Shared {
             .await
             .ok()?
             .ok()
+    }
+
+    /// Node `id`'s record as the watched snapshot last showed it, with its mod revision,
+    /// for a write to start from (`writes::Known`: a stale one only costs a failed
+    /// comparison and a read).
+    pub(super) fn known_record(&self, id: &str) -> Option<crate::writes::Known> {
+        let snapshot = self.nodes.current()?;
+        Some(crate::writes::Known {
+            node: snapshot.nodes.get(id)?.clone(),
+            revision: *snapshot.record_revisions.by_node.get(id)?,
+        })
     }
 
     /// How this curator checks the curators it calls: the cluster CA and the CRL.

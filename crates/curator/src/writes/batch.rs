@@ -22,7 +22,8 @@
 //!   anyone else in between fails the CAS, and every change of that batch is retried
 //!   from a fresh read by its own caller; nothing is lost or applied twice.
 //! - A decision that writes nothing (unchanged, or refused) is taken on a record read
-//!   from etcd in that call, not on a cached one.
+//!   from etcd in that call, not on a cached one (nor on a `Known` one from the
+//!   curator's snapshot, which a write may start from: its CAS checks it).
 //! - The flusher is a task of its own: a caller that goes away (client disconnect) does
 //!   not stop the write others wait for.
 //! - Slots are per record and per leadership tenure; idle ones are dropped once more
@@ -189,6 +190,7 @@ pub(crate) async fn attempt(
     id: &str,
     change: &mut impl FnMut(Option<&Node>) -> Result<Option<Node>, NodeUpdateError>,
     carried: Option<&Carried>,
+    known: Option<super::Known>,
 ) -> Result<Attempt, NodeUpdateError> {
     let slot = slot(key, leadership);
     let mut state = slot.state.lock().await;
@@ -197,9 +199,19 @@ pub(crate) async fn attempt(
         wait_settled(state).await;
         state = slot.state.lock().await;
     }
-    let fresh = state.base.is_none();
-    if fresh {
-        let base = read(curator, key, id).await?;
+    // `fresh`: the base was read from etcd in this call.
+    let mut fresh = false;
+    if state.base.is_none() {
+        let base = match known {
+            Some(known) => Base {
+                node: Some(known.node),
+                revision: known.revision,
+            },
+            None => {
+                fresh = true;
+                read(curator, key, id).await?
+            }
+        };
         state.working = base.node.clone();
         state.base = Some(base);
     }

@@ -58,6 +58,27 @@ pub async fn modify_node(
     curator: &Namespaced,
     leadership: &Leadership,
     id: &str,
+    change: impl FnMut(Option<&Node>) -> Result<Option<Node>, NodeUpdateError>,
+) -> Result<Option<Node>, NodeUpdateError> {
+    modify_known_node(curator, leadership, id, None, change).await
+}
+
+/// A record as the curator last saw it (its watched snapshot), with its mod revision:
+/// a change may start from it instead of reading etcd. A stale one costs a failed
+/// comparison and a read; a decision to write nothing is never taken on it.
+#[derive(Debug, Clone)]
+pub struct Known {
+    pub node: Node,
+    pub revision: i64,
+}
+
+/// [`modify_node`], starting from `known` (when this leader holds no fresher copy of
+/// the record) instead of an etcd read.
+pub async fn modify_known_node(
+    curator: &Namespaced,
+    leadership: &Leadership,
+    id: &str,
+    mut known: Option<Known>,
     mut change: impl FnMut(Option<&Node>) -> Result<Option<Node>, NodeUpdateError>,
 ) -> Result<Option<Node>, NodeUpdateError> {
     let key = curator.key(&node_key(id));
@@ -71,7 +92,20 @@ pub async fn modify_node(
             ))
             .await;
         }
-        match batch::attempt(curator, leadership, &key, id, &mut change, carried.as_ref()).await? {
+        // Only the first attempt may start from `known`: a retry follows a failed
+        // comparison, which it may have caused.
+        let start = known.take();
+        match batch::attempt(
+            curator,
+            leadership,
+            &key,
+            id,
+            &mut change,
+            carried.as_ref(),
+            start,
+        )
+        .await?
+        {
             batch::Attempt::Done { node, wrote } => {
                 if wrote {
                     carried::commit(carried);
@@ -117,7 +151,8 @@ pub async fn update_node_labels(
 
 /// Applies a lifecycle `event` to the record of `id` (see [`crate::lifecycle`]):
 /// `create` builds the record when the event creates one. Returns the record after the
-/// event (unchanged when the event had already happened).
+/// event (unchanged when the event had already happened). `known`: see
+/// [`modify_known_node`].
 pub async fn apply_event(
     curator: &Namespaced,
     leadership: &Leadership,
@@ -125,12 +160,13 @@ pub async fn apply_event(
     public_key: Option<&[u8]>,
     event: Event,
     create: impl Fn() -> Node,
+    known: Option<Known>,
 ) -> Result<Node, NodeUpdateError> {
     let transition_error = |source| NodeUpdateError::Transition {
         id: id.to_string(),
         source,
     };
-    modify_node(curator, leadership, id, |current| {
+    modify_known_node(curator, leadership, id, known, |current| {
         if let (Some(node), Some(key)) = (current, public_key)
             && node.public_key != key
         {
@@ -175,8 +211,9 @@ pub enum Created {
 /// Creates `node` (state NEW, as `Event::Register` leads to) in one transaction with
 /// its claims' index entries (see `claims`) and `also` (e.g. one use of a register
 /// ticket), guarded by leadership, by the record and its tombstone being absent, by
-/// each claim's entry as read, and by `guard`. The leader's batched writes of this
-/// record (`batch`) find it by their own CAS failing and re-read it.
+/// each claim's entry (first assumed absent, which needs no read; when that fails, as
+/// read), and by `guard`. The leader's batched writes of this record (`batch`) find it
+/// by their own CAS failing and re-read it.
 pub async fn create_node(
     curator: &Namespaced,
     leadership: &Leadership,
@@ -194,59 +231,75 @@ pub async fn create_node(
     }
     let key = curator.key(&node_key(&id));
     let tombstone = curator.key(&tombstone_key(&id));
-    let mut compares = vec![
-        election::guard(leadership),
-        Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-        Compare::create_revision(tombstone.clone(), CompareOp::Equal, 0),
-    ];
-    compares.extend(guard);
-    let mut ops = vec![TxnOp::put(key.clone(), node.encode_to_vec(), None)];
-    for claim in claims::claims(&node) {
-        match claims::read(curator, &claim, &id).await? {
-            Ok(read) => {
-                compares.extend(read.compares(curator));
-                ops.push(read.take(curator, &id));
-            }
-            Err(holder) => {
-                return Ok(Created::Taken {
-                    what: claim.what,
-                    holder,
-                });
-            }
-        }
-    }
-    ops.extend(also);
     let carried = Carried::take(curator);
-    ops.extend(carried.as_ref().map(Carried::op));
-    let txn = Txn::new().when(compares).and_then(ops).or_else([
-        TxnOp::get(leadership.key.clone(), None),
-        TxnOp::get(tombstone, Some(GetOptions::new().with_count_only())),
-        TxnOp::get(key, Some(GetOptions::new().with_count_only())),
-    ]);
-    let response = curator
-        .client()
-        .txn(txn)
-        .await
-        .map_err(CuratorError::from)?;
-    if response.succeeded() {
-        carried::commit(carried);
-        if let Some(revision) = response.header().map(|h| h.revision()) {
-            batch::record_written(leadership, revision);
+    let claims = claims::claims(&node);
+    // First as if every claim were free (a new address: the common case), without a
+    // read: the comparisons fail the transaction if one is not, and the second attempt
+    // decides on the claims as read.
+    for assume_free in [true, false] {
+        let mut compares = vec![
+            election::guard(leadership),
+            Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+            Compare::create_revision(tombstone.clone(), CompareOp::Equal, 0),
+        ];
+        compares.extend(guard.iter().cloned());
+        let mut ops = vec![TxnOp::put(key.clone(), node.encode_to_vec(), None)];
+        for claim in &claims {
+            let read = if assume_free {
+                claims::Read {
+                    claim: claim.clone(),
+                    entry_revision: 0,
+                    stale_holder: None,
+                }
+            } else {
+                match claims::read(curator, claim, &id).await? {
+                    Ok(read) => read,
+                    Err(holder) => {
+                        return Ok(Created::Taken {
+                            what: claim.what.clone(),
+                            holder,
+                        });
+                    }
+                }
+            };
+            compares.extend(read.compares(curator));
+            ops.push(read.take(curator, &id));
         }
-        return Ok(Created::New(Box::new(node)));
-    }
-    if !election::still_leads(&response, leadership) {
-        return Err(CuratorError::NotLeader.into());
-    }
-    let count = |i: usize| match response.op_responses().get(i) {
-        Some(etcd_client::TxnOpResponse::Get(g)) => g.count(),
-        _ => 0,
-    };
-    if count(1) > 0 {
-        return Err(NodeUpdateError::Deleted(id));
-    }
-    if count(2) > 0 {
-        return Ok(Created::Exists);
+        ops.extend(also.iter().cloned());
+        ops.extend(carried.as_ref().map(Carried::op));
+        let txn = Txn::new().when(compares).and_then(ops).or_else([
+            TxnOp::get(leadership.key.clone(), None),
+            TxnOp::get(tombstone.clone(), Some(GetOptions::new().with_count_only())),
+            TxnOp::get(key.clone(), Some(GetOptions::new().with_count_only())),
+        ]);
+        let response = curator
+            .client()
+            .txn(txn)
+            .await
+            .map_err(CuratorError::from)?;
+        if response.succeeded() {
+            carried::commit(carried);
+            if let Some(revision) = response.header().map(|h| h.revision()) {
+                batch::record_written(leadership, revision);
+            }
+            return Ok(Created::New(Box::new(node)));
+        }
+        if !election::still_leads(&response, leadership) {
+            return Err(CuratorError::NotLeader.into());
+        }
+        let count = |i: usize| match response.op_responses().get(i) {
+            Some(etcd_client::TxnOpResponse::Get(g)) => g.count(),
+            _ => 0,
+        };
+        if count(1) > 0 {
+            return Err(NodeUpdateError::Deleted(id));
+        }
+        if count(2) > 0 {
+            return Ok(Created::Exists);
+        }
+        if claims.is_empty() {
+            break;
+        }
     }
     Ok(Created::GuardFailed)
 }

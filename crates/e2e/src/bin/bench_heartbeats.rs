@@ -30,6 +30,13 @@
 //! Usage: bench-heartbeats [--members M] [--cold-start] [MAX_NODES] [ROUNDS]
 //!        (default 3 members, 1000 nodes, 3 rounds)
 //!
+//! `bench-heartbeats --enrolment [NODES]` (`scripts/bench enrol`; default 1000; 3
+//! members): enrolment alone (no streams, no heartbeats), ENROLMENT_BATCH at a time, in
+//! two steps, the first 100 and then up to NODES: per step its wall time and, per
+//! enrolled node, the CPU of every member's polis-node and etcd together and the etcd KV
+//! calls of every member together (targets: 1 000 in ≤ 5 s, ≤ 12 ms of CPU per node and
+//! flat from the first step to the second).
+//!
 //! `bench-heartbeats --scrape [NODES] [SCRAPES]` (`scripts/bench metrics`; default 1000
 //! and 200; 3 members): NODES simulated nodes enrolled and heartbeating as above, then
 //! every member's `/metrics` (the leader's carries a heartbeat age per node) fetched
@@ -54,6 +61,10 @@ const P99_TARGET_MS: f64 = 50.0;
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Enrolments at once.
 const ENROLLING: usize = 32;
+/// Enrolments at once in `--enrolment` (as the issue measuring it did).
+const ENROLMENT_BATCH: usize = 50;
+/// The first step of `--enrolment`.
+const ENROLMENT_FIRST_STEP: usize = 100;
 /// How long a cold start may take before the bench gives up on it.
 const COLD_START_LIMIT: Duration = Duration::from_secs(120);
 
@@ -239,6 +250,97 @@ async fn enrol_up_to(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Ok(())
+}
+
+/// Enrols nodes `from..to`, `ENROLMENT_BATCH` at a time, and nothing more (no streams,
+/// no heartbeats).
+async fn enrol_range(setup: &Arc<Setup>, from: usize, to: usize) -> Result<()> {
+    let mut running = tokio::task::JoinSet::new();
+    let mut next = from;
+    let mut done = from;
+    while done < to {
+        while running.len() < ENROLMENT_BATCH && next < to {
+            let setup = setup.clone();
+            let n = next;
+            running.spawn(async move { enrol(&setup, n).await });
+            next += 1;
+        }
+        running.join_next().await.context("an enrolment runs")???;
+        done += 1;
+    }
+    Ok(())
+}
+
+/// `--enrolment`: see the module documentation. Returns the summary line.
+async fn enrolment_steps(
+    setup: &Arc<Setup>,
+    max_nodes: usize,
+    members: &[(i32, i32, std::path::PathBuf)],
+    kv_calls: impl Fn() -> Result<u64>,
+) -> Result<serde_json::Value> {
+    let cpu = || -> Result<Duration> {
+        members
+            .iter()
+            .try_fold(Duration::ZERO, |sum, (node, etcd, _)| {
+                Ok(sum + cpu_time(*node)? + cpu_time(*etcd)?)
+            })
+    };
+    let mut steps = Vec::new();
+    let mut from = 0;
+    let mut total_s = 0.0;
+    for to in [ENROLMENT_FIRST_STEP.min(max_nodes), max_nodes] {
+        if to <= from {
+            continue;
+        }
+        let (cpu_before, kv_before, us_before) = (
+            cpu()?,
+            kv_calls()?,
+            setup
+                .enrol_us
+                .iter()
+                .map(|a| a.load(Ordering::Relaxed))
+                .collect::<Vec<_>>(),
+        );
+        let started = Instant::now();
+        enrol_range(setup, from, to).await?;
+        let seconds = started.elapsed().as_secs_f64();
+        total_s += seconds;
+        let enrolled = (to - from) as f64;
+        let call_ms: Vec<f64> = setup
+            .enrol_us
+            .iter()
+            .zip(&us_before)
+            .map(|(a, b)| round2((a.load(Ordering::Relaxed) - b) as f64 / enrolled / 1000.0))
+            .collect();
+        let line = json!({
+            "bench": "enrolment_step",
+            "from": from,
+            "to": to,
+            "seconds": round2(seconds),
+            "nodes_per_s": round2(enrolled / seconds),
+            "cpu_ms_per_node": round2((cpu()? - cpu_before).as_secs_f64() * 1000.0 / enrolled),
+            "kv_calls_per_node": round2((kv_calls()? - kv_before) as f64 / enrolled),
+            "call_ms": {"connect_register": call_ms[0], "approve": call_ms[1], "commit": call_ms[2]},
+        });
+        println!("{line}");
+        steps.push(line);
+        from = to;
+    }
+    let last = steps.last().cloned().unwrap_or_default();
+    let first = steps.first().cloned().unwrap_or_default();
+    Ok(json!({
+        "bench": "enrolment",
+        "members": members.len(),
+        "nodes": max_nodes,
+        "at_once": ENROLMENT_BATCH,
+        "seconds": round2(total_s),
+        "cpu_ms_per_node_first_step": first["cpu_ms_per_node"],
+        "cpu_ms_per_node_last_step": last["cpu_ms_per_node"],
+        "kv_calls_per_node_last_step": last["kv_calls_per_node"],
+        "call_ms_last_step": last["call_ms"],
+        "target_seconds": 5.0,
+        "target_cpu_ms_per_node": 12.0,
+    }))
 }
 
 /// Heartbeat outcomes while a measurement window is open.
@@ -608,10 +710,11 @@ async fn cold_start(
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1).peekable();
-    let (mut scrape, mut cold, mut members) = (false, false, None);
+    let (mut scrape, mut cold, mut members, mut enrolment) = (false, false, None, false);
     while let Some(flag) = args.next_if(|a| a.starts_with("--")) {
         match flag.as_str() {
             "--scrape" => scrape = true,
+            "--enrolment" => enrolment = true,
             "--cold-start" => cold = true,
             "--members" => {
                 let m: usize = args
@@ -622,7 +725,9 @@ fn main() -> Result<()> {
                 anyhow::ensure!((1..=5).contains(&m), "--members must be 1 to 5, not {m}");
                 members = Some(m);
             }
-            other => bail!("unknown flag {other:?}: --members M, --cold-start or --scrape"),
+            other => {
+                bail!("unknown flag {other:?}: --members M, --cold-start, --scrape or --enrolment")
+            }
         }
     }
     let members = members.unwrap_or(3);
@@ -682,6 +787,23 @@ fn main() -> Result<()> {
         let mut nodes = Vec::new();
         let recorder = Recorder::default();
         let mut tasks = tokio::task::JoinSet::new();
+        if enrolment {
+            let pids = tokio::task::block_in_place(|| member_pids(&mut cluster, &mut others, members))?;
+            let described: Vec<_> = pids
+                .iter()
+                .enumerate()
+                .map(|(i, (n, e))| (*n, *e, member(&mut cluster, &mut others, i).root.clone()))
+                .collect();
+            let roots: Vec<_> = described.iter().map(|(_, _, r)| r.clone()).collect();
+            let kv_calls = || -> Result<u64> {
+                roots
+                    .iter()
+                    .try_fold(0, |sum, r| Ok(sum + e2e::etcd_kv_calls_at(r)?))
+            };
+            let line = enrolment_steps(&setup, max_nodes, &described, kv_calls).await?;
+            println!("{line}");
+            return anyhow::Ok(());
+        }
         if scrape {
             enrol_up_to(&setup, &mut nodes, max_nodes, &mut tasks, &recorder).await?;
             let ips: Vec<_> = curators.iter().map(|c| c.ip()).collect();
