@@ -132,11 +132,12 @@ pub async fn run_in_call<F: Future>(call: Arc<CallInProgress>, future: F) -> F::
     IN_CALL.scope(call, future).await
 }
 
+/// A sink's recording of one call, under way.
+pub type Recorded = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
 /// Records one call; the call's result is held until the returned future is done. An
 /// error is logged on this node and the result passed on (see `not_recorded`).
-pub type AuditSink = Arc<
-    dyn Fn(AuditCall) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync,
->;
+pub type AuditSink = Arc<dyn Fn(AuditCall) -> Recorded + Send + Sync>;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -279,10 +280,10 @@ where
             let call = running.call.take().expect("taken only here");
             if let Some((code, message)) = status_of(response.headers()) {
                 // A trailers-only answer (the call was refused or failed at once).
-                if let Some(recorded) = final_entry(&sink, &call, code, &message) {
-                    if let Err(e) = recorded.await {
-                        not_recorded(&call.call.method, code, &message, &e);
-                    }
+                if let Some(recorded) = final_entry(&sink, &call, code, &message)
+                    && let Err(e) = recorded.await
+                {
+                    not_recorded(&call.call.method, code, &message, &e);
                 }
                 return Ok(response.map(tonic::body::Body::new));
             }
@@ -307,7 +308,7 @@ fn final_entry(
     progress: &CallInProgress,
     code: i32,
     message: &str,
-) -> Option<Pin<Box<dyn Future<Output = Result<(), String>> + Send>>> {
+) -> Option<Recorded> {
     let message = match (progress.is_recorded(), code) {
         (true, 0) => return None,
         (true, _) => format!("after its change was recorded: {message}"),
