@@ -108,6 +108,9 @@ pub async fn run(
         backoff.reset();
         // Test builds may feed a stale update first (see `crash::stale_update`).
         let mut injected = crate::crash::stale_update();
+        // The curator list last saved from this stream: every update carries it, and
+        // reading the directory file to find it unchanged cost a file read per update.
+        let mut saved_endpoints: Option<Vec<String>> = None;
         let mut held = false;
         loop {
             if held && crate::crash::stale_hold() {
@@ -165,7 +168,11 @@ pub async fn run(
                 .collect();
             let mut endpoints = preferred_order(settings.address, &listed);
             if !endpoints.is_empty() {
-                save_directory(&settings.root, &update.curator_endpoints)?;
+                if saved_endpoints.as_ref() != Some(&update.curator_endpoints) {
+                    let (root, listed) = (settings.root.clone(), update.curator_endpoints.clone());
+                    off_runtime(move || save_directory(&root, &listed)).await?;
+                    saved_endpoints = Some(update.curator_endpoints.clone());
+                }
                 if roles_need_control_plane(&values) && !endpoints.contains(&own) {
                     endpoints.insert(0, own);
                 }
@@ -197,7 +204,8 @@ pub async fn run(
                 values.roles.set(roles);
             }
             if applied != Some(view) {
-                staleview::save(&settings.root, view)?;
+                let root = settings.root.clone();
+                off_runtime(move || staleview::save(&root, view)).await?;
                 values.applied_view.set(view);
             }
             problems.resolved("applying this node's record again");
@@ -269,4 +277,13 @@ async fn own_etcd_gone(values: &NodeValues, fired: &mut bool) {
 /// Whether the node's current roles call for a control plane (whose curator is local).
 fn roles_need_control_plane(values: &NodeValues) -> bool {
     values.roles.current().is_some_and(|r| r.consensus_member)
+}
+
+/// Runs file I/O that syncs (an fsync per record update of this node) on the blocking
+/// pool: a runtime worker waiting for the disk would hold up the curator's calls served
+/// by the same process.
+async fn off_runtime(io: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
+    tokio::task::spawn_blocking(io)
+        .await
+        .context("a file write of the role fetcher was cancelled")?
 }

@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use proto::api;
 use proto::state::{HealthVerdict, Node, NodeState, NodeStatus};
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::health_book::stored_verdict;
@@ -151,6 +151,35 @@ where
         }
     });
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+/// A WatchNode update, equal to another when the node would act the same on both: a
+/// change of its record that only moves its revision (a label, a status, a health
+/// verdict: nothing the update carries) is not sent. The node would only record the
+/// newer revision — a synced file write per change on the node, for nothing it acts on
+/// — and the stale-view rule (`node::staleview`) holds as well with the revisions of
+/// the updates that are sent.
+#[derive(Clone)]
+struct NodeView(api::WatchNodeUpdate);
+
+impl PartialEq for NodeView {
+    fn eq(&self, other: &NodeView) -> bool {
+        // Every field named: a field added to the update must be decided on here.
+        let api::WatchNodeUpdate {
+            record_revision: _,
+            record_etcd_cluster,
+            state,
+            roles,
+            curator_endpoints,
+            cluster_crl,
+        } = &self.0;
+        let b = &other.0;
+        *record_etcd_cluster == b.record_etcd_cluster
+            && *state == b.state
+            && *roles == b.roles
+            && *curator_endpoints == b.curator_endpoints
+            && *cluster_crl == b.cluster_crl
+    }
 }
 
 /// Whether the certificate with `serial` is on `crl` (an unreadable CRL revokes nothing:
@@ -428,7 +457,7 @@ impl api::curator_server::Curator for Services {
         let crl = self.0.crl.clone();
         let stream = snapshot_stream(&self.0, serial, move |nodes| {
             let node = nodes.nodes.get(&id)?;
-            Some(api::WatchNodeUpdate {
+            Some(NodeView(api::WatchNodeUpdate {
                 record_revision: nodes
                     .record_revisions
                     .by_node
@@ -440,9 +469,11 @@ impl api::curator_server::Curator for Services {
                 roles: records::role_names(node),
                 curator_endpoints: nodes.curator_endpoints.clone(),
                 cluster_crl: crl.current().unwrap_or_default(),
-            })
+            }))
         });
-        Ok(Response::new(stream))
+        Ok(Response::new(Box::pin(
+            stream.map(|view| view.map(|NodeView(update)| update)),
+        )))
     }
 
     async fn join_consensus(

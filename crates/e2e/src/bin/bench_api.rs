@@ -14,7 +14,8 @@
 //! N (the last line printed is one JSON object); a failed curator call is counted, never
 //! retried.
 //!
-//! Usage: bench-api [SECONDS_PER_MEASUREMENT] [ROUNDS]   (default 2 and 2)
+//! Usage: bench-api [SECONDS_PER_MEASUREMENT] [ROUNDS] [CALL,…]   (default 2, 2 and all
+//! three calls; e.g. `UpdateNodeLabels` alone, to profile it)
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -51,6 +52,19 @@ struct Totals {
 
 fn main() -> Result<()> {
     let (seconds, rounds) = seconds_and_rounds(std::env::args().skip(1), 2.0, 2)?;
+    let all = ["ListNodes", "DescribeNode", "UpdateNodeLabels"];
+    let kinds: Vec<&str> = match std::env::args().nth(3) {
+        None => all.to_vec(),
+        Some(list) => list
+            .split(',')
+            .map(|k| {
+                all.iter()
+                    .find(|a| a.eq_ignore_ascii_case(k))
+                    .copied()
+                    .with_context(|| format!("unknown call {k:?}; the calls are {all:?}"))
+            })
+            .collect::<Result<_>>()?,
+    };
     let duration = Duration::from_secs_f64(seconds.clamp(0.2, 60.0));
     let dir = tempfile::tempdir()?;
     let cluster = Cluster::bootstrap(dir.path())?;
@@ -66,7 +80,6 @@ fn main() -> Result<()> {
             .first
             .etcd_get(&record_key)?
             .context("the node record")?;
-        let kinds = ["ListNodes", "DescribeNode", "UpdateNodeLabels"];
         let mut results: HashMap<(usize, &str), Totals> = HashMap::new();
         for clients in [1usize, 16] {
             let curators: Vec<_> = (0..clients)
@@ -86,7 +99,7 @@ fn main() -> Result<()> {
                 .await?;
             }
             for _ in 0..rounds {
-                for kind in kinds {
+                for &kind in &kinds {
                     let kv_before = cluster.first.etcd_kv_calls()?;
                     let curator = match kind {
                         "ListNodes" => {
@@ -172,7 +185,7 @@ fn main() -> Result<()> {
                     totals.etcd.merge(etcd);
                 }
             }
-            for kind in kinds {
+            for &kind in &kinds {
                 let t = results.get_mut(&(clients, kind)).expect("measured");
                 let per_s = |s: &Calls| s.total() as f64 / (rounds as f64 * duration.as_secs_f64());
                 let (c, e) = (per_s(&t.curator), per_s(&t.etcd));

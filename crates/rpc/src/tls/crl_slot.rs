@@ -35,6 +35,17 @@ impl CrlSlot {
     /// Offers `crl_der`: kept when signed by `ca_der` and at least as new as the CRL
     /// held. Returns whether it replaced that CRL (false: the same or an older one).
     pub fn offer(&self, ca_der: &[u8], crl_der: &[u8]) -> Result<bool, RpcError> {
+        // The one held, offered again (every WatchNode update carries it): it was
+        // verified when it was taken, against the same CA.
+        if self
+            .0
+            .lock()
+            .expect("CRL slot lock poisoned")
+            .as_ref()
+            .is_some_and(|(der, _)| der == crl_der)
+        {
+            return Ok(false);
+        }
         let number = pki::verified_crl_number(crl_der, ca_der)
             .map_err(|e| RpcError::Certificate(format!("cluster CRL: {e}")))?;
         let mut held = self.0.lock().expect("CRL slot lock poisoned");
