@@ -733,11 +733,15 @@ mod tests {
 
     #[test]
     fn command_line_errors_stay_clap_errors() {
-        let f = file("root = \"/r\"\naddress = \"10.0.0.1\"\n");
+        let f = file("root = \"/r\"\naddress = \"10.0.0.1\"\netcd-heartbeat-ms = 100\n");
         for (args, kind) in [
             (&["--adress=10.0.0.1"][..], ErrorKind::UnknownArgument),
             (&["--address=nowhere"][..], ErrorKind::ValueValidation),
             (&["--help"][..], ErrorKind::DisplayHelp),
+            (
+                &["--etcd-heartbeat-ms", "5"][..],
+                ErrorKind::ValueValidation,
+            ),
         ] {
             let error = parse_with(&f, 0, args).unwrap_err();
             let error = error.downcast::<clap::Error>().expect("clap's refusal");
