@@ -19,12 +19,15 @@ pub(crate) enum LogFormat {
 }
 
 /// Runs a Polis node.
+// `args_override_self`: a flag given twice keeps its last value rather than being refused;
+// `config_file` puts the file's flags before the command line's, so that these win.
 #[derive(Debug, Parser)]
 #[command(
     name = "polis-node",
     version,
     args_conflicts_with_subcommands = true,
-    subcommand_negates_reqs = true
+    subcommand_negates_reqs = true,
+    args_override_self = true
 )]
 pub(crate) struct Args {
     #[command(subcommand)]
@@ -127,6 +130,16 @@ pub(crate) struct RecoverArgs {
 /// Flags of every start, recover included.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Common {
+    /// Read flags from this TOML file too: each key is a long flag without its dashes,
+    /// e.g. `address = "10.0.0.1"`, `etcd-heartbeat-ms = 100`, `no-metrics = true`.
+    ///
+    /// Numbers are TOML integers, switches true or false, everything else strings.
+    /// Unknown keys and bad values are refused, naming the file's line. The command line
+    /// wins over the file, and so does an environment variable (POLIS_ETCD_BINARY); a
+    /// switch set true in the file cannot be turned off on the command line. `recover`
+    /// and `restore` use the keys they have as flags and leave the others (`params`).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     pub(crate) log_format: LogFormat,

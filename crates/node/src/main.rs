@@ -1,11 +1,12 @@
 //! `polis-node`: the agent every machine of a Polis cluster runs.
 //!
-//! `polis-node --root ROOT --address ADDR` starts a node; `polis-node recover --root ROOT`
-//! starts a surviving consensus member after its cluster lost its quorum, as the only
-//! member (see `recover`); `polis-node restore --root NEWROOT --address ADDR --backup FILE`
-//! makes a new node the only member of the cluster a backup was taken from (see
-//! `restore`); `polis-node set-curators --root ROOT ENDPOINT...` points a stopped node
-//! at curators it cannot find by itself (see `set_curators`).
+//! `polis-node --root ROOT --address ADDR` starts a node (`--config FILE`: flags from a
+//! TOML file too, see `config_file`); `polis-node recover --root ROOT` starts a surviving
+//! consensus member after its cluster lost its quorum, as the only member (see `recover`);
+//! `polis-node restore --root NEWROOT --address ADDR --backup FILE` makes a new node the
+//! only member of the cluster a backup was taken from (see `restore`); `polis-node
+//! set-curators --root ROOT ENDPOINT...` points a stopped node at curators it cannot find
+//! by itself (see `set_curators`).
 //!
 //! On every start the node decides once what it is (see `decision`): a node that
 //! already belongs to a cluster *joins* it again; a fresh node *bootstraps* a new cluster
@@ -57,6 +58,9 @@
 //!     │             join with --force-new-cluster for one etcd start; --data-device:
 //!     │             unlocked from a surviving member or the owner's backup first
 //!     └──▶ preflight, restore (serve_backup: a backup's snapshot read), datadev
+//!   config_file     --config FILE: the file's keys made flags before the command
+//!     │             line's (which win); clap parses both; refusals name file:line: key
+//!     └──▶ flags (Args)
 //!   flags           the command line (clap): Args, subcommands, Start (what one start
 //!     │             needs of them)
 //!     └──▶ datadev (DataDevice), tcp (its bounds)
@@ -155,6 +159,7 @@ mod values;
 
 // Start paths: once per start.
 mod bootstrap;
+mod config_file;
 mod datadev;
 mod decision;
 mod flags;
@@ -184,12 +189,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
-use clap::Parser as _;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cluster_state::ClusterState;
 use crate::fatal::LeftCluster;
-use crate::flags::{Args, LogFormat, Start};
+use crate::flags::{LogFormat, Start};
 use crate::settings::{ForceNewCluster, Settings};
 use crate::storage::Root;
 use crate::values::NodeValues;
@@ -232,7 +236,18 @@ async fn log_test(rate: u32) {
 }
 
 fn main() -> ExitCode {
-    let parsed = Args::parse();
+    let env_var = |name: &std::ffi::OsStr| std::env::var_os(name);
+    let parsed = match config_file::parse(std::env::args_os().collect(), &env_var) {
+        Ok(parsed) => parsed,
+        Err(e) => match e.downcast::<clap::Error>() {
+            // Usage, --help, --version: clap's own output and exit status.
+            Ok(usage) => usage.exit(),
+            Err(e) => {
+                eprintln!("polis-node: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
     let start = match flags::invocation(parsed) {
         flags::Invocation::SetCurators(a) => {
             let root = Root::new(a.root);
@@ -281,6 +296,9 @@ fn main() -> ExitCode {
 
 async fn run(start: Start) -> Result<()> {
     let args = &start.args;
+    if let Some(config) = &args.config {
+        tracing::info!(config = %config.display(), "flags read from the configuration file too");
+    }
     if args.etcd_election_timeout_ms < 5 * args.etcd_heartbeat_ms {
         bail!("--etcd-election-timeout-ms must be at least 5 times --etcd-heartbeat-ms");
     }
