@@ -1,6 +1,7 @@
 //! Crash points: the `POLIS_CRASH_AFTER` test hook that kills the process right after a
-//! named step of bootstrap or registration, to prove both resume safely; and the
-//! `POLIS_TEST_STALE_NO_ROLE` hook that feeds rolefetch a stale update.
+//! named step of bootstrap or registration, to prove both resume safely; the
+//! `POLIS_TEST_STALE_NO_ROLE` hook that feeds rolefetch a stale update; and
+//! `POLIS_TEST_REPORTED_VERSION`, the version a node reports (version-skew tests).
 //!
 //! The hook itself is compiled in only with the `crash-points` cargo feature (test
 //! builds); without it [`crash_point`] is an empty inline function and
@@ -98,4 +99,23 @@ pub fn check_crash_points() -> Result<()> {
              build it with `--features node/crash-points` (scripts/test does) or unset the variable"
         )
     }
+}
+
+/// Names the variable that makes a test build report another version (see
+/// [`reported_version`]).
+pub const REPORTED_VERSION_VARIABLE: &str = "POLIS_TEST_REPORTED_VERSION";
+
+/// The version this node reports with its heartbeats: its own; in test builds with
+/// `crash-points`, `POLIS_TEST_REPORTED_VERSION` when set (a node of another version,
+/// for the version-skew tests).
+#[cfg(feature = "crash-points")]
+pub fn reported_version() -> String {
+    std::env::var(REPORTED_VERSION_VARIABLE)
+        .unwrap_or_else(|_| env!("CARGO_PKG_VERSION").to_string())
+}
+
+#[cfg(not(feature = "crash-points"))]
+#[inline(always)]
+pub fn reported_version() -> String {
+    env!("CARGO_PKG_VERSION").to_string()
 }

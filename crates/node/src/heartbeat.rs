@@ -136,7 +136,7 @@ fn node_status(settings: &Settings, values: &NodeValues) -> NodeStatus {
     let services = values.services.current().unwrap_or_default();
     NodeStatus {
         address: settings.address.to_string(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
+        version: crate::crash::reported_version(),
         etcd_member_running: services.etcd_member,
         curator_running: services.curator,
         started_at_unix_ms: settings.started_at_unix_ms,

@@ -127,6 +127,11 @@ pub(crate) enum ParamsCommand {
 pub(crate) enum ClusterCommand {
     /// The cluster's CA, configuration and curators.
     Info,
+    /// Each node's version against the version-skew policy (same major version, at most
+    /// one minor version apart), and whether the next upgrade step may start: every
+    /// version readable and within the policy, every UP node HEALTHY. Exits 1 when it
+    /// may not.
+    Versions,
     /// The etcd members (voter or learner), the leader, each member's raft index; asks
     /// every curator's own etcd member, so it answers without a quorum too. Exits 1
     /// when there is no quorum.

@@ -26,7 +26,7 @@
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   trust           takeownership: first contact, CA approval, first owner certificate
 //!   render::{node, certificates, status, cluster, backup, snapshots, tickets,
-//!           dashboard}
+//!           dashboard, versions}
 //!                   results as table / JSON / YAML (no calls, no files)
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   session         the owner session: Management calls following the leader, CRL
@@ -128,6 +128,19 @@ async fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Cluster(ClusterCommand::Destroy { dir }) => launch::stop(dir, true),
+        Command::Cluster(ClusterCommand::Versions) => {
+            let config = cli.config_dir()?;
+            let nodes = node::list_nodes(&config, &cli.endpoints).await?;
+            let report = render::versions::report(&nodes);
+            render::versions::print_report(&report, cli.output);
+            if !report.blockers.is_empty() {
+                anyhow::bail!(
+                    "an upgrade step may not start: {}",
+                    report.blockers.join("; ")
+                );
+            }
+            Ok(())
+        }
         Command::Cluster(ClusterCommand::Status) => {
             let config = cli.config_dir()?;
             status::cluster_status(&config, &cli.endpoints, cli.output).await

@@ -9,7 +9,8 @@
 //! on (`labels`; how errors quote what a caller sent, `echo`), so that `polisctl` refuses bad input before sending it and the curator
 //! refuses it again; the order of cluster epochs and when a former member may drop
 //! its data (`epoch`); and the bounds of the etcd backend quota (`quota`) and of the
-//! scheduled snapshots' interval and count (`snapshots`).
+//! scheduled snapshots' interval and count (`snapshots`); which versions of nodes and
+//! curators work together (`version`, the skew policy).
 //!
 //! Invariant: these are the only serialization formats Polis writes; changing a field
 //! number breaks existing clusters, so fields are only ever added.
@@ -19,6 +20,7 @@ pub mod epoch;
 pub mod labels;
 pub mod quota;
 pub mod snapshots;
+pub mod version;
 
 pub mod config {
     tonic::include_proto!("polis.config");

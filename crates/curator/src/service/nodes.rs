@@ -61,8 +61,23 @@ fn check_status(status: &NodeStatus) -> Result<(), Status> {
             "the status version is longer than {MAX_VERSION_LEN} bytes"
         )));
     }
+    // The version-skew policy: a node this curator may not work with is told why, with
+    // both versions, on every heartbeat (its record keeps the status it last had). A
+    // version that is not one cannot be judged: its status is kept and shown as it is
+    // (`polisctl cluster versions` calls it unreadable); the policy is between honest
+    // builds, a hostile node can claim any version.
+    if let Err(e @ proto::version::SkewError::TooFarApart { .. }) =
+        proto::version::check_skew(&status.version, CURATOR_VERSION)
+    {
+        return Err(Status::failed_precondition(format!(
+            "this node is refused: {e}"
+        )));
+    }
     Ok(())
 }
+
+/// The version of this curator (the workspace's: every crate of one build shares it).
+const CURATOR_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 type UpdateStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 

@@ -12,3 +12,4 @@ pub(crate) mod node;
 pub(crate) mod snapshots;
 pub(crate) mod status;
 pub(crate) mod tickets;
+pub(crate) mod versions;

@@ -1,0 +1,74 @@
+//! The version-skew policy on a real cluster: a node one minor version from its curator
+//! works (UP, HEALTHY) and `polisctl cluster versions` lets the next upgrade step start;
+//! a node two minor versions away has its heartbeats refused with both versions named,
+//! and `cluster versions` says the upgrade may not proceed (exit 1).
+//!
+//! Test builds make a node report another version (`POLIS_TEST_REPORTED_VERSION`); the
+//! curator is this build's version.
+
+use anyhow::{Context, Result, ensure};
+use e2e::{Cluster, TIMEOUT};
+
+/// This build's version with its minor number moved by `by`.
+fn minor_step(by: u64) -> Result<String> {
+    let own = proto::version::parse(env!("CARGO_PKG_VERSION")).context("own version")?;
+    Ok(format!("{}.{}.0", own.major, own.minor + by))
+}
+
+#[test]
+fn one_minor_version_apart_works_two_are_refused_and_named() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cluster = Cluster::bootstrap(dir.path())?;
+    let params = cluster.register_params("skew")?;
+    let join = |name: &str, version: &str| -> Result<(e2e::Node, String)> {
+        let mut node = cluster.new_node(name)?;
+        node.start_with_env(
+            &["--params", params.to_str().context("utf-8 path")?],
+            &[("POLIS_TEST_REPORTED_VERSION", version)],
+        )?;
+        node.wait_state("Foreign")?;
+        let id = node.key_node_id()?;
+        cluster.ctl_retry(&["node", "approve", &id])?;
+        cluster.wait_node(&id, "UP", None)?;
+        Ok((node, id))
+    };
+
+    // One minor version ahead of the curator: within the policy.
+    let near_version = minor_step(1)?;
+    let (_near, near) = join("near", &near_version)?;
+    cluster.wait_node(&near, "UP", Some("HEALTHY"))?;
+    let out = cluster.ctl_retry(&["cluster", "versions"])?;
+    ensure!(out.contains(&near_version), "{out}");
+    ensure!(out.contains("upgrade can proceed: yes"), "{out}");
+    let json: serde_json::Value =
+        serde_json::from_str(&cluster.ctl_retry(&["cluster", "versions", "-o", "json"])?)?;
+    ensure!(json["upgrade_can_proceed"] == true, "{json}");
+    ensure!(json["newest"] == near_version.as_str(), "{json}");
+
+    // Two minor versions ahead: every heartbeat refused, both versions named.
+    let far_version = minor_step(2)?;
+    let (mut far_node, far) = join("far", &far_version)?;
+    let refusal = format!(
+        "node version {far_version} and curator version {}",
+        env!("CARGO_PKG_VERSION")
+    );
+    far_node
+        .proc()
+        .wait_for_line(TIMEOUT, |l| {
+            l.contains(&refusal) && l.contains("outside the version-skew policy")
+        })
+        .context("the far node to log its refused heartbeat")?;
+    let (ok, out, err) = cluster.ctl(&["cluster", "versions"])?;
+    ensure!(
+        !ok,
+        "cluster versions exits 1 while a node is refused: {out}"
+    );
+    ensure!(out.contains("upgrade can proceed: NO"), "{out}");
+    ensure!(
+        out.contains(&far) && err.contains("an upgrade step may not start"),
+        "{out}\n{err}"
+    );
+    // The near node is not held up by the far one.
+    cluster.wait_node(&near, "UP", Some("HEALTHY"))?;
+    Ok(())
+}
