@@ -1,7 +1,8 @@
 //! The version-skew policy on a real cluster: a node one minor version from its curator
 //! works (UP, HEALTHY) and `polisctl cluster versions` lets the next upgrade step start;
 //! a node two minor versions away has its heartbeats refused with both versions named,
-//! and `cluster versions` says the upgrade may not proceed (exit 1).
+//! and `cluster versions` says the upgrade may not proceed (exit 1); a root written in a
+//! newer format than this build reads is refused at start.
 //!
 //! Test builds make a node report another version (`POLIS_TEST_REPORTED_VERSION`); the
 //! curator is this build's version.
@@ -35,7 +36,7 @@ fn one_minor_version_apart_works_two_are_refused_and_named() -> Result<()> {
 
     // One minor version ahead of the curator: within the policy.
     let near_version = minor_step(1)?;
-    let (_near, near) = join("near", &near_version)?;
+    let (near_node, near) = join("near", &near_version)?;
     cluster.wait_node(&near, "UP", Some("HEALTHY"))?;
     let out = cluster.ctl_retry(&["cluster", "versions"])?;
     ensure!(out.contains(&near_version), "{out}");
@@ -70,5 +71,25 @@ fn one_minor_version_apart_works_two_are_refused_and_named() -> Result<()> {
     );
     // The near node is not held up by the far one.
     cluster.wait_node(&near, "UP", Some("HEALTHY"))?;
+
+    // A root written in a newer format is refused before anything is read, both formats
+    // named; the root is left as it was.
+    let mut near_node = near_node;
+    near_node.stop_cleanly()?;
+    let format_file = near_node.root.join("format");
+    let ours = std::fs::read_to_string(&format_file).context("the root's format")?;
+    let newer: u32 = ours.trim().parse::<u32>()? + 1;
+    std::fs::write(&format_file, format!("{newer}\n"))?;
+    near_node.start(&[])?;
+    let status = near_node.proc().wait_exit(TIMEOUT)?;
+    ensure!(status.code() == Some(1), "{status:?}");
+    let output = near_node.proc().output();
+    ensure!(
+        output.contains(&format!(
+            "has format {newer}, written by a newer polis-node"
+        )) && output.contains(&format!("up to {}", ours.trim())),
+        "{output}"
+    );
+    ensure!(std::fs::read_to_string(&format_file)? == format!("{newer}\n"));
     Ok(())
 }

@@ -148,7 +148,8 @@ pub fn lock_checked(flags: &Flags, root: &Root) -> Result<RootLock> {
 }
 
 /// The root lock (refused while another node runs on the root), then the refusal of a
-/// decommissioned root. Shared by every start, `recover` included.
+/// decommissioned root and of a root in a newer format (`Root::check_format`). Shared by
+/// every start, `recover` and `restore` included.
 pub fn lock_root(root: &Root) -> Result<RootLock> {
     if root.root.exists() && !root.root.is_dir() {
         bail!("node root {} is not a directory", root.root.display());
@@ -164,6 +165,7 @@ pub fn lock_root(root: &Root) -> Result<RootLock> {
             marker.display()
         );
     }
+    root.check_format()?;
     Ok(lock)
 }
 

@@ -37,6 +37,11 @@ use anyhow::{Context, Result, bail};
 use prost::Message;
 
 /// The paths of one node root.
+/// The format of the roots this binary writes (see [`Root::check_format`]). Raised when a
+/// file of the root changes in a way an older binary would misread; a migration from
+/// the format before goes with it.
+pub const ROOT_FORMAT: u32 = 1;
+
 #[derive(Debug, Clone)]
 pub struct Root {
     pub root: PathBuf,
@@ -131,6 +136,54 @@ impl Root {
     /// Left by a node that was decommissioned and wiped: it refuses to start.
     pub fn decommissioned_marker(&self) -> PathBuf {
         self.esp().join("decommissioned")
+    }
+    /// The root's format number (see [`Root::check_format`]).
+    pub fn format_file(&self) -> PathBuf {
+        self.root.join("format")
+    }
+
+    /// Checks the format the root was written in against the formats this binary reads,
+    /// under the root lock, before anything else of the root is read: a root written by
+    /// a newer polis-node is refused with both formats named, instead of being
+    /// misread; a root without a format number (new, or written before format numbers)
+    /// is given this binary's. Roots of an older format would be migrated here, step by
+    /// step, each step atomic; format 1 is the first, so none is older yet.
+    pub fn check_format(&self) -> Result<()> {
+        let path = self.format_file();
+        let text = match fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return write_atomic(&path, format!("{ROOT_FORMAT}\n").as_bytes())
+                    .with_context(|| format!("recording the root format in {}", path.display()));
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let Ok(format) = text.trim().parse::<u32>() else {
+            bail!(
+                "node root {}: {} holds {:?}, not a format number; it was not written by \
+                 polis-node",
+                self.root.display(),
+                path.display(),
+                text.chars().take(40).collect::<String>()
+            );
+        };
+        if format > ROOT_FORMAT {
+            bail!(
+                "node root {} has format {format}, written by a newer polis-node; this one \
+                 (version {}) reads root formats up to {ROOT_FORMAT}: run the newer \
+                 polis-node on it",
+                self.root.display(),
+                env!("CARGO_PKG_VERSION")
+            );
+        }
+        if format == 0 {
+            bail!(
+                "node root {}: {} says format 0, which no polis-node writes",
+                self.root.display(),
+                path.display()
+            );
+        }
+        Ok(())
     }
 
     /// After a decommission, with every service stopped: leaves `note` in
@@ -287,6 +340,30 @@ pub fn pem(tag: &str, der: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_root_gets_its_format_and_a_newer_or_foreign_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path().join("root"));
+        std::fs::create_dir_all(&root.root).unwrap();
+        root.check_format().unwrap();
+        let written = std::fs::read_to_string(root.format_file()).unwrap();
+        assert_eq!(written.trim(), ROOT_FORMAT.to_string());
+        root.check_format().unwrap();
+        std::fs::write(root.format_file(), format!("{}\n", ROOT_FORMAT + 1)).unwrap();
+        let newer = format!("{:#}", root.check_format().unwrap_err());
+        assert!(
+            newer.contains(&format!("has format {}", ROOT_FORMAT + 1))
+                && newer.contains(&format!("up to {ROOT_FORMAT}")),
+            "{newer}"
+        );
+        std::fs::write(root.format_file(), "zip\n").unwrap();
+        let foreign = format!("{:#}", root.check_format().unwrap_err());
+        assert!(foreign.contains("not a format number"), "{foreign}");
+        std::fs::write(root.format_file(), "0").unwrap();
+        assert!(root.check_format().is_err());
+    }
+
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
