@@ -278,10 +278,7 @@ pub async fn create_node(
             .await
             .map_err(CuratorError::from)?;
         if response.succeeded() {
-            carried::commit(carried);
-            if let Some(revision) = response.header().map(|h| h.revision()) {
-                batch::record_written(leadership, revision);
-            }
+            committed(leadership, &response, carried);
             return Ok(Created::New(Box::new(node)));
         }
         if !election::still_leads(&response, leadership) {
@@ -302,6 +299,19 @@ pub async fn create_node(
         }
     }
     Ok(Created::GuardFailed)
+}
+
+/// After a transaction of this module committed: the call's entry it carried is
+/// recorded, and reads served from the snapshot wait until it shows this write.
+fn committed(
+    leadership: &Leadership,
+    response: &etcd_client::TxnResponse,
+    carried: Option<Carried>,
+) {
+    carried::commit(carried);
+    if let Some(header) = response.header() {
+        batch::record_written(leadership, header.revision());
+    }
 }
 
 /// Whether entering `state` erases the cluster half of the node's data key.
@@ -373,10 +383,7 @@ pub async fn delete_node(
             .await
             .map_err(CuratorError::from)?;
         if response.succeeded() {
-            carried::commit(carried);
-            if let Some(header) = response.header() {
-                batch::record_written(leadership, header.revision());
-            }
+            committed(leadership, &response, carried);
             return Ok(node);
         }
         if !election::still_leads(&response, leadership) {
