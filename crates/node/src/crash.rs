@@ -76,16 +76,22 @@ pub fn stale_hold() -> bool {
 
 /// Checked in preflight: a crash point that was asked for is armed (and says so, the
 /// line tests wait for), or the start is refused, so that a test never passes because
-/// the binary silently ignored its crash point. The same for the stale-update hook.
+/// the binary silently ignored its crash point. The same for the stale-update hook and
+/// the reported version.
 pub fn check_crash_points() -> Result<()> {
-    if std::env::var_os(STALE_UPDATE_VARIABLE).is_some() {
-        if !cfg!(feature = "crash-points") {
-            bail!(
-                "{STALE_UPDATE_VARIABLE} is set, but this polis-node was built without crash \
-                 points; build it with `--features node/crash-points` or unset the variable"
-            );
+    for (variable, hook) in [
+        (STALE_UPDATE_VARIABLE, "stale-update hook"),
+        (REPORTED_VERSION_VARIABLE, "reported version"),
+    ] {
+        if std::env::var_os(variable).is_some() {
+            if !cfg!(feature = "crash-points") {
+                bail!(
+                    "{variable} is set, but this polis-node was built without crash points; \
+                     build it with `--features node/crash-points` or unset the variable"
+                );
+            }
+            tracing::warn!("{variable}: {hook} armed");
         }
-        tracing::warn!("{STALE_UPDATE_VARIABLE}: stale-update hook armed");
     }
     let Some(step) = std::env::var_os(CRASH_AFTER_VARIABLE) else {
         return Ok(());
