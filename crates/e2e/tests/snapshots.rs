@@ -287,10 +287,14 @@ fn scheduled_snapshots_are_kept_pruned_listed_fetched_and_watched() -> Result<()
         })?;
     }
 
-    // A failing member: its snapshot directory replaced by a regular file.
+    // A failing member: its snapshot directory replaced by a regular file. The member
+    // may be writing a snapshot into it meanwhile (a removal then finds a new file), or
+    // create it again before the file is written: both are tried again.
     let snapshots = w1.root.join("data/snapshots");
-    std::fs::remove_dir_all(&snapshots)?;
-    std::fs::write(&snapshots, b"not a directory")?;
+    wait_until("the snapshot directory replaced by a file", TIMEOUT, || {
+        let _ = std::fs::remove_dir_all(&snapshots);
+        std::fs::write(&snapshots, b"not a directory").is_ok()
+    })?;
     let all = endpoints(&[n0, &w1]);
     let warned = |status: &serde_json::Value| {
         status["warnings"].as_array().is_some_and(|w| {
