@@ -186,15 +186,8 @@ async fn first_certificate(
     let Some(snapshot) = shared.fresh_nodes(leadership).await else {
         return Ok(None);
     };
-    let (Some(node), Some(revision)) = (
-        snapshot.nodes.get(id),
-        snapshot.record_revisions.by_node.get(id),
-    ) else {
+    let Some(known) = super::shared::known_in(&snapshot, id) else {
         return Ok(None);
-    };
-    let known = crate::writes::Known {
-        node: node.clone(),
-        revision: *revision,
     };
     let Ok(address) = admit(Some(&known.node)) else {
         return Ok(None);

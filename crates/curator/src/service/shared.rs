@@ -96,6 +96,14 @@ pub struct Snapshot {
 
 pub type NodeSnapshot = Arc<Snapshot>;
 
+/// Node `id`'s record in `snapshot`, with its mod revision (`writes::Known`).
+pub(super) fn known_in(snapshot: &Snapshot, id: &str) -> Option<crate::writes::Known> {
+    Some(crate::writes::Known {
+        node: snapshot.nodes.get(id)?.clone(),
+        revision: *snapshot.record_revisions.by_node.get(id)?,
+    })
+}
+
 /// A leader tenure: its election key and that key's create revision.
 pub type Tenure = (Vec<u8>, i64);
 
@@ -201,10 +209,7 @@ impl Shared {
     /// comparison and a read).
     pub(super) fn known_record(&self, id: &str) -> Option<crate::writes::Known> {
         let snapshot = self.nodes.current()?;
-        Some(crate::writes::Known {
-            node: snapshot.nodes.get(id)?.clone(),
-            revision: *snapshot.record_revisions.by_node.get(id)?,
-        })
+        known_in(&snapshot, id)
     }
 
     /// How this curator checks the curators it calls: the cluster CA and the CRL.

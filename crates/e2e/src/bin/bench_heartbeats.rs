@@ -252,6 +252,17 @@ async fn enrol_up_to(
     Ok(())
 }
 
+/// The mean time (ms) of each enrolment call (register, approve, commit) since the sums
+/// were `before`, over `enrolled` nodes.
+fn mean_call_ms(setup: &Setup, before: &[u64], enrolled: f64) -> Vec<f64> {
+    setup
+        .enrol_us
+        .iter()
+        .zip(before)
+        .map(|(a, b)| round2((a.load(Ordering::Relaxed) - b) as f64 / enrolled / 1000.0))
+        .collect()
+}
+
 /// Enrols nodes `from..to`, `ENROLMENT_BATCH` at a time, and nothing more (no streams,
 /// no heartbeats).
 async fn enrol_range(setup: &Arc<Setup>, from: usize, to: usize) -> Result<()> {
@@ -306,12 +317,7 @@ async fn enrolment_steps(
         let seconds = started.elapsed().as_secs_f64();
         total_s += seconds;
         let enrolled = (to - from) as f64;
-        let call_ms: Vec<f64> = setup
-            .enrol_us
-            .iter()
-            .zip(&us_before)
-            .map(|(a, b)| round2((a.load(Ordering::Relaxed) - b) as f64 / enrolled / 1000.0))
-            .collect();
+        let call_ms = mean_call_ms(setup, &us_before, enrolled);
         let line = json!({
             "bench": "enrolment_step",
             "from": from,
@@ -825,12 +831,7 @@ fn main() -> Result<()> {
             enrol_total += enrol_s;
             // Mean time of each enrolment call in this step (ms): where enrolment goes.
             let enrolled = (nodes.len() - enrolled_before).max(1) as f64;
-            let call_ms: Vec<f64> = setup
-                .enrol_us
-                .iter()
-                .zip(&us_before)
-                .map(|(a, b)| round2((a.load(Ordering::Relaxed) - b) as f64 / enrolled / 1000.0))
-                .collect();
+            let call_ms = mean_call_ms(&setup, &us_before, enrolled);
             // One period for the new nodes' loops to settle (and their verdicts).
             let warmup = measure(&recorder, period).await;
             let pids = tokio::task::block_in_place(|| member_pids(&mut cluster, &mut others, members))?;
