@@ -541,3 +541,53 @@ impl api::curator_server::Curator for Services {
         }))
     }
 }
+
+#[cfg(test)]
+mod node_view_tests {
+    use super::*;
+
+    #[test]
+    fn an_update_that_only_moves_the_revision_is_not_sent_again() {
+        let update = api::WatchNodeUpdate {
+            record_revision: 10,
+            record_etcd_cluster: 7,
+            state: api::NodeState::Up as i32,
+            roles: vec!["ConsensusMember".into()],
+            curator_endpoints: vec!["127.0.0.2:7835".into()],
+            cluster_crl: vec![1, 2, 3].into(),
+        };
+        let moved = api::WatchNodeUpdate {
+            record_revision: 11,
+            ..update.clone()
+        };
+        assert!(NodeView(update.clone()) == NodeView(moved));
+        let changed = [
+            api::WatchNodeUpdate {
+                roles: vec![],
+                ..update.clone()
+            },
+            api::WatchNodeUpdate {
+                state: api::NodeState::Decommissioning as i32,
+                ..update.clone()
+            },
+            api::WatchNodeUpdate {
+                record_etcd_cluster: 8,
+                ..update.clone()
+            },
+            api::WatchNodeUpdate {
+                curator_endpoints: vec![],
+                ..update.clone()
+            },
+            api::WatchNodeUpdate {
+                cluster_crl: vec![9].into(),
+                ..update.clone()
+            },
+        ];
+        for other in changed {
+            assert!(
+                NodeView(update.clone()) != NodeView(other.clone()),
+                "{other:?}"
+            );
+        }
+    }
+}
