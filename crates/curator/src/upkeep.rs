@@ -24,19 +24,117 @@
 
 use std::time::Duration;
 
-/// How often the leader's upkeep looks at the members, and the database size below
-/// which it never defragments (hidden polis-node flags lower both for tests).
+/// How often the leader's upkeep looks at the members, the database size below which
+/// it never defragments, and how many bytes of history it lets etcd keep (hidden
+/// polis-node flags lower them for tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
     pub period: Duration,
     pub defrag_floor_bytes: u64,
+    /// Growth of the leader's etcd "in use" bytes since its low point after the last
+    /// compaction past which the upkeep compacts (see [`History`]).
+    pub history_bytes: u64,
+    /// History younger than this is never compacted away: a watch that starts right
+    /// after a read (at the read's revision + 1) or resumes after a short break finds
+    /// it there.
+    pub history_min_age: Duration,
 }
 
 impl Settings {
     pub const DEFAULT: Settings = Settings {
         period: Duration::from_secs(10),
         defrag_floor_bytes: 64 << 20,
+        history_bytes: 16 << 20,
+        history_min_age: Duration::from_secs(30),
     };
+}
+
+/// When the upkeep compacts etcd's history by its size, not its length.
+///
+/// etcd's own auto-compaction keeps the last 10 000 revisions, and a revision is a
+/// transaction: the audit writer puts (and drops) up to a hundred entries in one. So
+/// 10 000 revisions can hold hundreds of megabytes of old values, and a flood of refused
+/// calls grew the database linearly until the quota. Here the bound is in bytes: once
+/// the member's data in use grew by `history_bytes` over its lowest value since the last
+/// compaction, history is compacted at the newest revision seen at least
+/// `history_min_age` ago. That leaves the history written since (up to the revision of
+/// that moment, the *head*); one follow-up compaction at the head, once it is
+/// `history_min_age` old, removes it too, so a burst that ends leaves no tail behind.
+/// Live data that grows (not history) makes a compaction that frees little; the low
+/// point then rises with it, so it does not repeat each period.
+///
+/// The retained history is thus at most `history_bytes` plus what is written in
+/// `history_min_age` and one period.
+#[derive(Debug, Default)]
+pub struct History {
+    /// (when, revision) seen, oldest first; thinned to what a compaction may use.
+    samples: std::collections::VecDeque<(std::time::Instant, i64)>,
+    /// The lowest "in use" bytes since the last compaction (`None`: none seen since).
+    low_in_use: Option<u64>,
+    /// The revision last compacted at (by this upkeep).
+    compacted: i64,
+    /// The head when history was last compacted for its size: compacted at once it is
+    /// old enough.
+    follow_up: Option<i64>,
+    /// What the last `observe` asked for: (revision, the head then, whether a follow-up).
+    asked: Option<(i64, i64, bool)>,
+}
+
+impl History {
+    /// Takes one look at the member (`now`, its revision and its bytes in use) and says
+    /// at which revision to compact, if at all. The caller compacts and then calls
+    /// [`History::compacted`].
+    pub fn observe(
+        &mut self,
+        now: std::time::Instant,
+        revision: i64,
+        in_use: u64,
+        settings: &Settings,
+    ) -> Option<i64> {
+        let min_age = settings.history_min_age;
+        if self.samples.back().is_none_or(|(_, r)| *r != revision) {
+            self.samples.push_back((now, revision));
+        }
+        // Keep only the newest sample old enough to compact at, and the younger ones.
+        while self
+            .samples
+            .get(1)
+            .is_some_and(|(t, _)| now.duration_since(*t) >= min_age)
+        {
+            self.samples.pop_front();
+        }
+        let low = *self
+            .low_in_use
+            .insert(self.low_in_use.map_or(in_use, |l| l.min(in_use)));
+        let oldest = self
+            .samples
+            .front()
+            .filter(|(when, at)| now.duration_since(*when) >= min_age && *at > self.compacted)
+            .map(|(_, at)| *at);
+        let at = oldest?;
+        let (follow_up, due) = match self.follow_up {
+            Some(head) if at >= head => (true, true),
+            _ => (false, in_use.saturating_sub(low) >= settings.history_bytes),
+        };
+        if !due {
+            return None;
+        }
+        self.asked = Some((at, revision, follow_up));
+        Some(at)
+    }
+
+    /// The caller compacted at `revision`: the low point is measured again from here
+    /// (etcd reports the freed space after its next commit).
+    pub fn compacted(&mut self, revision: i64) {
+        self.compacted = self.compacted.max(revision);
+        self.low_in_use = None;
+        match self.asked.take() {
+            Some((at, head, false)) if at == revision && head > revision => {
+                self.follow_up = Some(head);
+            }
+            _ => self.follow_up = None,
+        }
+    }
 }
 
 /// A member further than this many raft entries behind the leader is catching up.
@@ -157,9 +255,83 @@ pub fn next_step(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Instant;
 
     const MIB: u64 = 1 << 20;
+
+    fn bound(bytes: u64) -> Settings {
+        Settings {
+            history_bytes: bytes,
+            ..Settings::DEFAULT
+        }
+    }
+
+    #[test]
+    fn history_is_compacted_once_it_grew_by_its_bound_at_a_revision_old_enough() {
+        let mut h = History::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(h.observe(at(0), 100, 4 * MIB, &bound(16 * MIB)), None);
+        // Grown by less than the bound: nothing.
+        assert_eq!(h.observe(at(10), 200, 19 * MIB, &bound(16 * MIB)), None);
+        // Grown past it, but no revision is 30 s old yet at 20 s.
+        assert_eq!(h.observe(at(20), 300, 21 * MIB, &bound(16 * MIB)), None);
+        // At 40 s the revision seen at 10 s is the newest one 30 s old.
+        assert_eq!(
+            h.observe(at(40), 400, 22 * MIB, &bound(16 * MIB)),
+            Some(200)
+        );
+        h.compacted(200);
+        // The low point is measured again: the freed space shows; the history written
+        // after revision 200 stays until the head of that moment (400) is 30 s old.
+        assert_eq!(h.observe(at(50), 410, 6 * MIB, &bound(16 * MIB)), None);
+        assert_eq!(h.observe(at(60), 420, 7 * MIB, &bound(16 * MIB)), None);
+        assert_eq!(h.observe(at(70), 420, 7 * MIB, &bound(16 * MIB)), Some(400));
+        h.compacted(400);
+        // A follow-up has no follow-up of its own.
+        for s in 8..20 {
+            assert_eq!(
+                h.observe(at(s * 10), 420 + s as i64, 3 * MIB, &bound(16 * MIB)),
+                None
+            );
+        }
+    }
+
+    #[test]
+    fn live_growth_compacts_once_then_the_low_point_follows_it() {
+        let mut h = History::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(h.observe(at(0), 10, MIB, &bound(16 * MIB)), None);
+        assert_eq!(h.observe(at(40), 20, 30 * MIB, &bound(16 * MIB)), Some(10));
+        h.compacted(10);
+        // The follow-up at the head of then (20), once it is old enough.
+        assert_eq!(h.observe(at(50), 21, 30 * MIB, &bound(16 * MIB)), None);
+        assert_eq!(h.observe(at(70), 22, 30 * MIB, &bound(16 * MIB)), Some(20));
+        h.compacted(20);
+        // Nothing was freed (the growth is live data): no compaction each period.
+        for s in 8..20 {
+            assert_eq!(
+                h.observe(at(s * 10), 20 + s as i64, 30 * MIB, &bound(16 * MIB)),
+                None
+            );
+        }
+    }
+
+    #[test]
+    fn a_revision_compacted_already_is_not_asked_for_again() {
+        let mut h = History::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(h.observe(at(0), 10, MIB, &bound(MIB)), None);
+        assert_eq!(h.observe(at(31), 10, 3 * MIB, &bound(MIB)), Some(10));
+        h.compacted(10);
+        // No write since: still the same revision; the bytes do not fall (no commit).
+        assert_eq!(h.observe(at(41), 10, 3 * MIB, &bound(MIB)), None);
+        assert_eq!(h.observe(at(80), 10, 5 * MIB, &bound(MIB)), None);
+    }
+
+    use super::*;
 
     fn none() -> std::collections::BTreeSet<u64> {
         Default::default()

@@ -186,6 +186,14 @@ pub(crate) struct Common {
     /// tests).
     #[arg(long, hide = true, default_value_t = curator::upkeep::Settings::DEFAULT.defrag_floor_bytes)]
     pub(crate) etcd_defrag_floor_bytes: u64,
+    /// etcd upkeep: the bytes of history (old values) etcd may keep before the curator
+    /// leader compacts it (for tests).
+    #[arg(long, hide = true, default_value_t = curator::upkeep::Settings::DEFAULT.history_bytes)]
+    pub(crate) etcd_history_bytes: u64,
+    /// etcd upkeep: history younger than this is never compacted, in milliseconds (for
+    /// tests).
+    #[arg(long, hide = true, default_value_t = curator::upkeep::Settings::DEFAULT.history_min_age.as_millis() as u64)]
+    pub(crate) etcd_history_min_age_ms: u64,
     /// Scheduled snapshots: let the owner set intervals from 1 s up (else at least 1
     /// minute), for tests.
     #[arg(long, hide = true)]

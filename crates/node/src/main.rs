@@ -435,6 +435,8 @@ async fn run(start: Start) -> Result<()> {
         upkeep: curator::upkeep::Settings {
             period: Duration::from_millis(args.etcd_upkeep_period_ms.max(100)),
             defrag_floor_bytes: args.etcd_defrag_floor_bytes,
+            history_bytes: args.etcd_history_bytes.max(1),
+            history_min_age: Duration::from_millis(args.etcd_history_min_age_ms),
         },
         snapshot_bounds: if args.snapshot_short_intervals {
             proto::snapshots::Bounds::TESTING

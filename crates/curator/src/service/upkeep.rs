@@ -10,6 +10,8 @@
 //!       their curators (CuratorLocal.GetConsensusStatus, node certificate, 2 s)
 //!     alarms (own etcd: the cluster's list) ─▶ NOSPACE? compact at the current revision
 //!       (etcd still takes compactions then, not puts)
+//!       none? history grew past its byte bound (crate::upkeep::History)? compact at a
+//!       revision at least history_min_age (30 s) old
 //!     crate::upkeep::next_step (pure) ─▶ Wait | Idle
 //!       | Defragment(member): own member ─▶ here; another ─▶ its curator's
 //!         CuratorLocal.DefragmentMember (nodes only; it checks the member ID, and that
@@ -128,6 +130,8 @@ struct Memory {
     done: std::collections::BTreeSet<u64>,
     /// Since when each silent member has been silent (answering ones are removed).
     silent_since: std::collections::BTreeMap<u64, std::time::Instant>,
+    /// When history is compacted by its size.
+    history: crate::upkeep::History,
 }
 
 /// One step; whether another should follow at once.
@@ -157,6 +161,23 @@ async fn step(shared: &Arc<Shared>, memory: &mut Memory) -> Result<bool, Status>
     }
     if no_space.is_empty() {
         memory.done.clear();
+        let in_use = own.db_size_in_use.max(0) as u64;
+        if let Some(at) = memory.history.observe(
+            std::time::Instant::now(),
+            own.revision,
+            in_use,
+            &shared.config.upkeep,
+        ) {
+            maintenance::compact(&mut client, at)
+                .await
+                .map_err(|e| etcd_status("compacting etcd's history", e))?;
+            memory.history.compacted(at);
+            tracing::info!(
+                revision = at,
+                in_use,
+                "compacted etcd's history: it grew past its byte bound"
+            );
+        }
     }
     let members = consensus::membership::members(&mut client)
         .await
