@@ -67,6 +67,17 @@ pub fn apply(
     upsert: &BTreeMap<String, String>,
     delete: &[String],
 ) -> Result<HashMap<String, String>, LabelError> {
+    let mut labels = current.clone();
+    apply_to(&mut labels, upsert, delete)?;
+    Ok(labels)
+}
+
+/// Checks a change (`upsert`, `delete`) on its own: every key and value valid, no key
+/// both upserted and deleted, not more upserts than a node may hold.
+pub fn validate_change(
+    upsert: &BTreeMap<String, String>,
+    delete: &[String],
+) -> Result<(), LabelError> {
     // Every upserted key ends up in the result: more than the limit can never succeed,
     // so refuse before looking at any of them.
     if upsert.len() > MAX_LABELS {
@@ -85,7 +96,27 @@ pub fn apply(
             return Err(LabelError::Conflict(k.clone()));
         }
     }
-    let mut labels = current.clone();
+    Ok(())
+}
+
+/// Whether a valid change would change `current` (so an unchanged record need not be
+/// copied to find out).
+pub fn changes(
+    current: &HashMap<String, String>,
+    upsert: &BTreeMap<String, String>,
+    delete: &[String],
+) -> bool {
+    delete.iter().any(|k| current.contains_key(k))
+        || upsert.iter().any(|(k, v)| current.get(k) != Some(v))
+}
+
+/// [`apply`] in place: on an error `labels` may be partly changed (callers drop it).
+pub fn apply_to(
+    labels: &mut HashMap<String, String>,
+    upsert: &BTreeMap<String, String>,
+    delete: &[String],
+) -> Result<(), LabelError> {
+    validate_change(upsert, delete)?;
     for k in delete {
         labels.remove(k);
     }
@@ -97,7 +128,7 @@ pub fn apply(
             count: labels.len(),
         });
     }
-    Ok(labels)
+    Ok(())
 }
 
 #[cfg(test)]
@@ -256,6 +287,9 @@ mod properties {
                         prop_assert!(!labels.contains_key(k));
                     }
                     prop_assert_eq!(apply(&labels, &upsert, &delete), Ok(labels.clone()));
+                    // `changes` says, without a copy, whether the result differs.
+                    prop_assert_eq!(changes(&current, &upsert, &delete), labels != current);
+                    prop_assert!(!changes(&labels, &upsert, &delete));
                 }
                 // However large the input, an error quotes a bounded part of it.
                 Err(e) => prop_assert!(e.to_string().len() < 1000, "{}", e),

@@ -43,10 +43,12 @@ fn forwarding(shared: Arc<Shared>) -> rpc::Forwarding {
             // A backup is a snapshot of this curator's own etcd member.
             || method.starts_with("/polis.api.Backup/");
         let long_lived = LONG_LIVED_FORWARDED.contains(&method);
+        // Decided before the forwarding future exists: that future (a connect inside) is
+        // several KiB, too much to allocate for every call the leader answers itself.
+        if local || matches!(shared.role.current(), Some(Role::Leader(_))) {
+            return Box::pin(std::future::ready(None));
+        }
         Box::pin(async move {
-            if local || matches!(shared.role.current(), Some(Role::Leader(_))) {
-                return None;
-            }
             let leader = election::current_leader(&shared.curator).await.ok()??;
             let endpoint: SocketAddr = leader.endpoint.parse().ok()?;
             if endpoint == shared.config.listen {

@@ -135,15 +135,14 @@ pub async fn update_node_labels(
 ) -> Result<Node, NodeUpdateError> {
     modify_node(curator, leadership, id, |current| {
         let current = current.ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
-        let labels = proto::labels::apply(&current.labels, upsert, delete)?;
-        if labels == current.labels {
+        proto::labels::validate_change(upsert, delete)?;
+        if !proto::labels::changes(&current.labels, upsert, delete) {
             // Nothing changes: nothing is written (nor recorded as a change).
             return Ok(None);
         }
-        Ok(Some(Node {
-            labels,
-            ..current.clone()
-        }))
+        let mut next = current.clone();
+        proto::labels::apply_to(&mut next.labels, upsert, delete)?;
+        Ok(Some(next))
     })
     .await?
     .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))
