@@ -233,6 +233,12 @@ pub async fn write_label(
 impl Cluster {
     /// A leader-following client with the owner's credentials from the config directory.
     pub fn owner_client(&self) -> Result<rpc::CuratorClient> {
+        self.owner_client_to(&[self.first.address])
+    }
+
+    /// [`Cluster::owner_client`] that knows the curators at `addresses` (it goes on to
+    /// the next when one does not answer).
+    pub fn owner_client_to(&self, addresses: &[std::net::IpAddr]) -> Result<rpc::CuratorClient> {
         let read_pem = |name: &str| -> Result<Vec<u8>> {
             let text = std::fs::read_to_string(self.config.join(name))
                 .with_context(|| format!("reading {name}"))?;
@@ -240,10 +246,10 @@ impl Cluster {
         };
         let key = identity::NodeKey::from_pkcs8(&read_pem("owner-key.pem")?)?;
         Ok(rpc::CuratorClient::new(
-            vec![std::net::SocketAddr::new(
-                self.first.address,
-                rpc::CURATOR_PORT,
-            )],
+            addresses
+                .iter()
+                .map(|a| std::net::SocketAddr::new(*a, rpc::CURATOR_PORT))
+                .collect(),
             rpc::ServerTrust::PinnedCa(read_pem("ca.pem")?),
             Some(rpc::Credentials {
                 certificate: read_pem("owner.pem")?,

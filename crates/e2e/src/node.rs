@@ -30,6 +30,9 @@ pub struct Node {
     /// Started under `prlimit --nofile=N:N` (soft and hard open-files limit N), or None
     /// for the test's own limits.
     pub open_files: Option<u64>,
+    /// The polis-node binary to run instead of the workspace's (an older version, for
+    /// upgrade tests).
+    pub binary: Option<PathBuf>,
 }
 
 impl Node {
@@ -44,6 +47,7 @@ impl Node {
             extra_args: Vec::new(),
             netns: None,
             open_files: None,
+            binary: None,
         }
     }
 
@@ -92,7 +96,12 @@ impl Node {
         if let Some(n) = self.open_files {
             launcher.extend(["prlimit".into(), format!("--nofile={n}:{n}").into()]);
         }
-        launcher.push(bin("polis-node").into());
+        launcher.push(
+            self.binary
+                .clone()
+                .unwrap_or_else(|| bin("polis-node"))
+                .into(),
+        );
         let mut cmd = Command::new(&launcher[0]);
         cmd.args(&launcher[1..]);
         cmd.arg("--root")
