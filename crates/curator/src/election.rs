@@ -295,6 +295,12 @@ pub async fn run(
         ttl,
         since: Instant::now(),
     };
+    // A layout this build does not know is never led (crate::layout).
+    if let Err(e) = settle_layout(curator, &leadership).await {
+        tracing::error!("{e}");
+        hand_over(client, key).await;
+        return Err(e);
+    }
     tracing::info!(node_id = config.node_id, "this curator is now the leader");
     role.set(Role::Leader(leadership));
     metrics::global().set_curator_leader(true);
@@ -446,6 +452,42 @@ pub async fn current_leader(
         // etcd answers "election: no leader" as an error.
         Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("no leader") => Ok(None),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Reads the layout format and acts on it (`crate::layout::layout_decision`): records
+/// it where none is (guarded by `leadership`), fails where this build may not lead.
+async fn settle_layout(curator: &Namespaced, leadership: &Leadership) -> Result<(), CuratorError> {
+    use crate::layout::{LAYOUT_FORMAT, LAYOUT_FORMAT_KEY, LayoutDecision, layout_decision};
+    let key = curator.key(LAYOUT_FORMAT_KEY);
+    let found = consensus::bounded(
+        "reading the layout format",
+        ETCD_CALL_TIMEOUT,
+        curator.client().get(key.clone(), None),
+    )
+    .await?;
+    let value = found.kvs().first().map(|kv| kv.value().to_vec());
+    match layout_decision(value.as_deref()) {
+        LayoutDecision::Lead => Ok(()),
+        LayoutDecision::TooNew(found) => Err(CuratorError::LayoutTooNew { found }),
+        LayoutDecision::Unreadable => Err(CuratorError::LayoutUnreadable(
+            String::from_utf8_lossy(value.as_deref().unwrap_or_default())
+                .chars()
+                .take(40)
+                .collect(),
+        )),
+        LayoutDecision::Record => {
+            // Only where it is still absent: a newer leader may have written one since.
+            let record = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key, format!("{LAYOUT_FORMAT}\n"), None)]);
+            leader_txn(curator, leadership, record).await?;
+            tracing::info!(
+                format = LAYOUT_FORMAT,
+                "recorded the etcd key layout's format"
+            );
+            Ok(())
+        }
     }
 }
 

@@ -36,6 +36,17 @@ pub enum CuratorError {
         "the cluster was already bootstrapped with different state ({what} differs); refusing to overwrite it"
     )]
     BootstrapConflict { what: &'static str },
+    /// The cluster's etcd keys were laid out by a newer polis-node (`layout::LayoutFormat`).
+    #[error(
+        "the cluster's etcd key layout has format {found}, written by a newer polis-node; \
+         this one (version {}) reads layout formats up to {}: it will not lead the \
+         cluster (finish the upgrade: curators of the newer version lead it)",
+        env!("CARGO_PKG_VERSION"),
+        crate::layout::LAYOUT_FORMAT
+    )]
+    LayoutTooNew { found: u32 },
+    #[error("the cluster's etcd key layout format is unreadable: {0:?}")]
+    LayoutUnreadable(String),
 }
 
 /// Errors of operations on one node.

@@ -24,7 +24,17 @@
 //!   audit/<µs>-<seq>-<curator> api::AuditEntry: one audited call          audit
 //!   cluster/epochs/<ms>-<node> config::ClusterEpoch: one recover or       epochs
 //!                              restore since the bootstrap (the chain)
+//!   cluster/layout-format      the format of this layout, a decimal       election
+//!                              number ([`LAYOUT_FORMAT`])
 //! ```
+//! A curator leads only a layout it knows ([`layout_decision`]): before it acts as the
+//! leader it reads `cluster/layout-format`; a newer one makes it hand the leadership
+//! over (an older polis-node never misreads a layout a newer one wrote), an absent one
+//! (written before format numbers: the same layout as format 1) is recorded, and an
+//! older one would be migrated there, by the leader, before it serves. Format 1 is the
+//! first: no migration exists yet. A release that changes the layout raises the number
+//! and migrates only once every node runs it (`cluster versions`), so that the older
+//! curators of a cluster being upgraded still lead if the newer ones go away.
 //! and inside `namespaced:etcd-pki/` the etcd peer CA ([`etcd_pki`]), whose certificates
 //! are recorded as `peer-<id>[-<member>[-<serial>]]`.
 //!
@@ -37,6 +47,40 @@ pub const NAMESPACE: &str = "curator";
 
 pub const INITIAL_OWNER_KEY: &str = "global/initial_owner";
 pub const CLUSTER_CONFIGURATION_KEY: &str = "cluster/configuration";
+/// The format of the key layout (module doc).
+pub const LAYOUT_FORMAT_KEY: &str = "cluster/layout-format";
+/// The layout format this build writes and reads.
+pub const LAYOUT_FORMAT: u32 = 1;
+
+/// What a curator about to lead does with the layout format it found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayoutDecision {
+    /// The format this build reads: lead.
+    Lead,
+    /// None recorded (a cluster older than format numbers, same layout): record
+    /// [`LAYOUT_FORMAT`], then lead.
+    Record,
+    /// Written by a newer polis-node: hand the leadership over.
+    TooNew(u32),
+    /// Not a format number.
+    Unreadable,
+}
+
+/// The decision on the value of [`LAYOUT_FORMAT_KEY`] (`None`: absent).
+pub fn layout_decision(found: Option<&[u8]>) -> LayoutDecision {
+    let Some(found) = found else {
+        return LayoutDecision::Record;
+    };
+    match std::str::from_utf8(found)
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+    {
+        Some(0) | None => LayoutDecision::Unreadable,
+        Some(n) if n > LAYOUT_FORMAT => LayoutDecision::TooNew(n),
+        // Older formats would be migrated here; format 1 is the first there is.
+        Some(_) => LayoutDecision::Lead,
+    }
+}
 pub const REGISTER_TICKET_KEY: &str = "global/register_ticket";
 
 /// Prefix of the cluster's epochs ([`epoch_key`]).
@@ -158,4 +202,23 @@ pub fn owner_certificate_name(serial: &[u8]) -> String {
 /// Prefix of the names of every owner certificate (see [`owner_certificate_name`]).
 pub fn owner_certificate_prefix() -> String {
     "owner-".to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layout_is_led_recorded_or_handed_over() {
+        assert_eq!(layout_decision(None), LayoutDecision::Record);
+        assert_eq!(layout_decision(Some(b"1")), LayoutDecision::Lead);
+        assert_eq!(layout_decision(Some(b"1\n")), LayoutDecision::Lead);
+        assert_eq!(layout_decision(Some(b"2")), LayoutDecision::TooNew(2));
+        assert_eq!(layout_decision(Some(b"0")), LayoutDecision::Unreadable);
+        assert_eq!(layout_decision(Some(b"two")), LayoutDecision::Unreadable);
+        assert_eq!(
+            layout_decision(Some(&[0xff, 0x31])),
+            LayoutDecision::Unreadable
+        );
+    }
 }

@@ -2,7 +2,8 @@
 //! works (UP, HEALTHY) and `polisctl cluster versions` lets the next upgrade step start;
 //! a node two minor versions away has its heartbeats refused with both versions named,
 //! and `cluster versions` says the upgrade may not proceed (exit 1); a root written in a
-//! newer format than this build reads is refused at start.
+//! newer format than this build reads is refused at start, and a curator does not lead
+//! an etcd key layout of a newer format.
 //!
 //! Test builds make a node report another version (`POLIS_TEST_REPORTED_VERSION`); the
 //! curator is this build's version.
@@ -19,7 +20,7 @@ fn minor_step(by: u64) -> Result<String> {
 #[test]
 fn one_minor_version_apart_works_two_are_refused_and_named() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let cluster = Cluster::bootstrap(dir.path())?;
+    let mut cluster = Cluster::bootstrap(dir.path())?;
     let params = cluster.register_params("skew")?;
     let join = |name: &str, version: &str| -> Result<(e2e::Node, String)> {
         let mut node = cluster.new_node(name)?;
@@ -91,5 +92,30 @@ fn one_minor_version_apart_works_two_are_refused_and_named() -> Result<()> {
         "{output}"
     );
     ensure!(std::fs::read_to_string(&format_file)? == format!("{newer}\n"));
+
+    // The etcd key layout carries its format: recorded by the first leader, and a newer
+    // one (as a newer polis-node would leave it) is never led by this build.
+    let layout_key = "namespaced:curator/cluster/layout-format";
+    let member = &mut cluster.first;
+    let recorded = member.etcdctl(&["get", "--print-value-only", layout_key])?;
+    ensure!(
+        recorded.trim() == "1",
+        "layout format recorded: {recorded:?}"
+    );
+    member.etcdctl(&["put", layout_key, "2"])?;
+    member.stop_cleanly()?;
+    member.start(&[])?;
+    member
+        .proc()
+        .wait_for_line(TIMEOUT, |l| {
+            l.contains("etcd key layout has format 2, written by a newer polis-node")
+                && l.contains("reads layout formats up to 1")
+        })
+        .context("the curator to refuse a newer layout")?;
+    let (ok, _, err) = cluster.ctl(&["node", "list"])?;
+    ensure!(!ok, "a curator led a layout it does not know: {err}");
+    // Set back (as the newer binary would be put back), the curator leads again.
+    cluster.first.etcdctl(&["put", layout_key, "1"])?;
+    cluster.ctl_retry(&["node", "list"])?;
     Ok(())
 }
