@@ -6,7 +6,8 @@
 //!
 //! ```text
 //!   members one at a time, the curator leader last; then the workers:
-//!     `cluster versions` says the step may start ─▶ SIGTERM ─▶ start this build's
+//!     `cluster versions` says the step may start, `node upgrade-check ID` agrees (it
+//!     refuses a member while another is down) ─▶ SIGTERM ─▶ start this build's
 //!     polis-node on the same root ─▶ wait: UP, HEALTHY, this build's version (and for
 //!     a member: every member a voter and answering)
 //! ```
@@ -211,6 +212,24 @@ fn rolling_upgrade_from_an_older_commit_under_writes() -> Result<()> {
     };
     println!("cluster of 3 members and 2 workers on {FROM} (version {old_version})");
 
+    // A member's step is refused while another member is down: the quorum would go.
+    let (m1_id, m2_id) = (others[0].1.clone(), others[1].1.clone());
+    others[0].0.proc().signal(libc::SIGSTOP);
+    let mut refusal = String::new();
+    wait_until(
+        "upgrade-check to refuse a member while another is down",
+        TIMEOUT,
+        || match cluster.ctl(&["--endpoints", &members, "node", "upgrade-check", &m2_id]) {
+            Ok((false, _, err)) if err.contains("short of the 2 a quorum needs") => {
+                refusal = err;
+                true
+            }
+            _ => false,
+        },
+    )?;
+    println!("while {m1_id} is stopped: {}", refusal.trim());
+    others[0].0.proc().signal(libc::SIGCONT);
+
     let stop = Arc::new(AtomicBool::new(false));
     let acks = Arc::new(Mutex::new(Acks::default()));
     let writing = writer(
@@ -230,6 +249,12 @@ fn rolling_upgrade_from_an_older_commit_under_writes() -> Result<()> {
     order.extend([3, 4]);
     for i in order {
         wait_step_may_start(&cluster, &members)?;
+        let id = if i == 0 {
+            first_id.clone()
+        } else {
+            others[i - 1].1.clone()
+        };
+        cluster.ctl_retry(&["--endpoints", &members, "node", "upgrade-check", &id])?;
         let (node, id) = match i {
             0 => (&mut cluster.first, first_id.clone()),
             _ => {

@@ -288,6 +288,24 @@ async fn run(cli: Cli) -> Result<()> {
                 NodeCommand::Delete { ids } => {
                     decommission::node_delete(&config, &cli.endpoints, ids).await
                 }
+                NodeCommand::UpgradeCheck { id } => {
+                    let nodes = node::list_nodes(&config, &cli.endpoints).await?;
+                    let reasons = render::versions::upgrade_check(&nodes, id);
+                    if !reasons.is_empty() {
+                        anyhow::bail!(
+                            "node {} may not be upgraded now: {}",
+                            output::escape(id),
+                            reasons.join("; ")
+                        );
+                    }
+                    if cli.output != output::Format::Quiet {
+                        println!(
+                            "node {} may be upgraded now (restart it, then wait until `cluster versions` shows it HEALTHY on the new version)",
+                            output::escape(id)
+                        );
+                    }
+                    Ok(())
+                }
                 NodeCommand::Label { id, changes } => {
                     node::node_label(&config, &cli.endpoints, cli.output, id, changes).await
                 }

@@ -5,6 +5,8 @@
 //! start when every node reports a readable version, the oldest and the newest are
 //! within the policy, and every node that is UP is HEALTHY (no member behind, no node
 //! that would be lost with the one restarting). Pure: the node list in, a report out.
+//! [`upgrade_check`] asks the same of one node's step (`node upgrade-check ID`), and
+//! also whether the consensus members left while it restarts keep a quorum.
 
 use proto::api;
 use serde_json::{Value, json};
@@ -102,6 +104,46 @@ pub(crate) fn report(nodes: &[api::NodeInfo]) -> VersionsReport {
     }
 }
 
+/// Whether node `id` may be restarted on the next version now: the cluster's blockers
+/// ([`report`]), the node itself UP, and — for a consensus member — a quorum of the
+/// members kept by the HEALTHY others while it is away. The reasons it may not.
+pub(crate) fn upgrade_check(nodes: &[api::NodeInfo], id: &str) -> Vec<String> {
+    let mut reasons = report(nodes).blockers;
+    let Some(node) = nodes.iter().find(|n| n.id == id) else {
+        return vec![format!("node {id} is not in the cluster")];
+    };
+    if node.state != api::NodeState::Up as i32 {
+        reasons.push(format!(
+            "node {id} is {}, not UP: it has no running version to upgrade in place",
+            state_name(node.state)
+        ));
+    }
+    let is_member = |n: &api::NodeInfo| {
+        n.state == api::NodeState::Up as i32 && n.roles.iter().any(|r| r == "ConsensusMember")
+    };
+    if is_member(node) {
+        let members = nodes.iter().filter(|n| is_member(n)).count();
+        let others_healthy = nodes
+            .iter()
+            .filter(|n| is_member(n) && n.id != id && n.health == api::NodeHealth::Healthy as i32)
+            .count();
+        let quorum = members / 2 + 1;
+        if others_healthy < quorum {
+            reasons.push(format!(
+                "node {id} is one of {members} consensus members: while it restarts only \
+                 {others_healthy} HEALTHY members remain, short of the {quorum} a quorum \
+                 needs — the cluster would stop taking writes until it is back{}",
+                if members == 1 {
+                    " (a one-member cluster: add members first, or accept the pause)"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+    reasons
+}
+
 fn report_json(report: &VersionsReport) -> Value {
     json!({
         "nodes": report.nodes.iter().map(|n| json!({
@@ -176,6 +218,51 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    fn member(id: &str, health: api::NodeHealth) -> api::NodeInfo {
+        api::NodeInfo {
+            roles: vec!["ConsensusMember".into()],
+            ..node(id, "0.2.0", health)
+        }
+    }
+
+    #[test]
+    fn a_step_that_would_lose_the_quorum_is_refused() {
+        use api::NodeHealth::{Healthy, HeartbeatTimeout};
+        let three = [
+            member("m1", Healthy),
+            member("m2", Healthy),
+            member("m3", Healthy),
+            node("w1", "0.2.0", Healthy),
+        ];
+        for id in ["m1", "m2", "m3", "w1"] {
+            assert!(upgrade_check(&three, id).is_empty(), "{id}");
+        }
+        // One member already down: restarting another would leave one of three.
+        let degraded = [
+            member("m1", Healthy),
+            member("m2", Healthy),
+            member("m3", HeartbeatTimeout),
+        ];
+        let reasons = upgrade_check(&degraded, "m1");
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("short of the 2 a quorum needs")),
+            "{reasons:?}"
+        );
+        // A one-member cluster pauses whatever is done.
+        let alone = [member("m1", Healthy)];
+        let reasons = upgrade_check(&alone, "m1");
+        assert!(
+            reasons.iter().any(|r| r.contains("one-member cluster")),
+            "{reasons:?}"
+        );
+        assert_eq!(
+            upgrade_check(&alone, "nope"),
+            vec!["node nope is not in the cluster".to_string()]
+        );
     }
 
     #[test]
