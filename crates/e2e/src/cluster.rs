@@ -212,9 +212,18 @@ pub async fn write_label(
     key: &str,
     value: &str,
 ) -> Result<(), rpc::CallError> {
+    write_labels(client, id, [(key.to_string(), value.to_string())].into()).await
+}
+
+/// One write of several labels (`upsert`) on node `id`, through `client`.
+pub async fn write_labels(
+    client: &rpc::CuratorClient,
+    id: &str,
+    upsert: std::collections::HashMap<String, String>,
+) -> Result<(), rpc::CallError> {
     let request = api::UpdateNodeLabelsRequest {
         id: id.to_string(),
-        upsert: [(key.to_string(), value.to_string())].into(),
+        upsert,
         delete: vec![],
     };
     client
@@ -273,7 +282,20 @@ impl Cluster {
         params: &Path,
         extra: &[&str],
     ) -> Result<(Node, String)> {
+        self.add_worker_running(name, params, None, extra)
+    }
+
+    /// [`Cluster::add_worker_with`] running `binary` instead of the workspace's
+    /// polis-node (an older version, for upgrade tests), when given.
+    pub fn add_worker_running(
+        &self,
+        name: &str,
+        params: &Path,
+        binary: Option<&Path>,
+        extra: &[&str],
+    ) -> Result<(Node, String)> {
         let mut node = self.new_node(name)?;
+        node.binary = binary.map(Path::to_path_buf);
         let mut args = vec!["--params", params.to_str().context("utf-8 path")?];
         args.extend_from_slice(extra);
         node.start(&args)?;

@@ -61,7 +61,7 @@ mod wait;
 
 pub use bench::{Calls, median, seconds_and_rounds, timed_calls};
 pub use certs::{peer_accepts, pem_der};
-pub use cluster::{Cluster, endpoints, write_label};
+pub use cluster::{Cluster, endpoints, write_label, write_labels};
 pub use ctl::polisctl;
 pub use datadev::{Mounts, data_image, fscrypt_usable};
 pub use etcd::BareEtcd;

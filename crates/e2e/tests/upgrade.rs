@@ -157,20 +157,6 @@ fn wait_step_may_start(cluster: &Cluster, members: &str) -> Result<()> {
     .with_context(|| format!("last versions: {last}"))
 }
 
-/// Registers a node running `binary` in `dir/NAME`, approves it, waits until it is UP.
-fn add_node(cluster: &Cluster, name: &str, binary: &std::path::Path) -> Result<(Node, String)> {
-    let params = cluster.register_params(name)?;
-    let mut node = cluster.new_node(name)?;
-    node.binary = Some(binary.to_path_buf());
-    node.start(&["--params", params.to_str().context("utf-8 path")?])?;
-    node.wait_state("Foreign")?;
-    let id = node.key_node_id()?;
-    cluster.ctl_retry(&["node", "approve", &id])?;
-    node.wait_home()?;
-    cluster.wait_node(&id, "UP", None)?;
-    Ok((node, id))
-}
-
 /// Restarts `node` on this build's polis-node (same root, no parameters).
 fn restart_on_new(node: &mut Node) -> Result<()> {
     node.stop_cleanly()?;
@@ -192,7 +178,8 @@ fn rolling_upgrade_from_an_older_commit_under_writes() -> Result<()> {
     let first_id = cluster.first.key_node_id()?;
     let mut others = Vec::new();
     for name in ["m1", "m2", "w1", "w2"] {
-        others.push(add_node(&cluster, name, &old)?);
+        let params = cluster.register_params(name)?;
+        others.push(cluster.add_worker_running(name, &params, Some(&old), &[])?);
     }
     for (_, id) in &others[..2] {
         cluster.ctl_retry(&["node", "add-role", id, "ConsensusMember"])?;

@@ -464,6 +464,16 @@ mod tests {
             "--etcd-defrag-floor-bytes=1024",
         ),
         (
+            "etcd-history-bytes",
+            "1048576",
+            "--etcd-history-bytes=1048576",
+        ),
+        (
+            "etcd-history-min-age-ms",
+            "2000",
+            "--etcd-history-min-age-ms=2000",
+        ),
+        (
             "snapshot-short-intervals",
             "true",
             "--snapshot-short-intervals",

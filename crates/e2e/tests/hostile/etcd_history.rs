@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use e2e::{Cluster, Node, TIMEOUT, wait_until};
-use proto::api;
 
 const MIB: u64 = 1 << 20;
 const ROUNDS: usize = 800;
@@ -62,20 +61,7 @@ fn history_is_compacted_by_its_size() -> Result<()> {
     let started = Instant::now();
     runtime.block_on(async {
         for round in 0..ROUNDS {
-            let request = api::UpdateNodeLabelsRequest {
-                id: id.clone(),
-                upsert: labels(round),
-                delete: vec![],
-            };
-            client
-                .call(|channel| {
-                    let request = request.clone();
-                    async move {
-                        api::management_client::ManagementClient::new(channel)
-                            .update_node_labels(request)
-                            .await
-                    }
-                })
+            e2e::write_labels(&client, &id, labels(round))
                 .await
                 .with_context(|| format!("label write {round}"))?;
             if started.elapsed() > Duration::from_secs(300) {
