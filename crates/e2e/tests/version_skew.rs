@@ -70,6 +70,34 @@ fn one_minor_version_apart_works_two_are_refused_and_named() -> Result<()> {
         out.contains(&far) && err.contains("an upgrade step may not start"),
         "{out}\n{err}"
     );
+    // The refused version is recorded and shown, with what the policy says of it; the
+    // refused heartbeats do not make the node HEALTHY.
+    let mut shown = serde_json::Value::Null;
+    e2e::wait_until(
+        "cluster versions to show the refused version",
+        TIMEOUT,
+        || {
+            let Ok((_, out, _)) = cluster.ctl(&["cluster", "versions", "-o", "json"]) else {
+                return false;
+            };
+            let Ok(json) = serde_json::from_str::<serde_json::Value>(&out) else {
+                return false;
+            };
+            shown = json["nodes"]
+                .as_array()
+                .and_then(|nodes| nodes.iter().find(|n| n["id"] == far.as_str()).cloned())
+                .unwrap_or_default();
+            shown["version"] == far_version.as_str()
+        },
+    )
+    .with_context(|| format!("the far node as shown: {shown}"))?;
+    ensure!(
+        shown["verdict"]
+            .as_str()
+            .is_some_and(|v| v.contains("more than one minor version ahead")),
+        "{shown}"
+    );
+    ensure!(shown["health"] != "HEALTHY", "{shown}");
     // The near node is not held up by the far one.
     cluster.wait_node(&near, "UP", Some("HEALTHY"))?;
 

@@ -61,19 +61,23 @@ fn check_status(status: &NodeStatus) -> Result<(), Status> {
             "the status version is longer than {MAX_VERSION_LEN} bytes"
         )));
     }
-    // The version-skew policy: a node this curator may not work with is told why, with
-    // both versions, on every heartbeat (its record keeps the status it last had). A
-    // version that is not one cannot be judged: its status is kept and shown as it is
-    // (`polisctl cluster versions` calls it unreadable); the policy is between honest
-    // builds, a hostile node can claim any version.
-    if let Err(e @ proto::version::SkewError::TooFarApart { .. }) =
-        proto::version::check_skew(&status.version, CURATOR_VERSION)
-    {
-        return Err(Status::failed_precondition(format!(
-            "this node is refused: {e}"
-        )));
-    }
     Ok(())
+}
+
+/// The version-skew policy: a node this curator may not work with is told why, with
+/// both versions, on every heartbeat. Its status is still recorded (at most once a
+/// period, like any other), so that `polisctl cluster versions` shows the version that
+/// was refused; the heartbeat does not count (the node is never HEALTHY here). A version
+/// that is not one cannot be judged: its status is kept and shown as it is (`cluster
+/// versions` calls it unreadable); the policy is between honest builds, a hostile node
+/// can claim any version.
+fn skew_refusal(status: &NodeStatus) -> Option<Status> {
+    match proto::version::check_skew(&status.version, CURATOR_VERSION) {
+        Err(e @ proto::version::SkewError::TooFarApart { .. }) => Some(
+            Status::failed_precondition(format!("this node is refused: {e}")),
+        ),
+        _ => None,
+    }
 }
 
 /// The version of this curator (the workspace's: every crate of one build shares it).
@@ -235,6 +239,7 @@ impl api::curator_server::Curator for Services {
         if let Some(status) = &status {
             check_status(status)?;
         }
+        let refused = status.as_ref().and_then(skew_refusal);
         let leadership = self.0.leadership().await?;
         // Compared with the snapshot: an unchanged status (nearly every heartbeat) costs
         // no etcd request.
@@ -251,10 +256,13 @@ impl api::curator_server::Curator for Services {
             let now = Instant::now();
             let timing = &self.0.config.heartbeat;
             let book = book.tenure(&leadership);
-            book.trackers
+            let tracker = book
+                .trackers
                 .entry(id.clone())
-                .or_insert_with(|| Tracker::new(verdict, now))
-                .heartbeat(now, timing);
+                .or_insert_with(|| Tracker::new(verdict, now));
+            if refused.is_none() {
+                tracker.heartbeat(now, timing);
+            }
             // Decided under the lock: of concurrent heartbeats, one writes.
             node_status::decide(book, &id, changed, now, timing)
         };
@@ -270,6 +278,9 @@ impl api::curator_server::Curator for Services {
                 node_status::record_later(self.0.clone(), leadership, id, at);
             }
             StatusWrite::None => {}
+        }
+        if let Some(refusal) = refused {
+            return Err(refusal);
         }
         Ok(Response::new(api::HeartbeatResponse {}))
     }
