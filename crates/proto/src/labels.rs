@@ -117,6 +117,16 @@ pub fn apply_to(
     delete: &[String],
 ) -> Result<(), LabelError> {
     validate_change(upsert, delete)?;
+    apply_validated(labels, upsert, delete)
+}
+
+/// [`apply_to`] of a change [`validate_change`] has accepted already: only the count of
+/// the result is checked.
+pub fn apply_validated(
+    labels: &mut HashMap<String, String>,
+    upsert: &BTreeMap<String, String>,
+    delete: &[String],
+) -> Result<(), LabelError> {
     for k in delete {
         labels.remove(k);
     }

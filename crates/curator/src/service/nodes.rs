@@ -266,22 +266,32 @@ impl api::curator_server::Curator for Services {
             // Decided under the lock: of concurrent heartbeats, one writes.
             node_status::decide(book, &id, changed, now, timing)
         };
-        match write {
+        // A refused node is told of its refusal even when its status could not be written.
+        let recorded = match write {
             StatusWrite::Now(status) => {
-                node_status::record(&self.0, &leadership, &id, status).await?
+                node_status::record(&self.0, &leadership, &id, status).await
             }
             StatusWrite::Later(at) => {
                 tracing::debug!(
                     node = id,
                     "status changed within a period: written at its end"
                 );
-                node_status::record_later(self.0.clone(), leadership, id, at);
+                node_status::record_later(self.0.clone(), leadership, id.clone(), at);
+                Ok(())
             }
-            StatusWrite::None => {}
-        }
+            StatusWrite::None => Ok(()),
+        };
         if let Some(refusal) = refused {
+            if let Err(e) = recorded {
+                tracing::warn!(
+                    node = id,
+                    "the status of a node refused for its version was not recorded: {}",
+                    e.message()
+                );
+            }
             return Err(refusal);
         }
+        recorded?;
         Ok(Response::new(api::HeartbeatResponse {}))
     }
 

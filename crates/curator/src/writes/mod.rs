@@ -141,7 +141,7 @@ pub async fn update_node_labels(
             return Ok(None);
         }
         let mut next = current.clone();
-        proto::labels::apply_to(&mut next.labels, upsert, delete)?;
+        proto::labels::apply_validated(&mut next.labels, upsert, delete)?;
         Ok(Some(next))
     })
     .await?
