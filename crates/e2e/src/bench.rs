@@ -4,6 +4,29 @@ use std::fmt::Display;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+/// CPU time (user + system) of process `pid` so far, from `/proc/PID/stat`.
+pub fn cpu_time(pid: i32) -> anyhow::Result<Duration> {
+    use anyhow::Context;
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let (_, rest) = stat
+        .rsplit_once(") ")
+        .with_context(|| format!("{path}: no ') ' after the command name"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat; `rest` starts at field 3.
+    let field = |i: usize| -> anyhow::Result<u64> {
+        fields
+            .get(i)
+            .with_context(|| format!("{path}: fewer than {} fields", i + 3))?
+            .parse::<u64>()
+            .with_context(|| format!("{path}: field {} is no number", i + 3))
+    };
+    let ticks = field(11)? + field(12)?;
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Ok(Duration::from_secs_f64(ticks as f64 / per_second as f64))
+}
+
 /// The median of benchmark samples.
 pub fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(|a, b| a.total_cmp(b));

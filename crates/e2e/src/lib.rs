@@ -59,7 +59,7 @@ mod scrape;
 mod scrape_bench;
 mod wait;
 
-pub use bench::{Calls, median, seconds_and_rounds, timed_calls};
+pub use bench::{Calls, cpu_time, median, seconds_and_rounds, timed_calls};
 pub use certs::{peer_accepts, pem_der};
 pub use cluster::{Cluster, endpoints, write_label, write_labels};
 pub use ctl::polisctl;

@@ -10,7 +10,12 @@
 //!              (all on the one node)       (all on one key)
 //! ```
 //! for N = 1 and 16, with the etcd KV calls the member served per successful curator
-//! call (`kv_calls_per_call`, from etcd's own metrics). Every client has its own connection. One JSON line per call kind and
+//! call (`kv_calls_per_call`, from etcd's own metrics) and the CPU time (user + system,
+//! from /proc) per successful call of the node's polis-node and of its etcd while the
+//! curator calls ran, and of etcd while the raw calls ran (`curator_cpu_ms_per_call`,
+//! `etcd_cpu_ms_per_call`, `raw_etcd_cpu_ms_per_call`): on this machine's two shared
+//! cores the call rates move ±20 % between runs, the CPU a call costs much less. Every
+//! client has its own connection. One JSON line per call kind and
 //! N (the last line printed is one JSON object); a failed curator call is counted, never
 //! retried.
 //!
@@ -36,6 +41,11 @@ fn p99_ms(latencies: &mut [Duration]) -> f64 {
     latencies[i.clamp(1, latencies.len()) - 1].as_secs_f64() * 1000.0
 }
 
+/// Milliseconds of `cpu` per one of `calls`, to 3 digits.
+fn per_call_ms(cpu: Duration, calls: usize) -> f64 {
+    round(cpu.as_secs_f64() * 1000.0 / calls.max(1) as f64, 3)
+}
+
 fn round(x: f64, digits: i32) -> f64 {
     let f = 10f64.powi(digits);
     (x * f).round() / f
@@ -48,6 +58,16 @@ struct Totals {
     /// etcd KV calls made while the curator calls ran (every KV call of the member,
     /// background work included).
     kv_calls: u64,
+    /// CPU time of polis-node and of etcd while the curator calls ran, and of etcd
+    /// while the raw calls ran.
+    curator_cpu: Duration,
+    etcd_cpu_under_curator: Duration,
+    etcd_cpu_raw: Duration,
+}
+
+/// CPU time of (polis-node, etcd) so far.
+fn cpu_pair(pids: (i32, i32)) -> Result<(Duration, Duration)> {
+    Ok((e2e::cpu_time(pids.0)?, e2e::cpu_time(pids.1)?))
 }
 
 fn main() -> Result<()> {
@@ -67,8 +87,9 @@ fn main() -> Result<()> {
     };
     let duration = Duration::from_secs_f64(seconds.clamp(0.2, 60.0));
     let dir = tempfile::tempdir()?;
-    let cluster = Cluster::bootstrap(dir.path())?;
+    let mut cluster = Cluster::bootstrap(dir.path())?;
     let id = cluster.first.key_node_id()?;
+    let pids = (cluster.first.proc().pid(), cluster.first.etcd_pid()?);
     let record_key = format!("namespaced:curator/nodes/{id}");
     let node_prefix = "namespaced:curator/nodes/".to_string();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -101,6 +122,7 @@ fn main() -> Result<()> {
             for _ in 0..rounds {
                 for &kind in &kinds {
                     let kv_before = cluster.first.etcd_kv_calls()?;
+                    let cpu_before = cpu_pair(pids)?;
                     let curator = match kind {
                         "ListNodes" => {
                             timed_calls(&curators, duration, MAX_CALLS, |c, _, _| async move {
@@ -145,6 +167,7 @@ fn main() -> Result<()> {
                             .await
                         }
                     };
+                    let cpu_between = cpu_pair(pids)?;
                     let kv_calls = cluster.first.etcd_kv_calls()? - kv_before;
                     let etcd = match kind {
                         "ListNodes" => {
@@ -179,8 +202,12 @@ fn main() -> Result<()> {
                             .await
                         }
                     };
+                    let cpu_after = cpu_pair(pids)?;
                     let totals = results.entry((clients, kind)).or_default();
                     totals.kv_calls += kv_calls;
+                    totals.curator_cpu += cpu_between.0 - cpu_before.0;
+                    totals.etcd_cpu_under_curator += cpu_between.1 - cpu_before.1;
+                    totals.etcd_cpu_raw += cpu_after.1 - cpu_between.1;
                     totals.curator.merge(curator);
                     totals.etcd.merge(etcd);
                 }
@@ -212,6 +239,9 @@ fn main() -> Result<()> {
                     "failed": t.curator.failed,
                     "etcd_failed": t.etcd.failed,
                     "kv_calls_per_call": round(t.kv_calls as f64 / (t.curator.ok.max(1) as f64), 2),
+                    "curator_cpu_ms_per_call": per_call_ms(t.curator_cpu, t.curator.ok),
+                    "etcd_cpu_ms_per_call": per_call_ms(t.etcd_cpu_under_curator, t.curator.ok),
+                    "raw_etcd_cpu_ms_per_call": per_call_ms(t.etcd_cpu_raw, t.etcd.ok),
                     "target_ratio": match (bench, clients) {
                         ("api_write", 1) => 0.7,
                         ("api_write", _) => 1.0,

@@ -51,7 +51,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use e2e::{Cluster, Node};
+use e2e::{Cluster, Node, cpu_time};
 use proto::api;
 use serde_json::json;
 use tonic::transport::Channel;
@@ -528,18 +528,6 @@ fn spread(setup: &Setup) -> (Vec<usize>, bool) {
         .iter()
         .all(|&c| (c as f64) <= 2.0 * mean && (c as f64) >= mean / 2.0);
     (counts, within)
-}
-
-/// CPU time (user + system) of process `pid` so far.
-fn cpu_time(pid: i32) -> Result<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let (_, rest) = stat.rsplit_once(") ").context("stat format")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat; `rest` starts at field 3.
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    // SAFETY: sysconf has no preconditions.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Ok(Duration::from_secs_f64(ticks as f64 / per_second as f64))
 }
 
 fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
