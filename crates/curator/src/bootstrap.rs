@@ -56,7 +56,7 @@ pub async fn create_bootstrap_records(
                 .map(|k| TxnOp::get(k.clone(), None))
                 .collect::<Vec<_>>(),
         );
-    let response = curator.client().txn(txn).await?;
+    let response = curator.kv().txn(txn).await?;
     if response.succeeded() {
         return Ok(());
     }

@@ -463,7 +463,7 @@ async fn settle_layout(curator: &Namespaced, leadership: &Leadership) -> Result<
     let found = consensus::bounded(
         "reading the layout format",
         ETCD_CALL_TIMEOUT,
-        curator.client().get(key.clone(), None),
+        curator.kv().get(key.clone(), None),
     )
     .await?;
     let value = found.kvs().first().map(|kv| kv.value().to_vec());
@@ -501,7 +501,7 @@ pub async fn leader_txn(
     let txn = Txn::new()
         .when([guard(leadership)])
         .and_then([TxnOp::txn(inner)]);
-    let response = curator.client().txn(txn).await?;
+    let response = curator.kv().txn(txn).await?;
     if !response.succeeded() {
         return Err(CuratorError::NotLeader);
     }

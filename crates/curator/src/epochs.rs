@@ -58,7 +58,7 @@ pub async fn record(
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
         .and_then([TxnOp::put(key.clone(), recorded.encode_to_vec(), None)])
         .or_else([TxnOp::get(key.clone(), None)]);
-    let response = curator.client().txn(txn).await?;
+    let response = curator.kv().txn(txn).await?;
     if response.succeeded() {
         let revision = response
             .header()

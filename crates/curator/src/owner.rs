@@ -24,7 +24,7 @@ pub async fn read_owner_key(
     curator: &Namespaced,
 ) -> Result<Option<(Vec<u8>, Compare)>, CuratorError> {
     let key = curator.key(INITIAL_OWNER_KEY);
-    let response = curator.client().get(key.clone(), None).await?;
+    let response = curator.kv().get(key.clone(), None).await?;
     Ok(response.kvs().first().map(|kv| {
         (
             kv.value().to_vec(),

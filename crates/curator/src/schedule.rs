@@ -18,7 +18,7 @@ pub async fn local_configuration(
     curator: &Namespaced,
 ) -> Result<Option<ClusterConfiguration>, CuratorError> {
     let response = curator
-        .client()
+        .kv()
         .get(
             curator.key(CLUSTER_CONFIGURATION_KEY),
             Some(GetOptions::new().with_serializable()),
@@ -46,7 +46,7 @@ pub async fn set_snapshot_schedule(
     let key = curator.key(CLUSTER_CONFIGURATION_KEY);
     // A concurrent change of the configuration makes the comparison fail: read again.
     for _ in 0..5 {
-        let response = curator.client().get(key.clone(), None).await?;
+        let response = curator.kv().get(key.clone(), None).await?;
         let kv = response.kvs().first().ok_or(CuratorError::Protocol(
             "the cluster configuration is missing",
         ))?;

@@ -363,7 +363,7 @@ pub async fn authorize(
     let presented = parse_ticket(presented)?;
     let key = curator.key(&ticket_key(&presented.id));
     let response = curator
-        .client()
+        .kv()
         .get(key.clone(), None)
         .await
         .map_err(CuratorError::from)?;

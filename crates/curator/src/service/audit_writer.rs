@@ -342,7 +342,7 @@ async fn write(shared: &Shared, mut batch: Vec<Queued>, ledger: Option<&mut Ledg
     let written = consensus::bounded(
         "writing audit entries",
         ETCD_CALL,
-        shared.curator.client().txn(Txn::new().and_then(ops)),
+        shared.curator.kv().txn(Txn::new().and_then(ops)),
     )
     .await
     .map(|_| ())

@@ -272,7 +272,7 @@ impl Confirmer {
         let Some((key, revision)) = tenure(self.shared.role.current()) else {
             return Outcome::NotLeading;
         };
-        let mut client = self.shared.curator.client();
+        let mut client = self.shared.curator.kv();
         let read = client.get(key.clone(), Some(GetOptions::new().with_keys_only()));
         match consensus::bounded("confirming leadership", ROUND_BOUND, read).await {
             Ok(r)

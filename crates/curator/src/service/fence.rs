@@ -46,7 +46,7 @@ pub(super) async fn read(shared: &Shared, id: &str) -> Result<Option<Fence>, Sta
     let key = shared.curator.key(&layout::node_key(id));
     let response = shared
         .curator
-        .client()
+        .kv()
         .get(key.clone(), None)
         .await
         .map_err(|e| Status::unavailable(format!("reading the record of node {id}: {e}")))?;

@@ -440,7 +440,7 @@ async fn confirm_join(shared: &Shared, leadership: &Leadership, id: &str) -> Res
     let key = shared.curator.key(&layout::node_key(id));
     let response = shared
         .curator
-        .client()
+        .kv()
         .get(key.clone(), None)
         .await
         .map_err(|e| Status::unavailable(format!("reading the record of node {id}: {e}")))?;

@@ -152,7 +152,7 @@ fn slot(key: &str, leadership: &Leadership) -> Arc<Slot> {
 
 async fn read(curator: &Namespaced, key: &str, id: &str) -> Result<Base, NodeUpdateError> {
     let response = curator
-        .client()
+        .kv()
         .get(key, None)
         .await
         .map_err(CuratorError::from)?;
@@ -351,7 +351,7 @@ async fn flush(
                 TxnOp::get(leadership.key.clone(), None),
                 TxnOp::get(tombstone.clone(), Some(GetOptions::new().with_count_only())),
             ]);
-        let outcome = match curator.client().txn(txn).await {
+        let outcome = match curator.kv().txn(txn).await {
             Ok(r) if r.succeeded() => match r.header().map(|h| h.revision()) {
                 Some(written) if written > 0 => Ok(written),
                 _ => Err(Outcome::Retry),

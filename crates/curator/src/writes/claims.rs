@@ -138,7 +138,7 @@ impl Read {
 
 /// The value and mod revision of `key`, if it exists.
 async fn get(curator: &Namespaced, key: &str) -> Result<Option<(Vec<u8>, i64)>, CuratorError> {
-    let response = curator.client().get(curator.key(key), None).await?;
+    let response = curator.kv().get(curator.key(key), None).await?;
     Ok(response
         .kvs()
         .first()

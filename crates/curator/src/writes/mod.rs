@@ -271,11 +271,7 @@ pub async fn create_node(
             TxnOp::get(tombstone.clone(), Some(GetOptions::new().with_count_only())),
             TxnOp::get(key.clone(), Some(GetOptions::new().with_count_only())),
         ]);
-        let response = curator
-            .client()
-            .txn(txn)
-            .await
-            .map_err(CuratorError::from)?;
+        let response = curator.kv().txn(txn).await.map_err(CuratorError::from)?;
         if response.succeeded() {
             committed(leadership, &response, carried);
             return Ok(Created::New(Box::new(node)));
@@ -335,7 +331,7 @@ pub async fn delete_node(
     let carried = Carried::take(curator);
     for _ in 0..CAS_ATTEMPTS {
         let response = curator
-            .client()
+            .kv()
             .get(key.clone(), None)
             .await
             .map_err(CuratorError::from)?;
@@ -376,11 +372,7 @@ pub async fn delete_node(
                 .collect::<Vec<_>>(),
             )
             .or_else([TxnOp::get(leadership.key.clone(), None)]);
-        let response = curator
-            .client()
-            .txn(txn)
-            .await
-            .map_err(CuratorError::from)?;
+        let response = curator.kv().txn(txn).await.map_err(CuratorError::from)?;
         if response.succeeded() {
             committed(leadership, &response, carried);
             return Ok(node);
