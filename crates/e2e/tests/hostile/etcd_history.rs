@@ -80,8 +80,11 @@ fn history_is_compacted_by_its_size() -> Result<()> {
     assert!(last_revision - first_revision < 10_000);
 
     // Live data: one ~10 KiB record, ~800 audit entries; history: up to its 1 MiB bound
-    // plus what was written in the last 2 s and one period.
-    let bound = in_use_before + 3 * MIB;
+    // plus what was written in the last 2 s and one period before the last compaction,
+    // and bbolt's partly used pages. 3 MiB was once too tight on a loaded machine (a full
+    // suite beside other builds, load ~8: 800 writes in 7.4 s, in use settled at 3.34 MB
+    // for a minute); without the byte bound in use ends near 10 MB, far above 4 MiB.
+    let bound = in_use_before + 4 * MIB;
     let mut last = 0;
     wait_until(
         "etcd's bytes in use within the history bound",
