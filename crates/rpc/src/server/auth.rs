@@ -198,9 +198,11 @@ where
                     }
                 },
             };
-            // A node's or a user's connection keeps its seat: never evicted for a
-            // newcomer, not counted against its source (`admission`).
-            if matches!(caller, Identity::Node { .. } | Identity::User { .. })
+            // A node's or an admin's connection keeps its seat: never evicted for a
+            // newcomer, not counted against its source (`admission`). Not a reader's
+            // or an operator's: anyone given one certificate could hold every seat.
+            if (matches!(caller, Identity::Node { .. })
+                || caller.holds(crate::authz::OperatorRole::Admin))
                 && let Some(connection) = &connection
             {
                 connection.prove();
@@ -242,7 +244,7 @@ where
                 tracing::info!(method, caller = %identity, "denied: {denied}");
                 let status = denied_status(&denied);
                 if let Some(hook) = &layer.denials
-                    && matches!(identity, Identity::Node { .. } | Identity::User { .. })
+                    && (matches!(identity, Identity::Node { .. }) || identity.is_user())
                     && crate::authz::audited(&method)
                 {
                     hook(&method, &identity, remote, &status).await;
