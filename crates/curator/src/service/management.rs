@@ -312,7 +312,7 @@ impl api::management_server::Management for Services {
         // owner no operator removal reaches.
         if !matches!(caller, rpc::Identity::User { .. }) {
             return Err(Status::permission_denied(format!(
-                "only the owner may rotate the owner key; caller is {caller}"
+                "rotating the owner key requires the owner itself; caller is {caller}"
             )));
         }
         let new_key: [u8; 32] = request

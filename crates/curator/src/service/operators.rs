@@ -96,8 +96,18 @@ pub(super) async fn add(
         )));
     }
     let leadership = shared.leadership().await?;
+    // Refused before anything is revoked: the certificates under the name are the
+    // current operator's.
+    let (existing, _) = operators::list(&shared.curator)
+        .await
+        .map_err(status_from)?;
+    if existing.iter().any(|o| o.name == r.name) {
+        return Err(operator_status(OperatorError::Exists(r.name)));
+    }
     // An earlier operator of this name may have kept certificates a failed removal did
-    // not revoke: they would name the new operator.
+    // not revoke: they would name the new operator. (An addition of the same name
+    // racing this one loses its first certificate at worst; `operators::add` lets only
+    // one of them record the name.)
     let revoked = revoke_unrevoked(shared, &layout::operator_certificate_prefix(&r.name)).await?;
     let operator = Operator {
         name: r.name,
