@@ -29,7 +29,22 @@ impl ClientCertificate {
     pub fn leaf(&self) -> Option<&[u8]> {
         self.0.first().map(|c| c.as_ref())
     }
+
+    /// Whether the CRL `crl_der` lists this certificate (by serial): a stream that
+    /// outlives a revocation checks this to end (a CRL that does not parse lists
+    /// nothing; the per-call check refuses calls under it anyway).
+    pub fn listed_in(&self, crl_der: &[u8]) -> bool {
+        let Some(serial) = self.leaf().and_then(|l| pki::certificate_serial(l).ok()) else {
+            return false;
+        };
+        pki::crl_serials(crl_der).is_ok_and(|listed| listed.contains(&serial))
+    }
 }
+
+/// What a stream ends with when its caller's certificate was revoked (or, forwarded,
+/// the key it proved no longer holds) while it was open.
+pub const STREAM_REVOKED: &str =
+    "the caller's certificate was revoked (or its key removed); the stream ends";
 
 /// Fetches the current cluster CRL (DER).
 pub type CrlSource =
