@@ -411,3 +411,60 @@ impl Operator {
         self.ctl(&["--endpoints", endpoint, "takeownership", "--accept-ca"])
     }
 }
+
+/// Owner (and so operator) certificate lifetime in the renewal test, seconds.
+const SHORT_LIFETIME: u64 = 15;
+
+#[test]
+fn an_operators_certificate_renews_itself_without_a_failed_call() -> Result<()> {
+    // polisctl renews an operator's certificate as it does the owner's (at 2/3 of its
+    // lifetime, AAA.Escrow with its key): a reader calling throughout three lifetimes
+    // holds at least three certificates in turn, and no call fails.
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path();
+    let lifetime = format!("{SHORT_LIFETIME}s");
+    let cluster = Cluster::bootstrap_with(dir, &["--owner-certificate-lifetime", &lifetime], &[])?;
+    let rita = Operator::new(dir, "rita");
+    let key_file = rita.make_key(dir)?;
+    cluster.ctl_retry(&[
+        "cluster",
+        "operator",
+        "add",
+        "rita",
+        "--role",
+        "reader",
+        "--key-file",
+        key_file.to_str().context("utf-8 path")?,
+    ])?;
+    rita.take_ownership(&cluster.first.address.to_string())?;
+    let certificate = rita.config.join("owner.pem");
+    let mut serials = std::collections::BTreeSet::new();
+    let mut failures = Vec::new();
+    let mut calls = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3 * SHORT_LIFETIME);
+    while std::time::Instant::now() < deadline {
+        let (ok, _, err) = rita.ctl(&["node", "list", "-o", "json"])?;
+        calls += 1;
+        if !ok {
+            failures.push(err);
+        }
+        let der = pem::parse(std::fs::read_to_string(&certificate)?)?.into_contents();
+        serials.insert(pki::certificate_serial(&der)?);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    println!("{calls} reader calls, {} certificates", serials.len());
+    ensure!(failures.is_empty(), "failed calls: {failures:#?}");
+    ensure!(
+        serials.len() >= 3,
+        "the reader's certificate renewed {} times",
+        serials.len() - 1
+    );
+    // Every one of them recorded under its name, none revoked.
+    let recorded = certificates_of(&cluster, "rita")?;
+    ensure!(recorded.len() >= 3, "{recorded:#?}");
+    ensure!(
+        recorded.iter().all(|c| c["revoked"] == false),
+        "{recorded:#?}"
+    );
+    Ok(())
+}
