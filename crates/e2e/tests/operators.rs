@@ -468,3 +468,51 @@ fn an_operators_certificate_renews_itself_without_a_failed_call() -> Result<()> 
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_holds_at_most_256_operators() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let cluster = tokio::task::block_in_place(|| Cluster::bootstrap(tmp.path()))?;
+    let owner = tokio::task::block_in_place(|| cluster.owner_client())?;
+    let add = |n: usize| {
+        let owner = &owner;
+        async move {
+            let request = api::AddOperatorRequest {
+                name: format!("op{n}"),
+                role: "reader".into(),
+                public_key: identity::NodeKey::generate()?.public_key().to_vec(),
+            };
+            anyhow::Ok(
+                owner
+                    .call(|c| {
+                        let request = request.clone();
+                        async move {
+                            api::management_client::ManagementClient::new(c)
+                                .add_operator(request)
+                                .await
+                        }
+                    })
+                    .await,
+            )
+        }
+    };
+    for n in 0..proto::operators::MAX_OPERATORS {
+        add(n).await??;
+    }
+    match add(proto::operators::MAX_OPERATORS).await? {
+        Err(rpc::CallError::Status(s)) if s.code() == tonic::Code::ResourceExhausted => {
+            ensure!(s.message().contains("256"), "{s:?}");
+        }
+        other => anyhow::bail!("the 257th operator: {other:?}"),
+    }
+    // Removing one makes room for one.
+    owner
+        .call(|c| async move {
+            api::management_client::ManagementClient::new(c)
+                .remove_operator(api::RemoveOperatorRequest { name: "op7".into() })
+                .await
+        })
+        .await?;
+    add(1000).await??;
+    Ok(())
+}
