@@ -17,9 +17,11 @@
 //!                              deleted by rotate-ticket, never honoured
 //!   tickets/<id>               proto::state::RegisterTicket (secret only  ticket
 //!                              as its SHA-256)
+//!   operators/<name>           proto::state::Operator: name, key, role    operators
 //!   cluster/configuration      config::ClusterConfiguration (protobuf)   bootstrap
 //!   cluster-pki/…              the cluster CA and issued certificates     cluster_pki
-//!                              (pki crate): node-<id>[-<serial>], owner-<serial>
+//!                              (pki crate): node-<id>[-<serial>], owner-<serial>,
+//!                              operator-<name>.<serial>
 //!   leader/<lease>             LeaderElectionValue of the elected curator election
 //!   audit/<µs>-<seq>-<curator> api::AuditEntry: one audited call          audit
 //!   cluster/epochs/<ms>-<node> config::ClusterEpoch: one recover or       epochs
@@ -96,6 +98,29 @@ pub const TICKETS_PREFIX: &str = "tickets/";
 
 pub fn ticket_key(id: &str) -> String {
     format!("{TICKETS_PREFIX}{id}")
+}
+
+/// Prefix of every operator record's key ([`operator_key`]).
+pub const OPERATORS_PREFIX: &str = "operators/";
+
+/// Where operator `name`'s record lives (`proto::state::Operator`).
+pub fn operator_key(name: &str) -> String {
+    format!("{OPERATORS_PREFIX}{name}")
+}
+
+/// Prefix of the names of every certificate of operator `name`: `operator-<name>.`
+/// (no name holds a '.', so no name's prefix is another's).
+pub fn operator_certificate_prefix(name: &str) -> String {
+    format!("operator-{name}.")
+}
+
+/// Name of a certificate of operator `name` (Escrow), named by its serial.
+pub fn operator_certificate_name(name: &str, serial: &[u8]) -> String {
+    format!(
+        "{}{}",
+        operator_certificate_prefix(name),
+        hex::encode(serial)
+    )
 }
 
 /// Prefix of every node record's key ([`node_key`]).

@@ -27,6 +27,7 @@
 //!                writes::claims: the address / join-key index (unique claims)
 //!   ticket       register tickets: records, checks, a use spent (leader writes)
 //!   owner        the owner's key, replaced by a rotation (leader write)
+//!   operators    operator records: added, listed, removed; the key a rotation may take
 //!   schedule     the snapshot schedule in the cluster configuration (local read,
 //!                leader write)
 //!   ───────────────────────────────────────────────────────────────────────────────
@@ -116,6 +117,7 @@ pub mod error;
 pub mod health;
 pub mod layout;
 pub mod lifecycle;
+mod operators;
 mod owner;
 pub mod pause;
 pub mod records;

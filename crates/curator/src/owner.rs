@@ -33,17 +33,26 @@ pub async fn read_owner_key(
     }))
 }
 
-/// Makes `new_key` (raw Ed25519) the owner's key.
+/// Makes `new_key` (raw Ed25519) the owner's key while `guard` holds (`operators`:
+/// no operator record written since it checked that none holds the key). A failed
+/// guard is [`CuratorError::Protocol`] ([`GUARD_FAILED`]).
 pub async fn replace_owner_key(
     curator: &Namespaced,
     leadership: &Leadership,
     new_key: &[u8; 32],
+    guard: Compare,
 ) -> Result<(), CuratorError> {
-    let txn = Txn::new().and_then([TxnOp::put(
+    let txn = Txn::new().when([guard]).and_then([TxnOp::put(
         curator.key(INITIAL_OWNER_KEY),
         new_key.to_vec(),
         None,
     )]);
-    election::leader_txn(curator, leadership, txn).await?;
+    let response = election::leader_txn(curator, leadership, txn).await?;
+    if !response.succeeded() {
+        return Err(CuratorError::Protocol(GUARD_FAILED));
+    }
     Ok(())
 }
+
+/// What [`replace_owner_key`] fails with when its guard no longer holds.
+pub const GUARD_FAILED: &str = "the owner key's guard failed";

@@ -75,6 +75,23 @@ pub fn owner_certificate_template(lifetime: std::time::Duration) -> pki::Templat
     }
 }
 
+/// An operator's certificate (Escrow): a client certificate naming the operator, marked
+/// with its role. Its lifetime is the owner certificates'.
+pub fn operator_certificate_template(
+    name: &str,
+    role: pki::OperatorRole,
+    lifetime: std::time::Duration,
+) -> pki::Template {
+    pki::Template {
+        common_name: name.to_string(),
+        dns_names: vec![],
+        ip_addresses: vec![],
+        usage: pki::Usage::Client,
+        lifetime,
+        kind: pki::CertificateKind::Operator(role),
+    }
+}
+
 /// Lifetime of node and etcd peer certificates under `configuration` (0 or absent: the
 /// default, a year).
 pub fn node_certificate_lifetime(

@@ -1,6 +1,7 @@
 //! The authorization matrix over real mTLS against a real polis-node: every declared
-//! RPC called by every kind of caller (none, self-signed, node, owner, expired, revoked,
-//! foreign CA), each allowed or denied exactly as `rpc::authz::METHODS` says.
+//! RPC called by every kind of caller (none, self-signed, node, owner, the operator
+//! roles admin, operator and reader, expired, revoked, foreign CA), each allowed or
+//! denied exactly as `rpc::authz::METHODS` (and the handlers' own role checks) say.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -15,6 +16,9 @@ struct Identities {
     self_signed: Option<rpc::Credentials>,
     node: Option<rpc::Credentials>,
     owner: Option<rpc::Credentials>,
+    admin: Option<rpc::Credentials>,
+    operator: Option<rpc::Credentials>,
+    reader: Option<rpc::Credentials>,
     expired_owner: Option<rpc::Credentials>,
     revoked_owner: Option<rpc::Credentials>,
     foreign_ca: Option<rpc::Credentials>,
@@ -47,6 +51,13 @@ async fn identities(node: &Node, owner_key: &identity::NodeKey) -> Result<Identi
         &curator::templates::owner_certificate_template(day),
         &owner_key.public_key(),
     )?;
+    let role = |name: &str, role: pki::OperatorRole| -> Result<rpc::Credentials> {
+        let template = curator::templates::operator_certificate_template(name, role, day);
+        Ok(creds(
+            ca.issue(&template, &owner_key.public_key())?.der,
+            owner_key,
+        ))
+    };
     let node_key =
         identity::NodeKey::from_pkcs8(&std::fs::read(node.root.join("data/node/key.der"))?)?;
     Ok(Identities {
@@ -57,6 +68,9 @@ async fn identities(node: &Node, owner_key: &identity::NodeKey) -> Result<Identi
             &node_key,
         )),
         owner: Some(creds(owner.der, owner_key)),
+        admin: Some(role("ada", pki::OperatorRole::Admin)?),
+        operator: Some(role("otto", pki::OperatorRole::Operator)?),
+        reader: Some(role("rita", pki::OperatorRole::Reader)?),
         expired_owner: Some(creds(expired.der, owner_key)),
         revoked_owner: Some(creds(revoked.der, owner_key)),
         foreign_ca: Some(creds(foreign.der, owner_key)),
@@ -276,6 +290,26 @@ async fn allowed(
             .list_register_tickets(api::ListRegisterTicketsRequest {})
             .await
             .err(),
+        // A bad role: InvalidArgument means the call got through.
+        "AddOperator" => management
+            .add_operator(api::AddOperatorRequest {
+                name: "matrix".into(),
+                role: "root".into(),
+                public_key: vec![7; 32],
+            })
+            .await
+            .err(),
+        "ListOperators" => management
+            .list_operators(api::ListOperatorsRequest {})
+            .await
+            .err(),
+        // Nobody of that name: NotFound means the call got through.
+        "RemoveOperator" => management
+            .remove_operator(api::RemoveOperatorRequest {
+                name: "nobody".into(),
+            })
+            .await
+            .err(),
         // No such ticket: NotFound means the call got through.
         "RevokeRegisterTicket" => management
             .revoke_register_ticket(api::RevokeRegisterTicketRequest {
@@ -318,13 +352,19 @@ async fn allowed(
                 "DeleteNode",
                 "UpdateNodeRoles",
                 "RevokeRegisterTicket",
+                "RemoveOperator",
             ]
             .contains(&method)
                 && s.code() == tonic::Code::NotFound =>
         {
             Ok(true)
         }
-        Some(s) if method == "RotateOwner" && s.code() == tonic::Code::InvalidArgument => Ok(true),
+        Some(s)
+            if ["RotateOwner", "AddOperator"].contains(&method)
+                && s.code() == tonic::Code::InvalidArgument =>
+        {
+            Ok(true)
+        }
         Some(s)
             if method == "UnlockData"
                 && s.code() == tonic::Code::PermissionDenied
@@ -431,58 +471,74 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    let who: [(&str, Option<&rpc::Credentials>); 7] = [
+    let who: [(&str, Option<&rpc::Credentials>); 10] = [
         ("none", ids.anonymous.as_ref()),
         ("self-signed", ids.self_signed.as_ref()),
         ("node", ids.node.as_ref()),
         ("owner", ids.owner.as_ref()),
+        ("admin", ids.admin.as_ref()),
+        ("operator", ids.operator.as_ref()),
+        ("reader", ids.reader.as_ref()),
         ("expired", ids.expired_owner.as_ref()),
         ("revoked", ids.revoked_owner.as_ref()),
         ("foreign", ids.foreign_ca.as_ref()),
     ];
+    // Users by role: reader ⊂ operator ⊂ admin; the owner is an admin.
+    const USERS: &[&str] = &["owner", "admin", "operator", "reader"];
+    const OPERATORS: &[&str] = &["owner", "admin", "operator"];
+    const ADMINS: &[&str] = &["owner", "admin"];
+    let public = [
+        "none",
+        "self-signed",
+        "node",
+        "owner",
+        "admin",
+        "operator",
+        "reader",
+    ];
+    let read_status = ["node", "owner", "admin", "operator", "reader"];
     let expected: &[(&str, &[&str])] = &[
-        (
-            "GetCurrentLeader",
-            &["none", "self-signed", "node", "owner"],
-        ),
-        (
-            "GetCACertificate",
-            &["none", "self-signed", "node", "owner"],
-        ),
+        ("GetCurrentLeader", &public),
+        ("GetCACertificate", &public),
         ("Escrow", &["self-signed"]),
-        ("GetClusterInfo", &["node", "owner"]),
-        ("ListNodes", &["node", "owner"]),
-        ("DescribeNode", &["node", "owner"]),
-        ("UpdateNodeLabels", &["owner"]),
-        ("GetRegisterTicket", &["owner"]),
-        ("ApproveNode", &["owner"]),
-        ("DecommissionNode", &["owner"]),
-        ("DeleteNode", &["owner"]),
-        ("UpdateNodeRoles", &["owner"]),
-        ("ListCertificates", &["owner"]),
+        ("GetClusterInfo", &read_status),
+        ("ListNodes", &read_status),
+        ("DescribeNode", &read_status),
+        ("UpdateNodeLabels", OPERATORS),
+        ("GetRegisterTicket", ADMINS),
+        ("ApproveNode", OPERATORS),
+        ("DecommissionNode", OPERATORS),
+        ("DeleteNode", OPERATORS),
+        // Adding ConsensusMember (what the matrix asks) needs an admin.
+        ("UpdateNodeRoles", ADMINS),
+        ("ListCertificates", USERS),
+        // Only the owner itself.
         ("RotateOwner", &["owner"]),
-        ("TakeBackup", &["owner"]),
-        ("AuditLog", &["owner"]),
-        ("NodeLogsTail", &["owner"]),
-        ("GetConsensusStatus", &["node", "owner"]),
+        ("TakeBackup", ADMINS),
+        ("AuditLog", OPERATORS),
+        ("NodeLogsTail", OPERATORS),
+        ("GetConsensusStatus", &read_status),
         ("DefragmentMember", &["node"]),
-        ("ListSnapshots", &["owner"]),
-        ("FetchSnapshot", &["owner"]),
+        ("ListSnapshots", OPERATORS),
+        ("FetchSnapshot", ADMINS),
         ("SnapshotsListLocal", &["node"]),
         ("SnapshotsFetchLocal", &["node"]),
-        ("SetSnapshotSchedule", &["owner"]),
+        ("SetSnapshotSchedule", OPERATORS),
         ("Heartbeat", &["node"]),
         ("WatchNode", &["node"]),
         ("JoinConsensus", &["node"]),
         ("RenewCertificates", &["node"]),
         ("RegisterNode", &["self-signed"]),
         ("CommitNode", &["self-signed"]),
-        ("CreateRegisterTicket", &["owner"]),
-        ("ListRegisterTickets", &["owner"]),
-        ("RevokeRegisterTicket", &["owner"]),
+        ("CreateRegisterTicket", ADMINS),
+        ("ListRegisterTickets", USERS),
+        ("RevokeRegisterTicket", ADMINS),
+        ("AddOperator", ADMINS),
+        ("ListOperators", USERS),
+        ("RemoveOperator", ADMINS),
         ("UnlockData", &["self-signed"]),
         // Last: it replaces the ticket RegisterNode uses above.
-        ("RotateRegisterTicket", &["owner"]),
+        ("RotateRegisterTicket", ADMINS),
     ];
     // Every declared RPC is in the matrix.
     let mut missing: Vec<_> = rpc::authz::METHODS

@@ -4,7 +4,9 @@
 //! node/crash-points`) widen the window between the fence's read and the recording:
 //! `node-certificate-signed:<ms>` for a renewal (the node is decommissioned inside it),
 //! `node-commit-fenced:<ms>` for a first commit (the STANDBY node is deleted inside it),
-//! `owner-certificate-signed:<ms>` for an Escrow (the owner key is rotated inside it).
+//! `owner-certificate-signed:<ms>` for an Escrow (the owner key is rotated inside it),
+//! `operator-certificate-signed:<ms>` for an operator's Escrow (the operator is removed
+//! inside it).
 //! Real polis-node and etcd processes on 127.x addresses.
 
 use std::net::SocketAddr;
@@ -292,6 +294,100 @@ async fn an_escrow_racing_an_owner_rotation_leaves_no_certificate_for_the_old_ke
                 "the old key's certificate {} is not revoked",
                 record.name
             );
+        }
+        Err(status) => assert_eq!(
+            status.code(),
+            tonic::Code::Aborted,
+            "escrow refused with an unexpected status: {status}"
+        ),
+    }
+    // Keep the cluster alive until here.
+    cluster.first.proc();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_escrow_racing_its_removal_leaves_no_valid_certificate() -> Result<()> {
+    // Escrow finds the operator holding the key, then records its certificate; the
+    // curator pauses (`operator-certificate-signed`) in between, and the owner removes
+    // the operator inside it. The recording is guarded by the operator's record: it
+    // fails (Aborted), or the certificate is recorded in time to be revoked.
+    let dir = tempfile::tempdir()?;
+    let mut cluster = paused_cluster(dir.path(), "operator-certificate-signed:8000")?;
+    let ca = {
+        let text = std::fs::read_to_string(cluster.config.join("ca.pem"))?;
+        pem::parse(text)?.into_contents()
+    };
+    let key = identity::NodeKey::generate()?;
+    let owner = tokio::task::block_in_place(|| cluster.owner_client())?;
+    let public_key = key.public_key().to_vec();
+    owner
+        .call(|c| {
+            let public_key = public_key.clone();
+            async move {
+                api::management_client::ManagementClient::new(c)
+                    .add_operator(api::AddOperatorRequest {
+                        name: "ada".into(),
+                        role: "admin".into(),
+                        public_key,
+                    })
+                    .await
+            }
+        })
+        .await?;
+    let paused = |cluster: &mut Cluster| {
+        cluster
+            .first
+            .proc()
+            .output()
+            .lines()
+            .filter(|l| {
+                l.contains("pause point reached") && l.contains("operator-certificate-signed")
+            })
+            .count()
+    };
+    let endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
+    let channel = rpc::connect(
+        endpoint,
+        &rpc::ServerTrust::PinnedCa(ca),
+        Some(&rpc::self_signed(&key)?),
+    )
+    .await?;
+    let escrow = tokio::spawn(async move {
+        let answer = api::aaa_client::AaaClient::new(channel)
+            .escrow(api::EscrowRequest { public_key })
+            .await;
+        anyhow::Ok(answer)
+    });
+    tokio::task::block_in_place(|| -> Result<()> {
+        e2e::wait_until(
+            "ada's escrow to reach its pause point",
+            Duration::from_secs(60),
+            || paused(&mut cluster) > 0,
+        )?;
+        let out = cluster.ctl_retry(&["cluster", "operator", "remove", "ada"])?;
+        println!("{}", out.trim_end());
+        Ok(())
+    })?;
+    let answer = escrow.await??;
+    let listed = listed_certificates(&cluster).await?;
+    let valid = valid_names(&listed, "ada");
+    assert!(
+        valid.is_empty(),
+        "the removed operator holds valid, unrevoked certificates: {valid:?}"
+    );
+    match answer {
+        Ok(escrowed) => {
+            let serial: String = pki::certificate_serial(&escrowed.into_inner().owner_certificate)?
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let record = listed
+                .certificates
+                .iter()
+                .find(|c| c.serial.eq_ignore_ascii_case(&serial))
+                .context("the escrowed certificate is not recorded")?;
+            assert!(record.revoked, "{} is not revoked", record.name);
         }
         Err(status) => assert_eq!(
             status.code(),

@@ -1,6 +1,6 @@
 //! The `root.role.logs` runnable: once the node is Home, serves this node's own log lines (NodeLogs) over mTLS
-//! on `<address>:7836` (`rpc::NODE_LOGS_PORT`), with the node certificate, to owner
-//! certificates only (the rpc permission table; CA, validity, CRL and kind checked by
+//! on `<address>:7836` (`rpc::NODE_LOGS_PORT`), with the node certificate, to the owner
+//! and operators of the `operator` role and up (the rpc permission table; CA, validity, CRL and kind checked by
 //! `rpc::AuthLayer` as on the curator). On the same port, CuratorLocal.GetConsensusStatus
 //! answers from this node's own etcd member while it runs, with or without a quorum
 //! (`NodeValues::local_etcd`): `cluster status` about a member whose curator cannot start.
@@ -11,7 +11,8 @@
 //!           for the hub's wake-up; fell behind the ring: a "N lines dropped" marker
 //! ```
 //! Memory per reader is bounded (a batch and the channel) whatever the rate of lines;
-//! a slow reader loses lines, never holds them.
+//! a slow reader loses lines, never holds them. A follower ends when the node's CRL
+//! lists its certificate (checked on each batch, and once a second when idle).
 //! Without a quorum the answer comes from etcd's metrics: the member's raft index and
 //! sizes, and its own view of its peers (the members recorded by `memberbook`, each
 //! reachable or not), which polisctl shows; with one, from its etcd client, the peer
@@ -53,7 +54,14 @@ fn message(line: LogLine) -> NodeLogLine {
     }
 }
 
-struct Logs;
+/// NodeLogs: the hub's lines; `crl` is the node's current cluster CRL, which a
+/// follower's certificate is checked against.
+struct Logs {
+    crl: rpc::CrlSlot,
+}
+
+/// How often an idle follower checks that its certificate was not revoked.
+const REVOCATION_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 type LineStream = Pin<Box<dyn Stream<Item = Result<NodeLogLine, Status>> + Send>>;
 
@@ -65,6 +73,11 @@ impl api::node_logs_server::NodeLogs for Logs {
         &self,
         request: Request<api::NodeLogsRequest>,
     ) -> Result<Response<LineStream>, Status> {
+        let certificate = request
+            .extensions()
+            .get::<rpc::server::ClientCertificate>()
+            .cloned();
+        let crl_slot = self.crl.clone();
         let request = request.into_inner();
         let filter = LineFilter {
             runnable_prefix: request.runnable_prefix,
@@ -83,7 +96,22 @@ impl api::node_logs_server::NodeLogs for Logs {
                     return;
                 }
             }
+            // The CRL last checked: a follower whose certificate a new one lists ends.
+            let mut checked: Option<Vec<u8>> = None;
             loop {
+                if let Some(certificate) = &certificate
+                    && let Some(crl) = crl_slot.current()
+                    && checked.as_ref() != Some(&crl)
+                {
+                    if certificate.listed_in(&crl) {
+                        tracing::info!("a followed log stream ends: the caller was revoked");
+                        let _ = tx
+                            .send(Err(Status::permission_denied(rpc::server::STREAM_REVOKED)))
+                            .await;
+                        return;
+                    }
+                    checked = Some(crl);
+                }
                 let changed = hub().changed.notified();
                 tokio::pin!(changed);
                 changed.as_mut().enable();
@@ -107,6 +135,7 @@ impl api::node_logs_server::NodeLogs for Logs {
                 if idle {
                     tokio::select! {
                         _ = changed => {}
+                        _ = tokio::time::sleep(REVOCATION_CHECK) => {}
                         _ = tx.closed() => return,
                     }
                 }
@@ -356,6 +385,9 @@ pub async fn run(
         .await
         .map_err(|e| format!("listening on {listen}: {e}"))?;
     let crl_slot = values.crl.clone();
+    let logs = Logs {
+        crl: crl_slot.clone(),
+    };
     let crl: rpc::CrlSource = Arc::new(move || {
         let current = crl_slot.current();
         Box::pin(async move { current.ok_or_else(|| "no cluster CRL yet".to_string()) })
@@ -367,7 +399,7 @@ pub async fn run(
     rpc::server::builder()
         .trace_fn(move |_| span.clone())
         .layer(auth)
-        .add_service(api::node_logs_server::NodeLogsServer::new(Logs))
+        .add_service(api::node_logs_server::NodeLogsServer::new(logs))
         .add_service(api::curator_local_server::CuratorLocalServer::new(
             MemberStatus {
                 settings: settings.clone(),

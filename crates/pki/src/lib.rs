@@ -55,7 +55,7 @@ mod store;
 
 pub use inspect::{certificate_public_key, crl_serials, time_to_expiry, verified_crl_number};
 pub use issue::{Ca, Issued, Template, Usage, random_serial};
-pub use kind::CertificateKind;
+pub use kind::{CertificateKind, OperatorRole};
 pub use lifetime::{
     BACKDATE, CA_LIFETIME, CERTIFICATE_LIFETIME, MAX_CERTIFICATE_LIFETIME,
     MIN_CERTIFICATE_LIFETIME, OWNER_CERTIFICATE_LIFETIME, Validity, check_lifetime, unix_now,

@@ -41,6 +41,13 @@ pub(crate) enum Command {
         #[arg(long, value_name = "HEX")]
         ca_fingerprint: Option<String>,
     },
+    /// Print the public half of this config directory's key (made when absent), as a
+    /// PEM SubjectPublicKeyInfo: what an admin adds with `cluster operator add`.
+    Key {
+        /// Write it to FILE instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
     /// Cluster-wide information.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -175,6 +182,9 @@ pub(crate) enum ClusterCommand {
     /// The cluster owner's credentials.
     #[command(subcommand)]
     Owner(OwnerCommand),
+    /// Operators: named users with their own key and a role (reader, operator, admin).
+    #[command(subcommand)]
+    Operator(OperatorCommand),
     /// Save a backup of the cluster's etcd (`--out FILE`), taken from the etcd member of
     /// the first curator that answers (`--endpoints` picks one), or inspect one
     /// (`backup inspect FILE`). A backup holds the cluster CA's private key and the
@@ -227,6 +237,28 @@ pub(crate) enum TicketCommand {
     /// Delete ticket ID: nodes that have not registered with it yet are refused; nodes
     /// that did stay.
     Revoke { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum OperatorCommand {
+    /// Add operator NAME with ROLE for the key in FILE (`polisctl key` of the new
+    /// operator). Admins only. The operator then runs `polisctl takeownership`.
+    Add {
+        name: String,
+        /// reader (lists and describes), operator (also approves, labels, changes
+        /// roles, reads logs and the audit log) or admin (also backups, operators,
+        /// tickets).
+        #[arg(long)]
+        role: String,
+        /// The operator's public key (PEM, as `polisctl key` prints it).
+        #[arg(long, value_name = "FILE")]
+        key_file: PathBuf,
+    },
+    /// Every operator: name, role, key, when added and by whom.
+    List,
+    /// Remove operator NAME: every certificate it holds is revoked at once and its
+    /// connections end. Admins only.
+    Remove { name: String },
 }
 
 #[derive(Debug, Subcommand)]

@@ -21,12 +21,12 @@
 //!   commands::dashboard    the live view: follows the audit log, fetches nodes and
 //!                          the consensus status (commands::{node, status}), draws
 //!   commands::{params, cluster, node, decommission, certificates, status, owner,
-//!              backup, snapshots, tickets}
+//!              backup, snapshots, tickets, operators}
 //!                          one module per command group: arguments → calls → render
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   trust           takeownership: first contact, CA approval, first owner certificate
 //!   render::{node, certificates, status, cluster, backup, snapshots, tickets,
-//!           dashboard, versions}
+//!           dashboard, versions, operators}
 //!                   results as table / JSON / YAML (no calls, no files)
 //!   ─────────────────────────────────────────────────────────────────────────────────
 //!   session         the owner session: Management calls following the leader, CRL
@@ -56,12 +56,12 @@ use anyhow::Result;
 use clap::{CommandFactory, Parser};
 
 use cli::{
-    BackupCommand, Cli, ClusterCommand, Command, ConfigCommand, NodeCommand, OwnerCommand,
-    ParamsCommand, TicketCommand,
+    BackupCommand, Cli, ClusterCommand, Command, ConfigCommand, NodeCommand, OperatorCommand,
+    OwnerCommand, ParamsCommand, TicketCommand,
 };
 use commands::{
-    audit, backup, certificates, cluster, dashboard, decommission, launch, logs, node, owner,
-    params, snapshots, status, tickets,
+    audit, backup, certificates, cluster, dashboard, decommission, launch, logs, node, operators,
+    owner, params, snapshots, status, tickets,
 };
 
 fn main() -> ExitCode {
@@ -210,6 +210,21 @@ async fn run(cli: Cli) -> Result<()> {
         }
         Command::Cluster(ClusterCommand::Ticket(TicketCommand::Revoke { id })) => {
             tickets::revoke(&cli.config_dir()?, &cli.endpoints, id).await
+        }
+        Command::Key { out } => operators::key(&cli.config_dir()?, out.as_deref()),
+        Command::Cluster(ClusterCommand::Operator(command)) => {
+            let config = cli.config_dir()?;
+            match command {
+                OperatorCommand::Add {
+                    name,
+                    role,
+                    key_file,
+                } => operators::add(&config, &cli.endpoints, name, role, key_file).await,
+                OperatorCommand::List => operators::list(&config, &cli.endpoints, cli.output).await,
+                OperatorCommand::Remove { name } => {
+                    operators::remove(&config, &cli.endpoints, name).await
+                }
+            }
         }
         Command::Cluster(ClusterCommand::Owner(OwnerCommand::Rotate)) => {
             let config = cli.config_dir()?;

@@ -1,5 +1,6 @@
 //! Taking ownership of a cluster: the first contact, the operator's approval of the
-//! cluster CA (pinned from then on), and the first owner certificate.
+//! cluster CA (pinned from then on), and the first owner certificate (or, for an
+//! operator's key, the first operator certificate: the same flow, the same files).
 //! May not print anything but its own prompt and result; built on `session`.
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -97,7 +98,8 @@ pub(crate) async fn take_ownership(
     let key_path = owner_key_path(config);
     if !key_path.exists() {
         bail!(
-            "no owner key at {}; it is created by `polisctl params bootstrap` for the cluster you own",
+            "no owner key at {}; it is created by `polisctl params bootstrap` for the cluster you own, \
+             or by `polisctl key` for an operator an admin then adds",
             key_path.display()
         );
     }
@@ -164,12 +166,33 @@ pub(crate) async fn take_ownership(
         },
     )?;
     session.cluster_info().await?;
-    println!("Took ownership of the cluster (CA SHA256:{fingerprint}).");
-    println!(
-        "Owner certificate: {}",
-        owner_certificate_path(config).display()
-    );
+    match operator_of(&response.owner_certificate) {
+        Some((name, role)) => {
+            println!(
+                "Signed in to the cluster as operator {} ({role}) (CA SHA256:{fingerprint}).",
+                crate::output::escape(&name)
+            );
+            println!("Certificate: {}", owner_certificate_path(config).display());
+        }
+        None => {
+            println!("Took ownership of the cluster (CA SHA256:{fingerprint}).");
+            println!(
+                "Owner certificate: {}",
+                owner_certificate_path(config).display()
+            );
+        }
+    }
     Ok(())
+}
+
+/// The operator name and role a certificate is marked for; `None` for the owner's.
+pub(crate) fn operator_of(der: &[u8]) -> Option<(String, pki::OperatorRole)> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let Some(pki::CertificateKind::Operator(role)) = pki::CertificateKind::of(&cert) else {
+        return None;
+    };
+    let name = cert.subject().iter_common_name().next()?.as_str().ok()?;
+    Some((name.to_string(), role))
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@
 pub mod echo;
 pub mod epoch;
 pub mod labels;
+pub mod operators;
 pub mod quota;
 pub mod snapshots;
 pub mod version;

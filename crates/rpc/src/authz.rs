@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+pub use pki::OperatorRole;
+
 /// What an RPC requires of its caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Permission {
@@ -9,12 +11,33 @@ pub enum Permission {
     Public,
     /// A self-signed client certificate: the caller proves a key, nothing more.
     ProvenKey,
-    /// Read cluster state: nodes and owners.
+    /// Read cluster state: nodes and every user (the owner and operators of any role).
     ReadClusterStatus,
     /// A node updating its own status: nodes only.
     UpdateNodeSelf,
-    /// Change the cluster: owners only.
-    Manage,
+    /// Read what only users see (certificates, tickets, operators): every user, from
+    /// the `reader` role up.
+    Read,
+    /// Run the nodes (approve, label, roles, decommission, delete, snapshot schedule,
+    /// audit log, node logs): the `operator` role and up.
+    Operate,
+    /// What can sign or hand out credentials (backups and snapshots, which hold the
+    /// cluster CA's key; operators; register tickets; the owner key): `admin` and the
+    /// owner.
+    Administer,
+}
+
+impl Permission {
+    /// The least operator role a user needs for this permission; `None` when users
+    /// do not get it by role (public, proven key, nodes only).
+    pub const fn least_role(self) -> Option<OperatorRole> {
+        match self {
+            Permission::ReadClusterStatus | Permission::Read => Some(OperatorRole::Reader),
+            Permission::Operate => Some(OperatorRole::Operator),
+            Permission::Administer => Some(OperatorRole::Admin),
+            Permission::Public | Permission::ProvenKey | Permission::UpdateNodeSelf => None,
+        }
+    }
 }
 
 /// The caller, as established from its TLS client certificate.
@@ -26,8 +49,15 @@ pub enum Identity {
     SelfSigned { public_key: Vec<u8> },
     /// A node certificate from the cluster CA.
     Node { id: String, public_key: Vec<u8> },
-    /// A user (owner) certificate from the cluster CA.
+    /// The owner's certificate from the cluster CA (the name is always "owner"): an
+    /// admin that no operator removal reaches.
     User { name: String, public_key: Vec<u8> },
+    /// A named operator's certificate from the cluster CA, with the role it marks.
+    Operator {
+        name: String,
+        role: OperatorRole,
+        public_key: Vec<u8>,
+    },
     /// A certificate that is neither self-signed nor valid in this cluster: expired,
     /// revoked, from another CA, or malformed.
     Invalid { reason: String },
@@ -46,8 +76,31 @@ impl fmt::Display for Identity {
             }
             Identity::Node { id, .. } => write!(f, "node {id}"),
             Identity::User { name, .. } => write!(f, "user {name}"),
+            Identity::Operator { name, role, .. } => write!(f, "operator {name} ({role})"),
             Identity::Invalid { reason } => write!(f, "invalid certificate ({reason})"),
         }
+    }
+}
+
+impl Identity {
+    /// The operator role this caller holds: the owner is an admin, an operator holds
+    /// its certificate's role, nobody else holds one.
+    pub fn role(&self) -> Option<OperatorRole> {
+        match self {
+            Identity::User { .. } => Some(OperatorRole::Admin),
+            Identity::Operator { role, .. } => Some(*role),
+            _ => None,
+        }
+    }
+
+    /// Whether this caller is a user (the owner or an operator of any role).
+    pub fn is_user(&self) -> bool {
+        self.role().is_some()
+    }
+
+    /// Whether this caller holds at least `role`.
+    pub fn holds(&self, role: OperatorRole) -> bool {
+        self.role().is_some_and(|r| r >= role)
     }
 }
 
@@ -78,21 +131,38 @@ pub const METHODS: &[(&str, Permission)] = &[
         "/polis.api.Management/DescribeNode",
         Permission::ReadClusterStatus,
     ),
-    ("/polis.api.Management/UpdateNodeLabels", Permission::Manage),
+    (
+        "/polis.api.Management/UpdateNodeLabels",
+        Permission::Operate,
+    ),
     (
         "/polis.api.Management/GetRegisterTicket",
-        Permission::Manage,
+        Permission::Administer,
     ),
     (
         "/polis.api.Management/RotateRegisterTicket",
-        Permission::Manage,
+        Permission::Administer,
     ),
-    ("/polis.api.Management/ApproveNode", Permission::Manage),
-    ("/polis.api.Management/UpdateNodeRoles", Permission::Manage),
-    ("/polis.api.Management/DecommissionNode", Permission::Manage),
-    ("/polis.api.Management/DeleteNode", Permission::Manage),
-    ("/polis.api.Management/ListCertificates", Permission::Manage),
-    ("/polis.api.Management/RotateOwner", Permission::Manage),
+    ("/polis.api.Management/ApproveNode", Permission::Operate),
+    // The handler also requires an admin to grant ConsensusMember: a member's etcd
+    // holds the cluster CA's key.
+    ("/polis.api.Management/UpdateNodeRoles", Permission::Operate),
+    (
+        "/polis.api.Management/DecommissionNode",
+        Permission::Operate,
+    ),
+    ("/polis.api.Management/DeleteNode", Permission::Operate),
+    ("/polis.api.Management/ListCertificates", Permission::Read),
+    // The handler also requires the owner itself: an admin holding the owner key
+    // would be an owner no operator removal reaches.
+    ("/polis.api.Management/RotateOwner", Permission::Administer),
+    // Operators: listed by every user, added and removed by admins.
+    ("/polis.api.Management/AddOperator", Permission::Administer),
+    ("/polis.api.Management/ListOperators", Permission::Read),
+    (
+        "/polis.api.Management/RemoveOperator",
+        Permission::Administer,
+    ),
     // The handler also requires the ConsensusMember role of the calling node.
     (
         "/polis.api.Curator/JoinConsensus",
@@ -114,13 +184,15 @@ pub const METHODS: &[(&str, Permission)] = &[
         "/polis.api.CuratorLocal/DefragmentMember",
         Permission::UpdateNodeSelf,
     ),
-    // Answered by the curator called, from its own etcd member (never forwarded).
-    ("/polis.api.Backup/TakeBackup", Permission::Manage),
+    // Answered by the curator called, from its own etcd member (never forwarded). A
+    // backup holds the cluster CA's private key: admins only.
+    ("/polis.api.Backup/TakeBackup", Permission::Administer),
     // Scheduled snapshots: an owner lists and fetches them through any curator (never
     // forwarded), which asks the member's curator (nodes; the handler also requires an
     // UP ConsensusMember caller); the owner changes the schedule (leader).
-    ("/polis.api.Backup/ListSnapshots", Permission::Manage),
-    ("/polis.api.Backup/FetchSnapshot", Permission::Manage),
+    ("/polis.api.Backup/ListSnapshots", Permission::Operate),
+    // A snapshot holds the cluster CA's private key, as a backup does.
+    ("/polis.api.Backup/FetchSnapshot", Permission::Administer),
     (
         "/polis.api.CuratorLocal/SnapshotsListLocal",
         Permission::UpdateNodeSelf,
@@ -131,24 +203,24 @@ pub const METHODS: &[(&str, Permission)] = &[
     ),
     (
         "/polis.api.Management/SetSnapshotSchedule",
-        Permission::Manage,
+        Permission::Operate,
     ),
     // The audit log: who changed what (see NOT_AUDITED for what is not recorded).
-    ("/polis.api.Audit/AuditLog", Permission::Manage),
+    ("/polis.api.Audit/AuditLog", Permission::Operate),
     // Served by every node on its own port (NODE_LOGS_PORT): its own log lines.
-    ("/polis.api.NodeLogs/NodeLogsTail", Permission::Manage),
-    // Register tickets: created, listed (never a secret) and revoked by owners.
+    ("/polis.api.NodeLogs/NodeLogsTail", Permission::Operate),
+    // Register tickets: created and revoked by admins, listed (never a secret) by users.
     (
         "/polis.api.Management/CreateRegisterTicket",
-        Permission::Manage,
+        Permission::Administer,
     ),
     (
         "/polis.api.Management/ListRegisterTickets",
-        Permission::Manage,
+        Permission::Read,
     ),
     (
         "/polis.api.Management/RevokeRegisterTicket",
-        Permission::Manage,
+        Permission::Administer,
     ),
 ];
 
@@ -164,6 +236,7 @@ pub const NOT_AUDITED: &[&str] = &[
     "/polis.api.Management/DescribeNode",
     "/polis.api.Management/ListCertificates",
     "/polis.api.Management/ListRegisterTickets",
+    "/polis.api.Management/ListOperators",
     "/polis.api.Curator/Heartbeat",
     "/polis.api.Curator/WatchNode",
     "/polis.api.Audit/AuditLog",
@@ -214,10 +287,12 @@ pub fn authorize(method: &str, identity: &Identity) -> Result<(), Denied> {
         Permission::Public => true,
         Permission::ProvenKey => matches!(identity, Identity::SelfSigned { .. }),
         Permission::ReadClusterStatus => {
-            matches!(identity, Identity::Node { .. } | Identity::User { .. })
+            matches!(identity, Identity::Node { .. }) || identity.is_user()
         }
         Permission::UpdateNodeSelf => matches!(identity, Identity::Node { .. }),
-        Permission::Manage => matches!(identity, Identity::User { .. }),
+        Permission::Read | Permission::Operate | Permission::Administer => needed
+            .least_role()
+            .is_some_and(|least| identity.holds(least)),
     };
     if allowed {
         Ok(())
@@ -258,12 +333,45 @@ mod tests {
                 },
             ),
             (
+                "admin",
+                Identity::Operator {
+                    name: "ada".into(),
+                    role: OperatorRole::Admin,
+                    public_key: vec![4; 32],
+                },
+            ),
+            (
+                "operator",
+                Identity::Operator {
+                    name: "otto".into(),
+                    role: OperatorRole::Operator,
+                    public_key: vec![5; 32],
+                },
+            ),
+            (
+                "reader",
+                Identity::Operator {
+                    name: "rita".into(),
+                    role: OperatorRole::Reader,
+                    public_key: vec![6; 32],
+                },
+            ),
+            (
                 "invalid",
                 Identity::Invalid {
                     reason: "expired".into(),
                 },
             ),
         ]
+    }
+
+    /// Every caller that holds `least` or more.
+    const USERS: &[&str] = &["owner", "admin", "operator", "reader"];
+    const OPERATORS: &[&str] = &["owner", "admin", "operator"];
+    const ADMINS: &[&str] = &["owner", "admin"];
+
+    fn with<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+        a.iter().chain(b).copied().collect()
     }
 
     fn check(method: &str, allowed: &[&str]) {
@@ -275,44 +383,82 @@ mod tests {
 
     #[test]
     fn matrix() {
+        let public = ["anonymous", "self-signed", "node"];
         check(
             "/polis.api.CuratorLocal/GetCurrentLeader",
-            &["anonymous", "self-signed", "node", "owner"],
+            &with(&public, USERS),
         );
         check(
             "/polis.api.CuratorLocal/GetCACertificate",
-            &["anonymous", "self-signed", "node", "owner"],
+            &with(&public, USERS),
         );
         check("/polis.api.AAA/Escrow", &["self-signed"]);
-        check("/polis.api.Management/GetClusterInfo", &["node", "owner"]);
-        check("/polis.api.Management/ListNodes", &["node", "owner"]);
-        check("/polis.api.Management/DescribeNode", &["node", "owner"]);
-        check("/polis.api.Management/UpdateNodeLabels", &["owner"]);
-        check("/polis.api.Management/GetRegisterTicket", &["owner"]);
-        check("/polis.api.Management/RotateRegisterTicket", &["owner"]);
-        check("/polis.api.Management/ApproveNode", &["owner"]);
-        check("/polis.api.Management/UpdateNodeRoles", &["owner"]);
+        let read_status = with(&["node"], USERS);
+        check("/polis.api.Management/GetClusterInfo", &read_status);
+        check("/polis.api.Management/ListNodes", &read_status);
+        check("/polis.api.Management/DescribeNode", &read_status);
+        check("/polis.api.CuratorLocal/GetConsensusStatus", &read_status);
+        check("/polis.api.Management/ListCertificates", USERS);
+        check("/polis.api.Management/ListRegisterTickets", USERS);
+        check("/polis.api.Management/ListOperators", USERS);
+        check("/polis.api.Management/AddOperator", ADMINS);
+        check("/polis.api.Management/RemoveOperator", ADMINS);
+        check("/polis.api.Management/UpdateNodeLabels", OPERATORS);
+        check("/polis.api.Management/ApproveNode", OPERATORS);
+        check("/polis.api.Management/UpdateNodeRoles", OPERATORS);
+        check("/polis.api.Management/DecommissionNode", OPERATORS);
+        check("/polis.api.Management/DeleteNode", OPERATORS);
+        check("/polis.api.Management/SetSnapshotSchedule", OPERATORS);
+        check("/polis.api.Backup/ListSnapshots", OPERATORS);
+        check("/polis.api.Audit/AuditLog", OPERATORS);
+        check("/polis.api.NodeLogs/NodeLogsTail", OPERATORS);
+        check("/polis.api.Management/GetRegisterTicket", ADMINS);
+        check("/polis.api.Management/RotateRegisterTicket", ADMINS);
+        check("/polis.api.Management/CreateRegisterTicket", ADMINS);
+        check("/polis.api.Management/RevokeRegisterTicket", ADMINS);
+        check("/polis.api.Management/RotateOwner", ADMINS);
+        check("/polis.api.Backup/TakeBackup", ADMINS);
+        check("/polis.api.Backup/FetchSnapshot", ADMINS);
         check("/polis.api.Curator/JoinConsensus", &["node"]);
-        check(
-            "/polis.api.CuratorLocal/GetConsensusStatus",
-            &["node", "owner"],
-        );
         check("/polis.api.Curator/Heartbeat", &["node"]);
         check("/polis.api.Curator/WatchNode", &["node"]);
+        check("/polis.api.Curator/RenewCertificates", &["node"]);
         check("/polis.api.Curator/RegisterNode", &["self-signed"]);
         check("/polis.api.Curator/CommitNode", &["self-signed"]);
         check("/polis.api.DataUnlock/UnlockData", &["self-signed"]);
-        check("/polis.api.Backup/TakeBackup", &["owner"]);
-        check("/polis.api.Backup/ListSnapshots", &["owner"]);
-        check("/polis.api.Backup/FetchSnapshot", &["owner"]);
         check("/polis.api.CuratorLocal/SnapshotsListLocal", &["node"]);
         check("/polis.api.CuratorLocal/SnapshotsFetchLocal", &["node"]);
-        check("/polis.api.Management/SetSnapshotSchedule", &["owner"]);
-        check("/polis.api.Audit/AuditLog", &["owner"]);
-        check("/polis.api.NodeLogs/NodeLogsTail", &["owner"]);
-        check("/polis.api.Management/CreateRegisterTicket", &["owner"]);
-        check("/polis.api.Management/ListRegisterTickets", &["owner"]);
-        check("/polis.api.Management/RevokeRegisterTicket", &["owner"]);
+        check("/polis.api.CuratorLocal/DefragmentMember", &["node"]);
+    }
+
+    #[test]
+    fn the_owner_keeps_every_permission_it_had() {
+        let owner = Identity::User {
+            name: "owner".into(),
+            public_key: vec![3; 32],
+        };
+        for (method, needed) in METHODS {
+            let had = matches!(needed, Permission::Public | Permission::ReadClusterStatus)
+                || needed.least_role().is_some();
+            assert_eq!(authorize(method, &owner).is_ok(), had, "{method}");
+        }
+    }
+
+    #[test]
+    fn a_reader_changes_nothing() {
+        let reader = Identity::Operator {
+            name: "rita".into(),
+            role: OperatorRole::Reader,
+            public_key: vec![6; 32],
+        };
+        for (method, _) in METHODS {
+            if authorize(method, &reader).is_ok() {
+                assert!(
+                    !audited(method),
+                    "a reader may call {method}, which changes the cluster"
+                );
+            }
+        }
     }
 
     #[test]
@@ -338,11 +484,13 @@ mod tests {
                 "/polis.api.Curator/RenewCertificates",
                 "/polis.api.CuratorLocal/DefragmentMember",
                 "/polis.api.DataUnlock/UnlockData",
+                "/polis.api.Management/AddOperator",
                 "/polis.api.Management/ApproveNode",
                 "/polis.api.Management/CreateRegisterTicket",
                 "/polis.api.Management/DecommissionNode",
                 "/polis.api.Management/DeleteNode",
                 "/polis.api.Management/GetRegisterTicket",
+                "/polis.api.Management/RemoveOperator",
                 "/polis.api.Management/RevokeRegisterTicket",
                 "/polis.api.Management/RotateOwner",
                 "/polis.api.Management/RotateRegisterTicket",

@@ -42,6 +42,17 @@ pub fn encode_identity(identity: &Identity) -> Option<String> {
         Identity::User { name, public_key } => {
             format!("user:{}:{}", hex::encode(name), hex::encode(public_key))
         }
+        // Earlier leaders cannot decode this, so they refuse a forwarded operator
+        // rather than mistake it for the owner.
+        Identity::Operator {
+            name,
+            role,
+            public_key,
+        } => format!(
+            "operator:{role}:{}:{}",
+            hex::encode(name),
+            hex::encode(public_key)
+        ),
         Identity::Invalid { .. } => return None,
     })
 }
@@ -50,6 +61,17 @@ pub fn encode_identity(identity: &Identity) -> Option<String> {
 pub fn decode_identity(text: &str) -> Option<Identity> {
     let key = |h: &str| hex::decode(h).ok();
     let mut parts = text.split(':');
+    if text.starts_with("operator:") {
+        let (_, role, name, k) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let name = String::from_utf8(hex::decode(name).ok()?).ok()?;
+        proto::operators::validate_name(&name).ok()?;
+        let identity = Identity::Operator {
+            name,
+            role: crate::authz::OperatorRole::from_name(role)?,
+            public_key: key(k)?,
+        };
+        return parts.next().is_none().then_some(identity);
+    }
     let identity = match (parts.next()?, parts.next(), parts.next()) {
         ("anonymous", None, None) => Identity::Anonymous,
         ("self-signed", Some(k), None) => Identity::SelfSigned {
@@ -223,6 +245,16 @@ mod tests {
                 name: "owner:with:colons".into(),
                 public_key: vec![3; 32],
             },
+            Identity::Operator {
+                name: "ada".into(),
+                role: crate::authz::OperatorRole::Reader,
+                public_key: vec![4; 32],
+            },
+            Identity::Operator {
+                name: "otto_2".into(),
+                role: crate::authz::OperatorRole::Admin,
+                public_key: vec![5; 32],
+            },
         ];
         for identity in all {
             let text = encode_identity(&identity).unwrap();
@@ -241,6 +273,12 @@ mod tests {
             "user:zz:00",
             "self-signed:00:extra",
             "anonymous:x",
+            // An operator's name must be a valid one, its role known.
+            "operator:admin:4f776e6572:00",
+            "operator:root:616461:00",
+            "operator:admin:616461",
+            "operator:admin:616461:00:extra",
+            "operator:admin:6f776e6572:00",
         ] {
             assert_eq!(decode_identity(bad), None, "{bad}");
         }

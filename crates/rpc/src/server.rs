@@ -69,7 +69,7 @@ pub use audit::{
 };
 pub use auth::{
     AuthLayer, AuthService, ClientCertificate, CountedBody, CrlSource, DenialHook, Forwarders,
-    denied_status,
+    STREAM_REVOKED, denied_status,
 };
 pub use conn::{PeerInfo, TlsConn};
 pub use limits::{Limits, Port};

@@ -10,8 +10,9 @@
 //! ```
 //!
 //! Who pays when the log is over its budget (the share rule): every entry counts
-//! against one **account** — the owner (every owner certificate), each node (its
-//! node ID), and one account for every caller without a cluster certificate
+//! against one **account** — the owner (every owner certificate, and every admin's),
+//! each node (its node ID), each operator below admin (its name), and one account
+//! for every caller without a cluster certificate
 //! (**strangers**: self-signed keys cost nothing to make, so they are one account,
 //! divided by source address inside). An account's share is the larger of its part
 //! of the count bound and of the byte bound. Over budget, the oldest entry of the
@@ -95,8 +96,11 @@ impl Budget {
 /// Whom an entry counts against (see the module documentation).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Account {
+    /// The owner and every admin: the users' half of the log.
     Owner,
     Node(String),
+    /// An operator below admin (a reader or an operator), by name.
+    Operator(String),
     /// Every caller without a cluster certificate.
     Strangers,
 }
@@ -106,6 +110,12 @@ pub enum Account {
 pub fn account(entry: &AuditEntry) -> (Account, String) {
     match entry.identity_kind.as_str() {
         "owner" => (Account::Owner, String::new()),
+        // "<name> (<role>), …" (`audit::who`): admins count with the owner.
+        "operator" => match entry.identity.split_once(" (") {
+            Some((_, rest)) if rest.starts_with("admin)") => (Account::Owner, String::new()),
+            Some((name, _)) => (Account::Operator(name.to_string()), String::new()),
+            None => (Account::Operator(entry.identity.clone()), String::new()),
+        },
         "node" => (Account::Node(entry.identity.clone()), String::new()),
         _ => (Account::Strangers, source(&entry.source_address)),
     }
@@ -418,6 +428,20 @@ mod tests {
         assert_eq!(
             account(&entry("node", "polis-a", "127.0.0.9:1")).0,
             Account::Node("polis-a".into())
+        );
+        // Admins count with the owner; every other operator is its own account.
+        assert_eq!(
+            account(&entry("operator", "ada (admin), serial 01", "127.0.0.9:1")).0,
+            Account::Owner
+        );
+        assert_eq!(
+            account(&entry(
+                "operator",
+                "rita (reader), serial 02",
+                "127.0.0.9:1"
+            ))
+            .0,
+            Account::Operator("rita".into())
         );
         // Self-signed keys are free: strangers, told apart by source only.
         assert_eq!(

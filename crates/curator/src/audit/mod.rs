@@ -103,7 +103,8 @@ pub fn assign_key(entry: &mut AuditEntry) {
 }
 
 /// Who called: the identity kind and its name (node ID; owner certificate serial, or
-/// the owner key when the serial is unknown; a self-signed key's node ID).
+/// the owner key when the serial is unknown; an operator's name and role, then the
+/// same; a self-signed key's node ID).
 pub fn who(caller: Option<&rpc::Identity>, owner_serial: Option<&[u8]>) -> (String, String) {
     use rpc::Identity;
     let (kind, name) = match caller {
@@ -115,6 +116,20 @@ pub fn who(caller: Option<&rpc::Identity>, owner_serial: Option<&[u8]>) -> (Stri
                 Some(serial) => format!("serial {}", hex::encode(serial)),
                 None => format!(
                     "key {}",
+                    hex::encode(&public_key[..public_key.len().min(8)])
+                ),
+            },
+        ),
+        Some(Identity::Operator {
+            name,
+            role,
+            public_key,
+        }) => (
+            "operator",
+            match owner_serial {
+                Some(serial) => format!("{name} ({role}), serial {}", hex::encode(serial)),
+                None => format!(
+                    "{name} ({role}), key {}",
                     hex::encode(&public_key[..public_key.len().min(8)])
                 ),
             },
@@ -209,9 +224,14 @@ pub fn string_field(message: &[u8], number: u32) -> Option<String> {
 }
 
 /// What a call targets: the node its request names (`id`; empty when the request was
-/// not read, e.g. the call was refused before it), or for an RPC whose request names
-/// no node, the calling node itself (a node's own calls, a registering key's node ID).
+/// not read, e.g. the call was refused before it), the operator an operator call names,
+/// or for an RPC whose request names no node, the calling node itself (a node's own
+/// calls, a registering key's node ID).
 pub fn target(method: &str, request: &[u8], caller_kind: &str, caller: &str) -> String {
+    // An operator call targets the operator it names (field 1, `name`).
+    if method.ends_with("Operator") && method.starts_with("/polis.api.Management/") {
+        return string_field(request, 1).unwrap_or_default();
+    }
     if let Some(field) = id_fields().get(method) {
         return string_field(request, *field).unwrap_or_default();
     }
@@ -350,6 +370,46 @@ mod tests {
             ("self-signed".to_string(), identity::node_id(&key))
         );
         assert_eq!(who(None, None).0, "anonymous");
+        let ada = rpc::Identity::Operator {
+            name: "ada".into(),
+            role: pki::OperatorRole::Operator,
+            public_key: vec![8; 32],
+        };
+        assert_eq!(
+            who(Some(&ada), Some(&[0xab])),
+            (
+                "operator".to_string(),
+                "ada (operator), serial ab".to_string()
+            )
+        );
+        assert_eq!(
+            who(Some(&ada), None).1,
+            "ada (operator), key 0808080808080808"
+        );
+    }
+
+    #[test]
+    fn an_operator_call_targets_the_operator() {
+        let remove = proto::api::RemoveOperatorRequest { name: "ada".into() }.encode_to_vec();
+        assert_eq!(
+            target(
+                "/polis.api.Management/RemoveOperator",
+                &remove,
+                "owner",
+                "s"
+            ),
+            "ada"
+        );
+        let add = proto::api::AddOperatorRequest {
+            name: "rita".into(),
+            role: "reader".into(),
+            public_key: vec![1; 32],
+        }
+        .encode_to_vec();
+        assert_eq!(
+            target("/polis.api.Management/AddOperator", &add, "owner", "s"),
+            "rita"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! AAA: the owner proves the owner key and receives an owner certificate, valid for the
+//! AAA: the owner (or an operator: `operators::escrow`, the same rules, its certificate
+//! marked with its role and renewed only when due) proves its key and receives an owner certificate, valid for the
 //! cluster configuration's owner certificate lifetime. Escrowing again (polisctl does,
 //! once 2/3 of that lifetime passed) is how an owner renews: each call issues a new
 //! certificate (`issuance`), recorded as `owner-<serial>`; older ones stay valid until
@@ -9,9 +10,9 @@
 use proto::api;
 use tonic::{Request, Response, Status};
 
-use super::issuance;
 use super::shared::Services;
 use super::status::{self_signed_key, status_from};
+use super::{issuance, operators};
 use crate::owner;
 
 #[tonic::async_trait]
@@ -30,14 +31,26 @@ impl api::aaa_server::Aaa for Services {
         let owner = owner::read_owner_key(&self.0.curator)
             .await
             .map_err(status_from)?;
-        let Some((_, guard)) = owner.filter(|(key, _)| key.as_slice() == subject.as_slice()) else {
-            tracing::warn!("escrow refused: key is not the cluster owner's");
-            return Err(Status::permission_denied(
-                "this key is not the cluster owner's key",
-            ));
+        let (owner_certificate, ca_certificate) = match owner
+            .filter(|(key, _)| crate::operators::same_key(key, &subject))
+        {
+            Some((_, guard)) => {
+                issuance::escrow_owner_certificate(&self.0, &subject, guard).await?
+            }
+            None => {
+                let Some((operator, guard)) =
+                    crate::operators::holder_of(&self.0.curator, &subject)
+                        .await
+                        .map_err(status_from)?
+                else {
+                    tracing::warn!("escrow refused: key is neither the owner's nor an operator's");
+                    return Err(Status::permission_denied(
+                        "this key is neither the cluster owner's key nor an operator's key",
+                    ));
+                };
+                operators::escrow(&self.0, &operator, &subject, guard).await?
+            }
         };
-        let (owner_certificate, ca_certificate) =
-            issuance::escrow_owner_certificate(&self.0, &subject, guard).await?;
         Ok(Response::new(api::EscrowResponse {
             owner_certificate,
             ca_certificate,

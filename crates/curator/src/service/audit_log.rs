@@ -11,6 +11,10 @@
 //! in one message, which etcd-client refuses past 4 MiB; and a reader that stops
 //! reading holds back one page, never the whole log in this process.
 //!
+//! A follower's stream ends when its caller is revoked: on each new CRL, its
+//! certificate is looked for in it, or (forwarded: no certificate here) the operator
+//! record or owner key it proved is read again (`still_holds`).
+//!
 //! Reads only.
 
 use std::pin::Pin;
@@ -33,6 +37,40 @@ fn decode(value: &[u8]) -> Result<AuditEntry, Status> {
     AuditEntry::decode(value).map_err(|e| Status::internal(format!("corrupt audit entry: {e}")))
 }
 
+/// Whether a follower of the audit log may go on after the CRL changed to `crl`: its
+/// certificate (served here) is not listed; or, forwarded (no certificate here), the
+/// operator record or owner key it proved still holds. An etcd read that fails keeps
+/// the stream (the next CRL checks again).
+async fn still_holds(
+    shared: &super::shared::Shared,
+    certificate: Option<&rpc::server::ClientCertificate>,
+    caller: &rpc::Identity,
+    crl: &[u8],
+) -> bool {
+    if let Some(certificate) = certificate {
+        return !certificate.listed_in(crl);
+    }
+    match caller {
+        rpc::Identity::Operator {
+            name,
+            role,
+            public_key,
+        } => match crate::operators::holder_of(&shared.curator, public_key).await {
+            Ok(Some((record, _))) => record.name == *name && record.role == role.name(),
+            Ok(None) => false,
+            Err(_) => true,
+        },
+        rpc::Identity::User { public_key, .. } => {
+            match crate::owner::read_owner_key(&shared.curator).await {
+                Ok(Some((key, _))) => crate::operators::same_key(&key, public_key),
+                Ok(None) => false,
+                Err(_) => true,
+            }
+        }
+        _ => true,
+    }
+}
+
 #[tonic::async_trait]
 impl api::audit_server::Audit for Services {
     type AuditLogStream = EntryStream;
@@ -41,6 +79,13 @@ impl api::audit_server::Audit for Services {
         &self,
         request: Request<api::AuditLogRequest>,
     ) -> Result<Response<EntryStream>, Status> {
+        // Who follows: its certificate (served here), or the identity a follower
+        // forwarded (no certificate here): what a revocation is checked against.
+        let certificate = request
+            .extensions()
+            .get::<rpc::server::ClientCertificate>()
+            .cloned();
+        let caller = super::status::identity(&request);
         let request = request.into_inner();
         let filter = Filter {
             node_id: request.node_id,
@@ -97,6 +142,7 @@ impl api::audit_server::Audit for Services {
                     ),
                 )
                 .await;
+            let mut crls = shared.crl.watch();
             let mut events = match watched {
                 Ok(events) => events,
                 Err(e) => {
@@ -108,6 +154,17 @@ impl api::audit_server::Audit for Services {
                 let message = tokio::select! {
                     _ = tx.closed() => break,
                     m = events.message() => m,
+                    crl = crls.get() => {
+                        let Ok(crl) = crl else { break };
+                        if !still_holds(&shared, certificate.as_ref(), &caller, &crl).await {
+                            tracing::info!(%caller, "a followed audit log ends: the caller was revoked");
+                            let _ = tx
+                                .send(Err(Status::permission_denied(rpc::server::STREAM_REVOKED)))
+                                .await;
+                            break;
+                        }
+                        continue;
+                    }
                 };
                 let response = match message {
                     Ok(Some(r)) if !r.canceled() => r,

@@ -90,7 +90,8 @@ fn describe(name: &str, der: &[u8], revoked: &[Vec<u8>]) -> Option<CertificateIn
         Some(
             pki::CertificateKind::Node
             | pki::CertificateKind::EtcdPeer
-            | pki::CertificateKind::Curator,
+            | pki::CertificateKind::Curator
+            | pki::CertificateKind::Operator(_),
         ) => cert
             .subject()
             .iter_common_name()
@@ -117,7 +118,8 @@ fn describe(name: &str, der: &[u8], revoked: &[Vec<u8>]) -> Option<CertificateIn
 }
 
 /// Marks the newest certificate (latest `not_before`, then `not_after`, then name) of
-/// each (kind, node) as current; owner certificates share one empty node.
+/// each (kind, node) as current; owner certificates share one empty node, an
+/// operator's are its name's.
 pub fn mark_current(all: &mut [CertificateInfo]) {
     let mut newest: BTreeMap<(String, String), usize> = BTreeMap::new();
     for (i, c) in all.iter().enumerate() {

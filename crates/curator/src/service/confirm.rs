@@ -73,6 +73,7 @@ const CONFIRMED: &[&str] = &[
     "/polis.api.Management/GetClusterInfo",
     "/polis.api.Management/ListCertificates",
     "/polis.api.Management/ListRegisterTickets",
+    "/polis.api.Management/ListOperators",
 ];
 
 /// Bound on one round's etcd read. Longer than a member takes to notice it lost its etcd

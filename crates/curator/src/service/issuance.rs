@@ -38,7 +38,9 @@ use crate::election::Leadership;
 use crate::{layout, records, templates};
 
 /// The cluster configuration (certificate lifetimes); the default when none is stored.
-async fn configuration(shared: &Shared) -> Result<proto::config::ClusterConfiguration, Status> {
+pub(super) async fn configuration(
+    shared: &Shared,
+) -> Result<proto::config::ClusterConfiguration, Status> {
     Ok(records::cluster_configuration(&shared.curator)
         .await
         .map_err(status_from)?
@@ -46,7 +48,7 @@ async fn configuration(shared: &Shared) -> Result<proto::config::ClusterConfigur
 }
 
 /// The cluster CA's store and the CA (with its key), for issuing certificates.
-async fn cluster_ca(shared: &Shared) -> Result<(pki::CaStore, pki::Ca), Status> {
+pub(super) async fn cluster_ca(shared: &Shared) -> Result<(pki::CaStore, pki::Ca), Status> {
     let store = layout::cluster_pki(&shared.curator);
     let ca = store
         .load_ca()
@@ -305,7 +307,7 @@ pub(super) struct Renewed {
 /// certificate of a kind per 5/12 of a lifetime, and the certificates it is issued
 /// stay bounded (before, every call recorded one more, and a looping node could fill
 /// etcd).
-fn renewal_due(newest: &pki::Validity, now: u64) -> bool {
+pub(super) fn renewal_due(newest: &pki::Validity, now: u64) -> bool {
     now + newest.lifetime() / 4 >= newest.renew_at()
 }
 

@@ -1,4 +1,4 @@
-//! Management: the owner's API. Nodes may read cluster status too, but a node sees only
+//! Management: the users' API (the owner and operators, by role: `rpc::authz`). Nodes may read cluster status too, but a node sees only
 //! its own record (ListNodes, DescribeNode): its credentials let it act as that node and
 //! nothing more; the curators it needs come with its WatchNode stream.
 //!
@@ -12,10 +12,10 @@ use tonic::{Request, Response, Status};
 
 use super::shared::Services;
 use super::status::{check_node_id, identity, node_update_status, status_from};
-use super::{certificates, decommission, membership, removal, tickets};
+use super::{certificates, decommission, membership, operators, removal, tickets};
 use crate::error::NodeUpdateError;
 use crate::lifecycle::Event;
-use crate::{layout, owner, records, writes};
+use crate::{layout, records, writes};
 
 fn node_matches(node: &api::NodeInfo, filter: &api::ListNodesRequest) -> bool {
     (filter.state == 0 || node.state == filter.state)
@@ -226,6 +226,14 @@ impl api::management_server::Management for Services {
                 "a role cannot be added and removed at once",
             ));
         }
+        // A consensus member's etcd holds the cluster CA's private key: whoever could
+        // give the role to a node it controls could sign itself any certificate.
+        if add && !caller.holds(pki::OperatorRole::Admin) {
+            return Err(Status::permission_denied(format!(
+                "adding {} requires an admin; caller is {caller}",
+                proto::ROLE_CONSENSUS_MEMBER
+            )));
+        }
         let leadership = self.0.leadership().await?;
         let node = if add {
             membership::add_role(&self.0, &leadership, &r.id).await?
@@ -300,6 +308,13 @@ impl api::management_server::Management for Services {
         request: Request<api::RotateOwnerRequest>,
     ) -> Result<Response<api::RotateOwnerResponse>, Status> {
         let caller = identity(&request);
+        // Only the owner itself: an admin who rotated it would hold the owner key, an
+        // owner no operator removal reaches.
+        if !matches!(caller, rpc::Identity::User { .. }) {
+            return Err(Status::permission_denied(format!(
+                "rotating the owner key requires the owner itself; caller is {caller}"
+            )));
+        }
         let new_key: [u8; 32] = request
             .get_ref()
             .new_public_key
@@ -310,10 +325,17 @@ impl api::management_server::Management for Services {
             })?;
         let leadership = self.0.leadership().await?;
         // The key first: from then on the old key cannot escrow a new certificate, and
-        // the revocation below catches every certificate issued for it.
-        owner::replace_owner_key(&self.0.curator, &leadership, &new_key)
+        // the revocation below catches every certificate issued for it. Refused when an
+        // operator holds the key (checked and written under one guard).
+        crate::operators::replace_owner_key(&self.0.curator, &leadership, &new_key)
             .await
-            .map_err(status_from)?;
+            .map_err(|e| match e {
+                crate::operators::OperatorError::KeyTaken(_) => {
+                    Status::already_exists(format!("refused: {e}"))
+                }
+                crate::operators::OperatorError::Changed => Status::aborted(e.to_string()),
+                e => Status::unavailable(e.to_string()),
+            })?;
         let store = layout::cluster_pki(&self.0.curator);
         let ca = store
             .load_ca()
@@ -332,6 +354,33 @@ impl api::management_server::Management for Services {
         Ok(Response::new(api::RotateOwnerResponse {
             revoked: revoked as u32,
         }))
+    }
+
+    async fn add_operator(
+        &self,
+        request: Request<api::AddOperatorRequest>,
+    ) -> Result<Response<api::AddOperatorResponse>, Status> {
+        let caller = identity(&request);
+        Ok(Response::new(
+            operators::add(&self.0, &caller, request.into_inner()).await?,
+        ))
+    }
+
+    async fn list_operators(
+        &self,
+        _: Request<api::ListOperatorsRequest>,
+    ) -> Result<Response<api::ListOperatorsResponse>, Status> {
+        Ok(Response::new(operators::list(&self.0).await?))
+    }
+
+    async fn remove_operator(
+        &self,
+        request: Request<api::RemoveOperatorRequest>,
+    ) -> Result<Response<api::RemoveOperatorResponse>, Status> {
+        let caller = identity(&request);
+        Ok(Response::new(
+            operators::remove(&self.0, &caller, &request.get_ref().name).await?,
+        ))
     }
 
     async fn set_snapshot_schedule(

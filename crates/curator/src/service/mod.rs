@@ -48,6 +48,7 @@
 //!                    snapshots; their files listed and located)
 //!   tickets          register tickets: Management's ticket calls, RegisterNode's
 //!                    record creation spending one use
+//!   operators        Management's operator calls; an operator's certificate (Escrow)
 //!   decommission     DecommissionNode, DeleteNode and the `decommission` runnable
 //!   reconciler       the `membership` runnable: recorded membership intents carried
 //!                    out by the leader, orphaned learners removed
@@ -98,6 +99,7 @@ mod membership;
 mod node_info;
 mod node_status;
 mod nodes;
+mod operators;
 mod quorum;
 mod reconciler;
 mod removal;

@@ -12,6 +12,7 @@ pub(crate) mod decommission;
 pub(crate) mod launch;
 pub(crate) mod logs;
 pub(crate) mod node;
+pub(crate) mod operators;
 pub(crate) mod owner;
 pub(crate) mod params;
 pub(crate) mod snapshots;

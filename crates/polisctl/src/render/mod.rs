@@ -9,6 +9,7 @@ pub(crate) mod cluster;
 pub(crate) mod dashboard;
 pub(crate) mod logs;
 pub(crate) mod node;
+pub(crate) mod operators;
 pub(crate) mod snapshots;
 pub(crate) mod status;
 pub(crate) mod tickets;

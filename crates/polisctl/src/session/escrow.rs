@@ -36,7 +36,8 @@ pub(crate) async fn escrow(
         .await
         .map_err(|f| match f {
             rpc::CallError::Status(s) if s.code() == tonic::Code::PermissionDenied => anyhow!(
-                "{what}: permission denied: the key in {} is not this cluster's owner key",
+                "{what}: permission denied: the key in {} is not this cluster's owner key, \
+                 nor an operator's key",
                 key_path.display()
             ),
             other => call_failure(what, other),

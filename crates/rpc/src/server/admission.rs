@@ -11,10 +11,12 @@
 //!                      ▼
 //!                      seated (unproven), behind S's handshake gate
 //! ```
-//! A seat is *proven* once a call on it was made with a cluster certificate (a node or
-//! a user): those are never evicted and do not count against their source, so nodes
-//! and owners always keep what they hold. An unproven seat (TCP only, in its handshake,
-//! handshaken but silent, or calling with a self-signed certificate) is *evictable*
+//! A seat is *proven* once a call on it was made with a node's or an admin's (the
+//! owner's too) certificate (`server::auth` decides): those are never evicted and do
+//! not count against their source, so nodes and owners always keep what they hold. An
+//! unproven seat (TCP only, in its handshake, handshaken but silent, calling with a
+//! self-signed certificate, or a reader's or operator's: one such certificate must not
+//! hold every seat) is *evictable*
 //! while no call is in flight on it. Evicting the oldest rather than refusing the
 //! newcomer means that a flood, however long it holds its connections, cannot keep
 //! anyone out: a newcomer always finds an older idle stranger to replace, and honest

@@ -29,7 +29,22 @@ impl ClientCertificate {
     pub fn leaf(&self) -> Option<&[u8]> {
         self.0.first().map(|c| c.as_ref())
     }
+
+    /// Whether the CRL `crl_der` lists this certificate (by serial): a stream that
+    /// outlives a revocation checks this to end (a CRL that does not parse lists
+    /// nothing; the per-call check refuses calls under it anyway).
+    pub fn listed_in(&self, crl_der: &[u8]) -> bool {
+        let Some(serial) = self.leaf().and_then(|l| pki::certificate_serial(l).ok()) else {
+            return false;
+        };
+        pki::crl_serials(crl_der).is_ok_and(|listed| listed.contains(&serial))
+    }
 }
+
+/// What a stream ends with when its caller's certificate was revoked (or, forwarded,
+/// the key it proved no longer holds) while it was open.
+pub const STREAM_REVOKED: &str =
+    "the caller's certificate was revoked (or its key removed); the stream ends";
 
 /// Fetches the current cluster CRL (DER).
 pub type CrlSource =
@@ -198,9 +213,11 @@ where
                     }
                 },
             };
-            // A node's or a user's connection keeps its seat: never evicted for a
-            // newcomer, not counted against its source (`admission`).
-            if matches!(caller, Identity::Node { .. } | Identity::User { .. })
+            // A node's or an admin's connection keeps its seat: never evicted for a
+            // newcomer, not counted against its source (`admission`). Not a reader's
+            // or an operator's: anyone given one certificate could hold every seat.
+            if (matches!(caller, Identity::Node { .. })
+                || caller.holds(crate::authz::OperatorRole::Admin))
                 && let Some(connection) = &connection
             {
                 connection.prove();
@@ -242,7 +259,7 @@ where
                 tracing::info!(method, caller = %identity, "denied: {denied}");
                 let status = denied_status(&denied);
                 if let Some(hook) = &layer.denials
-                    && matches!(identity, Identity::Node { .. } | Identity::User { .. })
+                    && (matches!(identity, Identity::Node { .. }) || identity.is_user())
                     && crate::authz::audited(&method)
                 {
                     hook(&method, &identity, remote, &status).await;

@@ -1,6 +1,6 @@
 //! Who a client is ([`Authenticator`]): its certificate checked against the cluster CA,
 //! validity and the current CRL, then classified by the kind the CA marked it with
-//! (anonymous, self-signed, node, user, invalid). Verdicts on certificates that verified
+//! (anonymous, self-signed, node, user, operator, invalid). Verdicts on certificates that verified
 //! are remembered per CRL until the certificate expires.
 //!
 //! May not build TLS configurations or decide permissions (that is `authz`).
@@ -50,6 +50,16 @@ fn classify_cluster_certificate(
                 }
             }
         }
+        Some(pki::CertificateKind::Operator(role)) => match proto::operators::validate_name(&cn) {
+            Ok(()) => Identity::Operator {
+                name: cn,
+                role,
+                public_key,
+            },
+            Err(e) => Identity::Invalid {
+                reason: format!("operator certificate: {e}"),
+            },
+        },
         Some(kind @ pki::CertificateKind::EtcdPeer) => Identity::Invalid {
             reason: format!("a {} certificate is not accepted here", kind.mark()),
         },
@@ -196,7 +206,7 @@ impl Authenticator {
                     classify_cluster_certificate(pki::CertificateKind::of(&parsed), cn, public_key);
                 // Only what verified: a verdict that rests on the clock or a missing
                 // signature is made afresh each call.
-                if matches!(identity, Identity::Node { .. } | Identity::User { .. }) {
+                if matches!(identity, Identity::Node { .. }) || identity.is_user() {
                     let until = parsed.validity().not_after.timestamp();
                     let until = UnixTime::since_unix_epoch(std::time::Duration::from_secs(
                         u64::try_from(until).unwrap_or(0),

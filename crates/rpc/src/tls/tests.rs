@@ -203,6 +203,7 @@ enum Want {
     SelfSigned,
     Node,
     User(&'static str),
+    Operator(pki::OperatorRole),
     Invalid,
 }
 
@@ -212,6 +213,7 @@ fn kind_of(identity: &Identity) -> Want {
         Identity::SelfSigned { .. } => Want::SelfSigned,
         Identity::Node { .. } => Want::Node,
         Identity::User { name, .. } => Want::User(if name == "owner" { "owner" } else { "other" }),
+        Identity::Operator { role, .. } => Want::Operator(*role),
         Identity::Invalid { .. } => Want::Invalid,
     }
 }
@@ -342,4 +344,21 @@ fn classification_table() {
     );
     let c = b"not a certificate".to_vec();
     check("garbage", Some(c), &crl, Want::Invalid);
+    // Operators: the role from the mark, the name checked.
+    for role in pki::OperatorRole::ALL {
+        let kind = CertificateKind::Operator(role);
+        let c = issue(&ca, &pk, "ada", kind);
+        check(role.name(), Some(c), &crl, Want::Operator(role));
+        let c = issue(&ca, &pk, "owner", kind);
+        check(
+            "operator mark, the owner's name",
+            Some(c),
+            &crl,
+            Want::Invalid,
+        );
+        let c = issue(&ca, &pk, &id, kind);
+        check("operator mark, node ID", Some(c), &crl, Want::Invalid);
+        let c = issue(&ca, &pk, "Ada.B", kind);
+        check("operator mark, bad name", Some(c), &crl, Want::Invalid);
+    }
 }
