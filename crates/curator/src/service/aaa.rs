@@ -1,6 +1,7 @@
-//! AAA: the owner (or an operator: `operators::escrow`, the same rules, its certificate
-//! marked with its role and renewed only when due) proves its key and receives an owner certificate, valid for the
-//! cluster configuration's owner certificate lifetime. Escrowing again (polisctl does,
+//! AAA: the owner proves the owner key and receives an owner certificate, valid for the
+//! cluster configuration's owner certificate lifetime; an operator proves its key and
+//! receives its certificate (`operators::escrow`: marked with its role, recorded under
+//! its record's guard, a new one only once renewal is due). Escrowing again (polisctl does,
 //! once 2/3 of that lifetime passed) is how an owner renews: each call issues a new
 //! certificate (`issuance`), recorded as `owner-<serial>`; older ones stay valid until
 //! they expire. The recording is guarded by the owner key as it was checked (see
