@@ -345,7 +345,7 @@ async fn operators_roles_and_removal() -> Result<()> {
         Some(&ada.credentials()?),
     )
     .await?;
-    let mut audit = api::audit_client::AuditClient::new(channel)
+    let mut audit = api::audit_client::AuditClient::new(channel.clone())
         .audit_log(api::AuditLogRequest {
             follow: true,
             ..Default::default()
@@ -356,6 +356,46 @@ async fn operators_roles_and_removal() -> Result<()> {
         .message()
         .await?
         .context("ada's audit stream: a first entry")?;
+    // One caller holds at most 16 followed audit logs (`curator::service::follows`),
+    // counted on the leader by her forwarded identity: each of these holds a
+    // connection of its own from the follower to the leader.
+    let follow = || {
+        let channel = channel.clone();
+        async move {
+            api::audit_client::AuditClient::new(channel)
+                .audit_log(api::AuditLogRequest {
+                    follow: true,
+                    ..Default::default()
+                })
+                .await
+        }
+    };
+    let mut more = Vec::new();
+    for _ in 1..16 {
+        more.push(follow().await?.into_inner());
+    }
+    let refused_follow = follow()
+        .await
+        .err()
+        .context("a 17th follow of ada's was served")?;
+    ensure!(
+        refused_follow.code() == tonic::Code::ResourceExhausted
+            && refused_follow.message().contains("16 times"),
+        "{refused_follow:?}"
+    );
+    // A follow that ends gives its seat back.
+    more.pop();
+    let again = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            match follow().await {
+                Ok(stream) => return stream.into_inner(),
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await
+    .context("no follow of ada's was served again after one ended")?;
+    drop((more, again));
     let member_id = tokio::task::block_in_place(|| member.key_node_id())?;
     let mut logs = tokio::task::block_in_place(|| {
         ada.follow(

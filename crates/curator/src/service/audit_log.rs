@@ -11,6 +11,10 @@
 //! in one message, which etcd-client refuses past 4 MiB; and a reader that stops
 //! reading holds back one page, never the whole log in this process.
 //!
+//! A caller holds at most `follows::PER_CALLER` follows open, and the curator
+//! `follows::IN_ALL`: a follow holds a watch and a task here, and a forwarded one a
+//! connection of its own from the follower that forwarded it.
+//!
 //! A follower's stream ends when its caller is revoked: on each new CRL, its
 //! certificate is looked for in it, or (forwarded: no certificate here) the operator
 //! record or owner key it proved is read again (`still_holds`).
@@ -92,6 +96,19 @@ impl api::audit_server::Audit for Services {
             since_unix_micros: request.since_unix_micros,
         };
         let shared = self.0.clone();
+        // A follow holds a seat of its caller's until its stream ends (`follows`).
+        let seat = if request.follow {
+            let seat = shared
+                .follows
+                .take(&super::follows::account(&caller))
+                .map_err(|refused| {
+                    tracing::info!(%caller, "a followed audit log refused: {refused}");
+                    Status::resource_exhausted(refused.to_string())
+                })?;
+            Some(seat)
+        } else {
+            None
+        };
         let prefix = shared.curator.key(audit::PREFIX);
         let client = shared.curator.client();
         let mut pages = consensus::pages::Pages::prefix(&client, prefix.clone());
@@ -109,6 +126,7 @@ impl api::audit_server::Audit for Services {
         let (tx, rx) = mpsc::channel::<Result<AuditEntry, Status>>(64);
         let follow = request.follow;
         let task = async move {
+            let _seat = seat;
             let mut page = first;
             loop {
                 for kv in &page {

@@ -89,6 +89,7 @@ mod curator_certificate;
 mod decommission;
 mod etcd_members;
 mod fence;
+mod follows;
 mod health;
 mod health_book;
 mod issuance;
@@ -151,6 +152,7 @@ pub async fn run(
         tenure_configuration: Mutex::new(None),
         claims_indexed: tokio::sync::Mutex::new(None),
         scheduled: Mutex::new(Default::default()),
+        follows: Default::default(),
     });
 
     let election_config = ElectionConfig {

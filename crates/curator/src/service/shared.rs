@@ -153,6 +153,8 @@ pub struct Shared {
     /// `issuance::tenure_configuration`).
     pub(super) tenure_configuration: Mutex<Option<(Tenure, proto::config::ClusterConfiguration)>>,
     pub(super) tenure_ca: Mutex<Option<(Tenure, pki::Ca)>>,
+    /// Followed audit logs open on this curator, by caller (see `follows`).
+    pub(super) follows: Arc<super::follows::Follows>,
 }
 
 impl Shared {
