@@ -39,10 +39,20 @@ pub fn counted(entry: &AuditEntry) -> bool {
     entry.code != 0 && entry.identity_kind != "owner"
 }
 
-/// Whose window a call joins: the node, or the source.
+/// Whose window a call joins: the node, the operator (by name: operators calling
+/// through one follower curator, or from one host, share a source, and the entry
+/// must name each), or the source.
 fn subject(entry: &AuditEntry) -> String {
     match entry.identity_kind.as_str() {
         "node" => format!("node {}", entry.identity),
+        // "<name> (<role>), …" (`audit::who`).
+        "operator" => {
+            let name = entry
+                .identity
+                .split_once(" (")
+                .map_or(entry.identity.as_str(), |(name, _)| name);
+            format!("operator {name}")
+        }
         _ => super::bounds::source(&entry.source_address),
     }
 }
@@ -221,6 +231,40 @@ mod tests {
         assert_eq!(unlock.source_address, "127.0.0.2:1000");
         assert_eq!(entries[1].count, 100);
         assert!(tally.is_empty());
+    }
+
+    #[test]
+    fn operators_refused_through_one_source_are_counted_apart() {
+        let mut tally = Tally::default();
+        for (who, n) in [
+            ("ada (operator), serial 1", 3),
+            ("bob (reader), serial 2", 2),
+        ] {
+            for i in 0..n {
+                tally.add(refused("operator", who, "127.0.0.9:7835", UNLOCK, 10 + i));
+            }
+        }
+        // ada's certificate renewed: still ada's window.
+        tally.add(refused(
+            "operator",
+            "ada (operator), serial 3",
+            "127.0.0.9:7835",
+            UNLOCK,
+            20,
+        ));
+        let mut entries = tally.drain();
+        entries.sort_by(|a, b| a.identity.cmp(&b.identity));
+        let counts: Vec<(&str, u64)> = entries
+            .iter()
+            .map(|e| (e.identity.as_str(), e.count))
+            .collect();
+        assert_eq!(
+            counts,
+            [
+                ("ada (operator), serial 1", 4),
+                ("bob (reader), serial 2", 2)
+            ]
+        );
     }
 
     #[test]
