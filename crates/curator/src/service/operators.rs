@@ -150,7 +150,12 @@ pub(super) async fn remove(
         .map_err(status_from)?;
     let revoked = revoke_unrevoked(shared, &layout::operator_certificate_prefix(name)).await?;
     if !existed && revoked == 0 {
-        return Err(Status::not_found(format!("no operator is named {name:?}")));
+        // Also the answer to a retry of a removal that did finish: say that nothing of
+        // the name is left, so an admin in an incident need not wonder.
+        return Err(Status::not_found(format!(
+            "no operator is named {name:?}, and no certificate of that name is left \
+             unrevoked"
+        )));
     }
     tracing::warn!(
         name,
