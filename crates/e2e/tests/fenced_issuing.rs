@@ -207,15 +207,58 @@ async fn a_first_commit_racing_a_deletion_records_no_certificate() -> Result<()>
     Ok(())
 }
 
-/// Lines of the curator's output saying an Escrow reached its pause point.
-fn escrow_pauses(cluster: &mut Cluster) -> usize {
+/// Lines of the curator's output saying a call reached the pause point `point`.
+fn pauses_at(cluster: &mut Cluster, point: &str) -> usize {
     cluster
         .first
         .proc()
         .output()
         .lines()
-        .filter(|l| l.contains("pause point reached") && l.contains("owner-certificate-signed"))
+        .filter(|l| l.contains("pause point reached") && l.contains(point))
         .count()
+}
+
+type EscrowAnswer = Result<tonic::Response<api::EscrowResponse>, tonic::Status>;
+
+/// An Escrow of `public_key` over `channel`, in a task of its own (it pauses).
+fn spawn_escrow(
+    channel: tonic::transport::Channel,
+    public_key: Vec<u8>,
+) -> tokio::task::JoinHandle<Result<EscrowAnswer>> {
+    tokio::spawn(async move {
+        let answer = api::aaa_client::AaaClient::new(channel)
+            .escrow(api::EscrowRequest { public_key })
+            .await;
+        anyhow::Ok(answer)
+    })
+}
+
+/// An Escrow that raced a revocation was refused (Aborted: its guard failed), or
+/// handed out a certificate that is recorded, and revoked.
+fn assert_revoked_or_aborted(
+    answer: EscrowAnswer,
+    listed: &api::ListCertificatesResponse,
+) -> Result<()> {
+    match answer {
+        Ok(escrowed) => {
+            let serial: String = pki::certificate_serial(&escrowed.into_inner().owner_certificate)?
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let record = listed
+                .certificates
+                .iter()
+                .find(|c| c.serial.eq_ignore_ascii_case(&serial))
+                .context("the escrowed certificate is not recorded")?;
+            assert!(record.revoked, "{} is not revoked", record.name);
+        }
+        Err(status) => assert_eq!(
+            status.code(),
+            tonic::Code::Aborted,
+            "escrow refused with an unexpected status: {status}"
+        ),
+    }
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -242,19 +285,13 @@ async fn an_escrow_racing_an_owner_rotation_leaves_no_certificate_for_the_old_ke
         Some(&rpc::self_signed(&old_key)?),
     )
     .await?;
-    let paused_before = escrow_pauses(&mut cluster);
-    let public_key = old_key.public_key().to_vec();
-    let escrow = tokio::spawn(async move {
-        let answer = api::aaa_client::AaaClient::new(channel)
-            .escrow(api::EscrowRequest { public_key })
-            .await;
-        anyhow::Ok(answer)
-    });
+    let paused_before = pauses_at(&mut cluster, "owner-certificate-signed");
+    let escrow = spawn_escrow(channel, old_key.public_key().to_vec());
     tokio::task::block_in_place(|| -> Result<()> {
         e2e::wait_until(
             "the old key's escrow to reach its pause point",
             Duration::from_secs(60),
-            || escrow_pauses(&mut cluster) > paused_before,
+            || pauses_at(&mut cluster, "owner-certificate-signed") > paused_before,
         )?;
         // RotateOwner replaces the key and revokes while the escrow waits; the
         // rotation's own Escrow (new key) pauses after that.
@@ -335,17 +372,6 @@ async fn an_operator_escrow_racing_its_removal_leaves_no_valid_certificate() -> 
             }
         })
         .await?;
-    let paused = |cluster: &mut Cluster| {
-        cluster
-            .first
-            .proc()
-            .output()
-            .lines()
-            .filter(|l| {
-                l.contains("pause point reached") && l.contains("operator-certificate-signed")
-            })
-            .count()
-    };
     let endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
     let channel = rpc::connect(
         endpoint,
@@ -353,17 +379,12 @@ async fn an_operator_escrow_racing_its_removal_leaves_no_valid_certificate() -> 
         Some(&rpc::self_signed(&key)?),
     )
     .await?;
-    let escrow = tokio::spawn(async move {
-        let answer = api::aaa_client::AaaClient::new(channel)
-            .escrow(api::EscrowRequest { public_key })
-            .await;
-        anyhow::Ok(answer)
-    });
+    let escrow = spawn_escrow(channel, public_key);
     tokio::task::block_in_place(|| -> Result<()> {
         e2e::wait_until(
             "ada's escrow to reach its pause point",
             Duration::from_secs(60),
-            || paused(&mut cluster) > 0,
+            || pauses_at(&mut cluster, "operator-certificate-signed") > 0,
         )?;
         let out = cluster.ctl_retry(&["cluster", "operator", "remove", "ada"])?;
         println!("{}", out.trim_end());
@@ -376,25 +397,7 @@ async fn an_operator_escrow_racing_its_removal_leaves_no_valid_certificate() -> 
         valid.is_empty(),
         "the removed operator holds valid, unrevoked certificates: {valid:?}"
     );
-    match answer {
-        Ok(escrowed) => {
-            let serial: String = pki::certificate_serial(&escrowed.into_inner().owner_certificate)?
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            let record = listed
-                .certificates
-                .iter()
-                .find(|c| c.serial.eq_ignore_ascii_case(&serial))
-                .context("the escrowed certificate is not recorded")?;
-            assert!(record.revoked, "{} is not revoked", record.name);
-        }
-        Err(status) => assert_eq!(
-            status.code(),
-            tonic::Code::Aborted,
-            "escrow refused with an unexpected status: {status}"
-        ),
-    }
+    assert_revoked_or_aborted(answer, &listed)?;
     // Keep the cluster alive until here.
     cluster.first.proc();
     Ok(())

@@ -75,6 +75,21 @@ impl Operator {
 }
 
 /// Asserts that polisctl failed and said `needle`.
+/// `polisctl cluster operator add NAME --role ROLE --key-file KEY` as the owner.
+fn add_operator(cluster: &Cluster, name: &str, role: &str, key: &Path) -> Result<String> {
+    let key = key.to_str().context("utf-8 path")?;
+    cluster.ctl_retry(&[
+        "cluster",
+        "operator",
+        "add",
+        name,
+        "--role",
+        role,
+        "--key-file",
+        key,
+    ])
+}
+
 fn refused(result: (bool, String, String), needle: &str, what: &str) -> Result<()> {
     let (ok, out, err) = result;
     ensure!(!ok, "{what} succeeded: {out}");
@@ -124,16 +139,7 @@ async fn operators_roles_and_removal() -> Result<()> {
         let text = std::fs::read_to_string(&rita_pub)?;
         ensure!(text.starts_with("-----BEGIN PUBLIC KEY-----"), "{text}");
         let path = |p: &Path| p.to_str().map(str::to_string).context("utf-8 path");
-        cluster.ctl_retry(&[
-            "cluster",
-            "operator",
-            "add",
-            "rita",
-            "--role",
-            "reader",
-            "--key-file",
-            &path(&rita_pub)?,
-        ])?;
+        add_operator(&cluster, "rita", "reader", &rita_pub)?;
         for _ in 0..3 {
             let out = rita.take_ownership(&endpoint)?;
             ensure!(
@@ -201,16 +207,7 @@ async fn operators_roles_and_removal() -> Result<()> {
 
         // An operator labels; it is refused a backup (nothing written) and adding
         // ConsensusMember.
-        cluster.ctl_retry(&[
-            "cluster",
-            "operator",
-            "add",
-            "ada",
-            "--role",
-            "operator",
-            "--key-file",
-            &path(&ada_pub)?,
-        ])?;
+        add_operator(&cluster, "ada", "operator", &ada_pub)?;
         let out = ada.take_ownership(&endpoint)?;
         ensure!(out.contains("as operator ada (operator)"), "{out}");
         let (ok, _, err) = ada.ctl(&["node", "label", &first_id, "team=ada"])?;
@@ -249,16 +246,7 @@ async fn operators_roles_and_removal() -> Result<()> {
 
         // A named admin lists operators, and is refused rotating the owner key.
         let adm_pub = adm.make_key(dir)?;
-        cluster.ctl_retry(&[
-            "cluster",
-            "operator",
-            "add",
-            "adm",
-            "--role",
-            "admin",
-            "--key-file",
-            &path(&adm_pub)?,
-        ])?;
+        add_operator(&cluster, "adm", "admin", &adm_pub)?;
         adm.take_ownership(&endpoint)?;
         let (ok, _, err) = adm.ctl(&["cluster", "operator", "list"])?;
         ensure!(ok, "adm listing operators: {err}");
@@ -466,16 +454,7 @@ fn an_operators_certificate_renews_itself_without_a_failed_call() -> Result<()> 
     let cluster = Cluster::bootstrap_with(dir, &["--owner-certificate-lifetime", &lifetime], &[])?;
     let rita = Operator::new(dir, "rita");
     let key_file = rita.make_key(dir)?;
-    cluster.ctl_retry(&[
-        "cluster",
-        "operator",
-        "add",
-        "rita",
-        "--role",
-        "reader",
-        "--key-file",
-        key_file.to_str().context("utf-8 path")?,
-    ])?;
+    add_operator(&cluster, "rita", "reader", &key_file)?;
     rita.take_ownership(&cluster.first.address.to_string())?;
     let certificate = rita.config.join("owner.pem");
     let mut serials = std::collections::BTreeSet::new();
