@@ -656,7 +656,7 @@ pub fn api_messages_seeds() -> Vec<Vec<u8>> {
                 state: state::NodeState::Up as i32,
                 roles: vec![proto::ROLE_CONSENSUS_MEMBER.into()],
                 curator_endpoints: vec!["127.0.0.1:7835".into()],
-                cluster_crl: crate::fixture::crl().to_vec(),
+                cluster_crl: crate::fixture::crl().to_vec().into(),
                 record_revision: 10,
                 record_etcd_cluster: 7,
             }

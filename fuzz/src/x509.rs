@@ -46,8 +46,9 @@ pub fn certificate_seeds() -> Vec<Vec<u8>> {
 }
 
 /// A CRL: its serials, and its number once it verifies against the test CA (verified
-/// twice, it says the same); then offered to a client's `rpc::CrlSlot` that holds the
-/// test CA's CRL number 7, as one a curator hands out: kept only when newer.
+/// twice, it says the same); then offered to a client's `rpc::TrustSlot` that trusts
+/// the test CA and holds its CRL number 7, as one a curator hands out: kept only when
+/// newer.
 pub fn crl(data: &[u8]) {
     let _ = pki::crl_serials(data);
     let verified = pki::verified_crl_number(data, fixture::CA_DER);
@@ -58,16 +59,16 @@ pub fn crl(data: &[u8]) {
         );
         pki::crl_serials(data).expect("a verified CRL lists its serials");
     }
-    let slot = rpc::CrlSlot::new();
-    assert_eq!(slot.offer(fixture::CA_DER, fixture::crl()).ok(), Some(true));
-    match slot.offer(fixture::CA_DER, data) {
+    let slot = rpc::TrustSlot::new(fixture::CA_DER.to_vec());
+    assert_eq!(slot.offer(fixture::crl()).ok(), Some(true));
+    match slot.offer(data) {
         Ok(replaced) => {
             let number = verified.expect("the slot keeps only verified CRLs");
             assert_eq!(
                 replaced,
                 number > 7 || (number == 7 && data != fixture::crl())
             );
-            assert_eq!(slot.offer(fixture::CA_DER, data).ok(), Some(false));
+            assert_eq!(slot.offer(data).ok(), Some(false));
         }
         Err(_) => assert!(verified.is_err()),
     }
@@ -89,16 +90,17 @@ pub fn authenticator(data: &[u8]) {
     let Some((choice, bytes)) = pick(data, 2) else {
         return;
     };
-    let authenticator = rpc::Authenticator::new(fixture::CA_DER.to_vec());
+    let authenticator = rpc::Authenticator::new();
     let now = UnixTime::since_unix_epoch(std::time::Duration::from_secs(1_795_000_000));
     let (leaf, crl) = match choice {
         0 => (bytes, fixture::crl()),
         _ => (fixture::node_certificate(), bytes),
     };
     let leaf = CertificateDer::from(leaf);
-    let first = authenticator.classify(Some(&leaf), crl, now);
+    let anchors = rpc::Anchors::one(fixture::CA_DER.to_vec(), Some(crl.to_vec()));
+    let first = authenticator.classify(Some(&leaf), &anchors, now);
     // A second call is answered from what the first remembered: the same verdict.
-    let second = authenticator.classify(Some(&leaf), crl, now);
+    let second = authenticator.classify(Some(&leaf), &anchors, now);
     assert_eq!(format!("{first:?}"), format!("{second:?}"));
 }
 

@@ -172,8 +172,7 @@ async fn allowed(
                 // The node serves with its own node certificate (a one-node cluster:
                 // `node_id` is the node at `endpoint`).
                 &rpc::ServerTrust::ClusterNode {
-                    ca: ca.to_vec(),
-                    crl: rpc::CrlSlot::new(),
+                    trust: rpc::TrustSlot::new(ca.to_vec()),
                     node_id: node_id.to_string(),
                 },
                 credentials,

@@ -112,13 +112,10 @@ async fn a_node_certificate_is_not_a_curator_and_a_curator_certificate_goes_with
     );
     // A node's curator client (ClusterCa with the CRL, as `curator_client` builds it).
     let ca = std::fs::read(member.root.join("data/node/ca.der"))?;
-    let crl = rpc::CrlSlot::new();
+    let crl = rpc::TrustSlot::new(ca.clone());
     let client = rpc::CuratorClient::new(
         vec![at],
-        rpc::ServerTrust::ClusterCa {
-            ca: ca.clone(),
-            crl: crl.clone(),
-        },
+        rpc::ServerTrust::ClusterCa { trust: crl.clone() },
         Some(node_credentials(&member.root)?),
     )?;
     let answer = client
@@ -205,10 +202,10 @@ async fn a_node_certificate_is_not_a_curator_and_a_curator_certificate_goes_with
                 .await
         })
         .await?;
-    crl.offer(&ca, &answer.crl)?;
+    crl.offer(&answer.crl)?;
     let client = rpc::CuratorClient::new(
         vec![member_at],
-        rpc::ServerTrust::ClusterCa { ca, crl },
+        rpc::ServerTrust::ClusterCa { trust: crl },
         Some(worker_credentials),
     )?;
     let answer = client

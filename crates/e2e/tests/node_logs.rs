@@ -137,8 +137,7 @@ fn node_logs_of_workers_and_members_for_the_owner_only() -> Result<()> {
             let channel = rpc::connect(
                 std::net::SocketAddr::new(endpoint, rpc::NODE_LOGS_PORT),
                 &rpc::ServerTrust::ClusterNode {
-                    ca: ca.clone(),
-                    crl: rpc::CrlSlot::new(),
+                    trust: rpc::TrustSlot::new(ca.clone()),
                     node_id: server_id,
                 },
                 Some(&creds),

@@ -3,7 +3,7 @@
 //! (`data/node/crl.der` is on it). Gathered from what the node holds (the register
 //! parameters' CRL, the ESP's copy) and from every curator it knows (GetCACertificate):
 //! a CRL is signed by the cluster CA, so it may come from anywhere, and the newest by
-//! CRL number is kept (`rpc::CrlSlot`). A curator whose certificate that CRL lists is
+//! CRL number is kept (`rpc::TrustSlot`). A curator whose certificate that CRL lists is
 //! then refused at the handshake, as the running node's client refuses it.
 //! A node on a data device keeps a copy of the newest CRL in its ESP
 //! (`datakeys::crl_copy`) for the locked unlock.
@@ -44,13 +44,13 @@ pub fn keep_esp_copy(root: &Root, crl: &[u8]) -> Result<()> {
     write_atomic(&copy, crl).context("saving the cluster CRL in the ESP")
 }
 
-/// Offers `crl` from `source` to `slot`; one that is not the cluster CA's is logged and
-/// left out (a stranger's answer must not stop the node).
-pub fn offer(slot: &rpc::CrlSlot, ca: &[u8], crl: &[u8], source: &str) {
+/// Offers `crl` from `source` to `slot`; one that no CA of the cluster signed is logged
+/// and left out (a stranger's answer must not stop the node).
+pub fn offer(slot: &rpc::TrustSlot, crl: &[u8], source: &str) {
     if crl.is_empty() {
         return;
     }
-    match slot.offer(ca, crl) {
+    match slot.offer(crl) {
         Ok(true) => tracing::debug!(source, "took a newer cluster CRL"),
         Ok(false) => {}
         Err(e) => tracing::warn!(source, "ignoring a cluster CRL: {e}"),
@@ -58,11 +58,11 @@ pub fn offer(slot: &rpc::CrlSlot, ca: &[u8], crl: &[u8], source: &str) {
 }
 
 /// The ESP's copy of the CRL offered to `slot`, if there is one.
-pub fn offer_esp_copy(root: &Root, slot: &rpc::CrlSlot, ca: &[u8]) -> Result<()> {
+pub fn offer_esp_copy(root: &Root, slot: &rpc::TrustSlot) -> Result<()> {
     let path = datakeys::crl_copy(root);
     match std::fs::read(&path) {
         Ok(crl) => {
-            offer(slot, ca, &crl, "the ESP");
+            offer(slot, &crl, "the ESP");
             Ok(())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -71,13 +71,12 @@ pub fn offer_esp_copy(root: &Root, slot: &rpc::CrlSlot, ca: &[u8]) -> Result<()>
 }
 
 /// Asks each of `endpoints` for the cluster's current CRL (checking their certificates
-/// against `ca` and what `slot` holds so far), each for at most [`ASK_TIMEOUT`], all
-/// for at most [`GATHER_TIMEOUT`]; every CRL of `ca` is offered to `slot`. Curators
-/// that do not answer are skipped: what was gathered is what the caller checks with.
-pub async fn gather(slot: &rpc::CrlSlot, endpoints: &[SocketAddr], ca: &[u8]) {
+/// against what `slot` holds so far), each for at most [`ASK_TIMEOUT`], all for at most
+/// [`GATHER_TIMEOUT`]; every CRL of a CA `slot` trusts is offered to it. Curators that
+/// do not answer are skipped: what was gathered is what the caller checks with.
+pub async fn gather(slot: &rpc::TrustSlot, endpoints: &[SocketAddr]) {
     let trust = rpc::ServerTrust::ClusterCa {
-        ca: ca.to_vec(),
-        crl: slot.clone(),
+        trust: slot.clone(),
     };
     let ask = async |endpoint: SocketAddr| -> Result<Vec<u8>, String> {
         let channel = rpc::connect(endpoint, &trust, None)
@@ -92,7 +91,7 @@ pub async fn gather(slot: &rpc::CrlSlot, endpoints: &[SocketAddr], ca: &[u8]) {
     let all = async {
         for endpoint in endpoints {
             match tokio::time::timeout(ASK_TIMEOUT, ask(*endpoint)).await {
-                Ok(Ok(crl)) => offer(slot, ca, &crl, &endpoint.to_string()),
+                Ok(Ok(crl)) => offer(slot, &crl, &endpoint.to_string()),
                 Ok(Err(e)) => tracing::debug!(%endpoint, "asking for the cluster CRL: {e}"),
                 Err(_) => tracing::debug!(%endpoint, "asking for the cluster CRL: no answer"),
             }

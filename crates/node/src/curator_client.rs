@@ -6,7 +6,7 @@
 
 use std::net::IpAddr;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::crlfetch;
 use crate::settings::Settings;
@@ -27,12 +27,10 @@ pub fn local_source(address: IpAddr) -> Option<IpAddr> {
 /// against the cluster CA and the newest CRL this node has seen.
 pub fn curator_client(settings: &Settings, values: &NodeValues) -> Result<rpc::CuratorClient> {
     let credentials = values.credentials.slot(&settings.root)?;
-    let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
     Ok(rpc::CuratorClient::with_slot(
         values.curators.current().unwrap_or_default(),
         rpc::ServerTrust::ClusterCa {
-            ca,
-            crl: values.crl.clone(),
+            trust: trust(settings, values)?,
         },
         Some(credentials),
     )
@@ -40,17 +38,25 @@ pub fn curator_client(settings: &Settings, values: &NodeValues) -> Result<rpc::C
     .with_source(local_source(settings.address)))
 }
 
-/// Takes `crl` (from a curator, or the saved copy) into the node's CRL slot when it is
-/// the cluster CA's and newer than the one held; saves it when it was new (on a data
-/// device, the ESP's copy too: see `crlfetch`).
-pub fn offer_crl(
-    settings: &Settings,
-    values: &NodeValues,
-    ca: &[u8],
-    crl: &[u8],
-    save: bool,
-) -> Result<()> {
-    match values.crl.offer(ca, crl) {
+/// What this node checks curators against: its trust slot, holding the cluster CA it
+/// saved (`data/node/ca.der`, adopted on first use) and the newest CRL seen.
+pub fn trust(settings: &Settings, values: &NodeValues) -> Result<rpc::TrustSlot> {
+    let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
+    values.trust.adopt(vec![ca]).with_context(|| {
+        format!(
+            "the cluster CA certificate in {} is unusable",
+            settings.root.cluster_ca().display()
+        )
+    })?;
+    Ok(values.trust.clone())
+}
+
+/// Takes `crl` (from a curator, or the saved copy) into the node's trust slot when a
+/// CA of the cluster signed it and it is newer than the one held; saves it when it was
+/// new (on a data device, the ESP's copy too: see `crlfetch`).
+pub fn offer_crl(settings: &Settings, values: &NodeValues, crl: &[u8], save: bool) -> Result<()> {
+    let slot = trust(settings, values)?;
+    match slot.offer(crl) {
         Ok(true) if save => {
             crlfetch::save(&settings.root, crl)?;
             tracing::info!(
@@ -68,10 +74,10 @@ pub fn offer_crl(
 pub fn load_saved_crl(settings: &Settings, values: &NodeValues) -> Result<()> {
     let saved_crl = settings.root.cluster_crl();
     if saved_crl.exists() {
-        let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
         let crl = read_file(&saved_crl, "cluster CRL")?;
-        offer_crl(settings, values, &ca, &crl, false)?;
-        if let Some(held) = values.crl.current() {
+        offer_crl(settings, values, &crl, false)?;
+        let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
+        if let Some(held) = values.trust.crl_of(&ca) {
             crlfetch::keep_esp_copy(&settings.root, &held)?;
         }
     }

@@ -344,14 +344,11 @@ async fn unlock(
     // data/node/crl.der is on the locked device: the ESP's copy, and whatever newer one
     // a curator hands out (asked again before every round).
     let ca = &sealed.cluster_ca_certificate;
-    let crl = rpc::CrlSlot::new();
-    crlfetch::offer_esp_copy(root, &crl, ca)?;
+    let crl = rpc::TrustSlot::new(ca.clone());
+    crlfetch::offer_esp_copy(root, &crl)?;
     let client = rpc::CuratorClient::new(
         endpoints.clone(),
-        rpc::ServerTrust::ClusterCa {
-            ca: ca.clone(),
-            crl: crl.clone(),
-        },
+        rpc::ServerTrust::ClusterCa { trust: crl.clone() },
         Some(credentials.clone()),
     )
     .context("loading the join key's certificate")?;
@@ -378,7 +375,7 @@ async fn unlock(
             problems.resolved("a member answered");
             return Ok(volume);
         }
-        crlfetch::gather(&crl, &endpoints, ca).await;
+        crlfetch::gather(&crl, &endpoints).await;
         let answer = client
             .call(|channel| async move {
                 api::data_unlock_client::DataUnlockClient::new(channel)

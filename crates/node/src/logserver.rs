@@ -34,7 +34,7 @@ use crate::logcapture::hub;
 use crate::logring::{LineFilter, LogLine};
 use crate::memberbook;
 use crate::settings::Settings;
-use crate::storage::{read_file, read_proto};
+use crate::storage::read_proto;
 use crate::values::{HeldBack, NodeValues};
 
 /// Lines read from the ring at once by a follower.
@@ -57,7 +57,7 @@ fn message(line: LogLine) -> NodeLogLine {
 /// NodeLogs: the hub's lines; `crl` is the node's current cluster CRL, which a
 /// follower's certificate is checked against.
 struct Logs {
-    crl: rpc::CrlSlot,
+    crl: rpc::TrustSlot,
 }
 
 /// How often an idle follower checks that its certificate was not revoked.
@@ -96,21 +96,21 @@ impl api::node_logs_server::NodeLogs for Logs {
                     return;
                 }
             }
-            // The CRL last checked: a follower whose certificate a new one lists ends.
-            let mut checked: Option<Vec<u8>> = None;
+            // The CRLs last checked: a follower whose certificate a new one lists ends.
+            let mut checked: Vec<Vec<u8>> = Vec::new();
             loop {
+                let crls = crl_slot.anchors().crls;
                 if let Some(certificate) = &certificate
-                    && let Some(crl) = crl_slot.current()
-                    && checked.as_ref() != Some(&crl)
+                    && checked != crls
                 {
-                    if certificate.listed_in(&crl) {
+                    if crls.iter().any(|crl| certificate.listed_in(crl)) {
                         tracing::info!("a followed log stream ends: the caller was revoked");
                         let _ = tx
                             .send(Err(Status::permission_denied(rpc::server::STREAM_REVOKED)))
                             .await;
                         return;
                     }
-                    checked = Some(crl);
+                    checked = crls;
                 }
                 let changed = hub().changed.notified();
                 tokio::pin!(changed);
@@ -378,21 +378,24 @@ pub async fn run(
         None => return Err("the log server started before the node's membership".into()),
     };
     let credentials = values.credentials.slot(&settings.root)?;
-    let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
+    let trust = crate::curator_client::trust(&settings, &values).map_err(|e| format!("{e:#}"))?;
     let tls = rpc::tls::server_config_from(&credentials)?;
     let listen = std::net::SocketAddr::new(settings.address, rpc::NODE_LOGS_PORT);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("listening on {listen}: {e}"))?;
-    let crl_slot = values.crl.clone();
-    let logs = Logs {
-        crl: crl_slot.clone(),
-    };
-    let crl: rpc::CrlSource = Arc::new(move || {
-        let current = crl_slot.current();
-        Box::pin(async move { current.ok_or_else(|| "no cluster CRL yet".to_string()) })
+    let logs = Logs { crl: trust.clone() };
+    let source: rpc::TrustSource = Arc::new(move || {
+        let anchors = trust.anchors();
+        Box::pin(async move {
+            if anchors.crls.is_empty() {
+                Err("no cluster CRL yet".to_string())
+            } else {
+                Ok(anchors)
+            }
+        })
     });
-    let auth = rpc::AuthLayer::new(Arc::new(rpc::Authenticator::new(ca)), crl);
+    let auth = rpc::AuthLayer::new(Arc::new(rpc::Authenticator::new()), source);
     tracing::info!(%listen, "serving this node's logs");
     ctx.signal_healthy();
     let span = tracing::Span::current();

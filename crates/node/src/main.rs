@@ -415,7 +415,7 @@ async fn run(start: Start) -> Result<()> {
         cluster_state: event::Value::new(),
         curators: event::Value::new(),
         roles: event::Value::new(),
-        crl: rpc::CrlSlot::new(),
+        trust: rpc::TrustSlot::empty(),
         credentials: Default::default(),
         services: event::Value::new(),
         applied_view: event::Value::new(),

@@ -234,15 +234,15 @@ const MEMBER_ANSWER: Duration = Duration::from_secs(2);
 async fn ask_members(root: &Root, ips: &[IpAddr]) -> Result<Vec<epochs::MemberAnswer>> {
     let credentials = crate::values::NodeCredentials::default().slot(root)?;
     let ca = crate::storage::read_file(&root.cluster_ca(), "cluster CA certificate")?;
-    let crl = rpc::CrlSlot::new();
+    let crl = rpc::TrustSlot::new(ca);
     let saved_crl = root.cluster_crl();
     if saved_crl.exists() {
         let der = crate::storage::read_file(&saved_crl, "cluster CRL")?;
-        if let Err(e) = crl.offer(&ca, &der) {
+        if let Err(e) = crl.offer(&der) {
             tracing::warn!("ignoring the saved cluster CRL: {e}");
         }
     }
-    let trust = rpc::ServerTrust::ClusterMember { ca, crl };
+    let trust = rpc::ServerTrust::ClusterMember { trust: crl };
     Ok(epochs::ask_members(ips, &trust, &credentials, MEMBER_ANSWER).await)
 }
 

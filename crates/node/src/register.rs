@@ -107,14 +107,11 @@ pub async fn register(
     // here (a removed member's address in old parameters).
     // One that is not the pinned CA's is left out (logged): the CA is what decides, and
     // a wrong one is refused as such at the first contact.
-    let crl = rpc::CrlSlot::new();
-    crlfetch::offer(&crl, &params.ca_certificate, &params.crl, params_what);
+    let crl = rpc::TrustSlot::new(params.ca_certificate.clone());
+    crlfetch::offer(&crl, &params.crl, params_what);
     let client = rpc::CuratorClient::new(
         endpoints.clone(),
-        rpc::ServerTrust::ClusterCa {
-            ca: params.ca_certificate.clone(),
-            crl: crl.clone(),
-        },
+        rpc::ServerTrust::ClusterCa { trust: crl.clone() },
         Some(rpc::self_signed(&key).context("creating the self-signed registration certificate")?),
     )
     .context("loading the self-signed registration certificate")?
@@ -133,7 +130,7 @@ pub async fn register(
     // Register, then wait on the stream until the owner approves.
     'register: loop {
         tokio::select! {
-            () = crlfetch::gather(&crl, &endpoints, &params.ca_certificate) => {}
+            () = crlfetch::gather(&crl, &endpoints) => {}
             _ = ctx.cancelled() => return Ok(None),
         }
         let call = client.call(|channel| {
@@ -236,7 +233,7 @@ pub async fn register(
         .context("saving the node certificate")?;
     write_atomic(&root.cluster_ca(), &committed.ca_certificate)
         .context("saving the cluster CA certificate")?;
-    if let Some(crl) = crl.current() {
+    if let Some(crl) = crl.crl_of(&params.ca_certificate) {
         crlfetch::save(root, &crl)?;
     }
     write_proto(&root.local_roles(), &roles).context("saving the node's roles")?;

@@ -25,7 +25,7 @@ use crate::membership::{preferred_order, roles_from_names};
 use crate::retry::{Backoff, ProblemLog, pause};
 use crate::settings::Settings;
 use crate::staleview::{self, AppliedView};
-use crate::storage::{read_file, write_atomic, write_proto};
+use crate::storage::{write_atomic, write_proto};
 use crate::values::{NodeValues, apply_contact};
 
 /// Watches this node's record and the curator list (Curator.WatchNode): keeps the
@@ -43,7 +43,6 @@ pub async fn run(
     // it was down learns it here (its own control plane may never come up).
     values.membership.watch().get().await?;
     let mut client = curator_client(&settings, &values)?;
-    let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
     ctx.signal_healthy();
     // Whether the node watch was renewed because this node's etcd member stopped.
     let mut resynced = false;
@@ -182,7 +181,7 @@ pub async fn run(
                 }
             }
             if !update.cluster_crl.is_empty() {
-                offer_crl(&settings, &values, &ca, &update.cluster_crl, true)?;
+                offer_crl(&settings, &values, &update.cluster_crl, true)?;
             }
             match proto::api::NodeState::try_from(update.state) {
                 Ok(proto::api::NodeState::Decommissioning) => enter_disowning(&settings, &values)?,

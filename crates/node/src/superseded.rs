@@ -23,7 +23,7 @@ use proto::api;
 use crate::epochs;
 use crate::files::forget_consensus;
 use crate::settings::Settings;
-use crate::storage::read_file;
+
 use crate::values::{HeldBack, NodeValues};
 
 /// How long a recovered member keeps asking the others before its curator serves: two
@@ -78,8 +78,7 @@ pub async fn check(settings: &Settings, values: &NodeValues) -> Result<Option<Ne
     let own = epochs::load(&settings.root)?;
     let credentials = values.credentials.slot(&settings.root)?;
     let trust = rpc::ServerTrust::ClusterMember {
-        ca: read_file(&settings.root.cluster_ca(), "cluster CA certificate")?,
-        crl: values.crl.clone(),
+        trust: crate::curator_client::trust(settings, values)?,
     };
     let answers = epochs::ask_members(&members, &trust, &credentials, ASK_BOUND).await;
     Ok(

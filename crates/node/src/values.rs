@@ -23,9 +23,11 @@ pub struct NodeValues {
     pub curators: event::Value<Vec<SocketAddr>>,
     /// The node's roles: from the root at start, then as the cluster changes them.
     pub roles: event::Value<LocalRoles>,
-    /// The newest cluster CRL seen (saved in `data/node/crl.der`): every call to a
-    /// curator checks the curator's certificate against it.
-    pub crl: rpc::CrlSlot,
+    /// The cluster CA (adopted from `data/node/ca.der` on first use,
+    /// `curator_client::trust`) and the newest cluster CRL seen (saved in
+    /// `data/node/crl.der`): every call to a curator checks the curator's certificate
+    /// against them.
+    pub trust: rpc::TrustSlot,
     /// The node certificate and key every curator client and the curator's server use,
     /// loaded from the root once it holds them; replaced live on renewal (see
     /// `crate::renew`).

@@ -14,7 +14,7 @@
 //! The CRL stays bounded: a revocation drops the entries whose certificates expired
 //! (an expired certificate is refused on its dates anyway), and every new CRL carries a
 //! number above the one it replaces, so clients that take only newer CRLs
-//! (`rpc::CrlSlot`) take a shorter one too. That number is also at least the time of
+//! (`rpc::TrustSlot`) take a shorter one too. That number is also at least the time of
 //! issue in Unix microseconds ([`next_crl_number`]): a cluster restored from a backup
 //! (or recovered from a lagging member) holds an older CRL than some clients saw, and
 //! its next CRL ([`CaStore::reissue_crl`] at once) must still be newer than those.

@@ -129,11 +129,11 @@ pub(crate) fn saved_epoch(config: &Path) -> Result<rpc::epoch::EpochSlot> {
     Ok(rpc::epoch::EpochSlot::new(seen, Some(save)))
 }
 
-/// A CRL slot holding the saved CRL, if it checks out against `ca`.
-pub(crate) fn saved_crl(config: &Path, ca: &[u8]) -> Result<rpc::CrlSlot> {
-    let slot = rpc::CrlSlot::new();
+/// A trust slot holding `ca` and the saved CRL, if that checks out against `ca`.
+pub(crate) fn saved_crl(config: &Path, ca: &[u8]) -> Result<rpc::TrustSlot> {
+    let slot = rpc::TrustSlot::new(ca.to_vec());
     if let Some(crl) = read_pem(&crl_path(config), "X509 CRL", "cluster CRL")? {
-        slot.offer(ca, &crl).with_context(|| {
+        slot.offer(&crl).with_context(|| {
             format!(
                 "the saved cluster CRL {} is not this cluster's; remove it",
                 crl_path(config).display()
@@ -152,7 +152,7 @@ pub(crate) fn drop_foreign_crl(config: &Path, ca: &[u8]) -> Result<bool> {
     let Some(crl) = read_pem(&crl_path(config), "X509 CRL", "cluster CRL")? else {
         return Ok(false);
     };
-    if rpc::CrlSlot::new().offer(ca, &crl).is_ok() {
+    if rpc::TrustSlot::new(ca.to_vec()).offer(&crl).is_ok() {
         return Ok(false);
     }
     fs::remove_file(crl_path(config))

@@ -44,7 +44,7 @@
 //!      │                         ├──────────────┐
 //!      ▼                         ▼              ▼
 //!   tls       credentials, server_side,      forward   ForwardLayer: calls a
-//!             client_side, crl_slot,            │      follower sends to the leader
+//!             client_side, trust_slot,          │      follower sends to the leader
 //!             authenticator, crypto             │
 //!      │                                        │
 //!      ▼                                        ▼
@@ -78,8 +78,10 @@ pub use client::{
     leader_endpoint, parse_endpoint, parse_endpoints, url_address,
 };
 pub use forward::{ForwardLayer, Forwarding};
-pub use server::{AuthLayer, CrlSource, Forwarders, Limits, PeerInfo, Port, incoming};
-pub use tls::{Authenticator, CredentialSlot, Credentials, CrlSlot, ServerTrust, self_signed};
+pub use server::{AuthLayer, Forwarders, Limits, PeerInfo, Port, TrustSource, incoming};
+pub use tls::{
+    Anchors, Authenticator, CredentialSlot, Credentials, ServerTrust, TrustSlot, self_signed,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RpcError {

@@ -68,8 +68,8 @@ pub use audit::{
     AuditCall, AuditLayer, AuditSink, CallInProgress, call_in_progress, first_message, run_in_call,
 };
 pub use auth::{
-    AuthLayer, AuthService, ClientCertificate, CountedBody, CrlSource, DenialHook, Forwarders,
-    STREAM_REVOKED, denied_status,
+    AuthLayer, AuthService, ClientCertificate, CountedBody, DenialHook, Forwarders, STREAM_REVOKED,
+    TrustSource, denied_status,
 };
 pub use conn::{PeerInfo, TlsConn};
 pub use limits::{Limits, Port};

@@ -3,9 +3,9 @@
 //! ```text
 //!   etcd cluster-pki/ca/crl ──one watch (pki::CaStore::watch_crl)──▶ Shared::crl
 //!                                                                      │ every call
-//!   AuthLayer ◀── CrlSource (reads the cache; no etcd call) ◀──────────┘
+//!   AuthLayer ◀── TrustSource (reads the cache; no etcd call) ◀────────┘
 //! ```
-//! The same CRL checks the curators this one calls (`Shared::crl_slot`), and reaches
+//! The same CRL checks the curators this one calls (`Shared::trust`), and reaches
 //! nodes with their WatchNode stream, for their own calls.
 //!
 //! A revocation takes effect on this curator with the watch event that carries it
@@ -29,7 +29,7 @@ pub(super) async fn run(
         tokio::select! {
             crl = crls.recv() => match crl {
                 Some(crl) => {
-                    if let Err(e) = shared.crl_slot.offer(&shared.config.ca_certificate, &crl) {
+                    if let Err(e) = shared.trust.offer(&crl) {
                         // The per-call check below still uses it: etcd is the authority.
                         tracing::error!("the cluster CRL in etcd does not check out: {e}");
                     }
@@ -43,14 +43,17 @@ pub(super) async fn run(
     }
 }
 
-/// The CRL source for the listener's authorization layer: the cached CRL.
-pub(super) fn source(shared: &Arc<Shared>) -> rpc::CrlSource {
+/// What the listener's authorization layer checks callers against: the cluster CA and
+/// the cached CRL.
+pub(super) fn source(shared: &Arc<Shared>) -> rpc::TrustSource {
     let shared = shared.clone();
     Arc::new(move || {
-        let crl = shared.crl.current();
+        let anchors = shared
+            .crl
+            .current()
+            .map(|crl| rpc::Anchors::one(shared.config.ca_certificate.clone(), Some(crl.to_vec())));
         Box::pin(async move {
-            crl.map(|c| c.to_vec())
-                .ok_or_else(|| "the cluster CRL has not been loaded yet".to_string())
+            anchors.ok_or_else(|| "the cluster CRL has not been loaded yet".to_string())
         })
     })
 }

@@ -122,17 +122,14 @@ pub(super) async fn serve(
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("listening on {}: {e}", config.listen))?;
-    let crl = super::crl::source(&shared);
+    let trust = super::crl::source(&shared);
     let audit_sink = super::audit_writer::sink(shared.clone());
     let forwarders_shared = shared.clone();
-    let auth = rpc::AuthLayer::new(
-        Arc::new(rpc::Authenticator::new(config.ca_certificate.clone())),
-        crl,
-    )
-    .with_forwarders(Arc::new(move |id: &str| {
-        forwarders_shared.is_curator_node(id)
-    }))
-    .with_denials(super::audit_writer::denials(audit_sink.clone()));
+    let auth = rpc::AuthLayer::new(Arc::new(rpc::Authenticator::new()), trust)
+        .with_forwarders(Arc::new(move |id: &str| {
+            forwarders_shared.is_curator_node(id)
+        }))
+        .with_denials(super::audit_writer::denials(audit_sink.clone()));
     let forward = rpc::ForwardLayer::new(forwarding(shared.clone()));
     // Inside forwarding: a read served here as leader leaves only once etcd confirms,
     // after it was answered, that this curator still leads.

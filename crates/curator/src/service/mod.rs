@@ -143,7 +143,7 @@ pub async fn run(
         etcd_leader: event::Value::new(),
         membership: Arc::new(tokio::sync::Mutex::new(())),
         crl: event::Value::new(),
-        crl_slot: rpc::CrlSlot::new(),
+        trust: rpc::TrustSlot::new(config.ca_certificate.clone()),
         decommission_problems: Mutex::new(HashMap::new()),
         certificates: event::Value::new(),
         certificates_changed: tokio::sync::Notify::new(),

@@ -129,9 +129,9 @@ pub struct Shared {
     /// The cluster CRL (DER), fed by one etcd watch (the `crl` runnable); shared, not
     /// copied, by every WatchNode update that carries it.
     pub(super) crl: event::Value<prost::bytes::Bytes>,
-    /// The same CRL for this curator's own calls to other curators (forwarding, quorum
-    /// questions): a removed node cannot pose as one.
-    pub(super) crl_slot: rpc::CrlSlot,
+    /// The cluster CA and the same CRL for this curator's own calls to other curators
+    /// (forwarding, quorum questions): a removed node cannot pose as one.
+    pub(super) trust: rpc::TrustSlot,
     /// What holds up each DECOMMISSIONING node, by node ID (the `decommission` runnable).
     pub(super) decommission_problems: Mutex<HashMap<String, String>>,
     /// Current certificates per node, for expiry warnings (the `certificates` runnable).
@@ -217,8 +217,7 @@ impl Shared {
     /// How this curator checks the curators it calls: the cluster CA and the CRL.
     pub(super) fn server_trust(&self) -> rpc::ServerTrust {
         rpc::ServerTrust::ClusterCa {
-            ca: self.config.ca_certificate.clone(),
-            crl: self.crl_slot.clone(),
+            trust: self.trust.clone(),
         }
     }
 

@@ -53,9 +53,8 @@ pub(crate) async fn logs(
     let endpoint = SocketAddr::new(address, rpc::NODE_LOGS_PORT);
     // The node serves its logs with its own node certificate: only that node is accepted.
     let trust = match session.trust() {
-        rpc::ServerTrust::ClusterCa { ca, crl } => rpc::ServerTrust::ClusterNode {
-            ca: ca.clone(),
-            crl: crl.clone(),
+        rpc::ServerTrust::ClusterCa { trust } => rpc::ServerTrust::ClusterNode {
+            trust: trust.clone(),
             node_id: id.clone(),
         },
         other => other.clone(),

@@ -204,9 +204,8 @@ async fn member_status(
 ) -> Result<api::GetConsensusStatusResponse, String> {
     let endpoint = SocketAddr::new(curator.ip(), rpc::NODE_LOGS_PORT);
     let trust = match session.trust() {
-        rpc::ServerTrust::ClusterCa { ca, crl } => rpc::ServerTrust::ClusterMember {
-            ca: ca.clone(),
-            crl: crl.clone(),
+        rpc::ServerTrust::ClusterCa { trust } => rpc::ServerTrust::ClusterMember {
+            trust: trust.clone(),
         },
         other => other.clone(),
     };

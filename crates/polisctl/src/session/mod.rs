@@ -34,7 +34,7 @@ pub(crate) struct OwnerSession {
     client: rpc::CuratorClient,
     config: PathBuf,
     ca: Vec<u8>,
-    crl: rpc::CrlSlot,
+    crl: rpc::TrustSlot,
     /// Whether this session fetched the current CRL yet (once per command).
     crl_refreshed: std::sync::atomic::AtomicBool,
 }
@@ -112,10 +112,7 @@ impl OwnerSession {
         credentials: rpc::Credentials,
     ) -> Result<OwnerSession> {
         let crl = saved_crl(config, &ca)?;
-        let trust = rpc::ServerTrust::ClusterCa {
-            ca: ca.clone(),
-            crl: crl.clone(),
-        };
+        let trust = rpc::ServerTrust::ClusterCa { trust: crl.clone() };
         Ok(OwnerSession {
             client: rpc::CuratorClient::new(endpoints, trust, Some(credentials))?
                 .with_epoch(saved_epoch(config)?),
@@ -144,7 +141,7 @@ impl OwnerSession {
             .await;
         let outcome = match fetched {
             Ok(answer) if answer.crl.is_empty() => Ok(()),
-            Ok(answer) => match self.crl.offer(&self.ca, &answer.crl) {
+            Ok(answer) => match self.crl.offer(&answer.crl) {
                 Ok(true) => write_pem(&crl_path(&self.config), "X509 CRL", &answer.crl),
                 Ok(false) => Ok(()),
                 Err(e) => Err(e.into()),
@@ -262,7 +259,7 @@ impl OwnerSession {
     }
     /// The newest cluster CRL this session has (saved, or refreshed by its first call).
     pub(crate) fn crl(&self) -> Option<Vec<u8>> {
-        self.crl.current()
+        self.crl.crl_of(&self.ca)
     }
     pub(crate) fn trust(&self) -> &rpc::ServerTrust {
         self.client.trust()

@@ -16,7 +16,7 @@ use rustls::pki_types::{CertificateDer, UnixTime};
 use super::calls::CallGuard;
 use super::conn::PeerInfo;
 use crate::authz::{Denied, Identity, authorize};
-use crate::tls::Authenticator;
+use crate::tls::{Anchors, Authenticator};
 
 /// The certificate chain the caller presented (shared with its connection, not copied),
 /// for calls not forwarded by another curator: a stream handler ends the stream once
@@ -46,16 +46,17 @@ impl ClientCertificate {
 pub const STREAM_REVOKED: &str =
     "the caller's certificate was revoked (or its key removed); the stream ends";
 
-/// Fetches the current cluster CRL (DER).
-pub type CrlSource =
-    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<Vec<u8>, String>> + Send>> + Send + Sync>;
+/// Fetches what callers' certificates are checked against now: the cluster CAs
+/// trusted and their current CRLs (an error when a CRL is not known yet).
+pub type TrustSource =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<Anchors, String>> + Send>> + Send + Sync>;
 
 /// Tower layer: classifies the caller, applies the permission table, and hands the
 /// [`Identity`] to the handler through the request extensions.
 #[derive(Clone)]
 pub struct AuthLayer {
     authenticator: Arc<Authenticator>,
-    crl: CrlSource,
+    trust: TrustSource,
     forwarders: Option<Forwarders>,
     denials: Option<DenialHook>,
 }
@@ -81,10 +82,10 @@ pub type DenialHook = Arc<
 pub type Forwarders = Arc<dyn Fn(&str) -> bool + Send + Sync>;
 
 impl AuthLayer {
-    pub fn new(authenticator: Arc<Authenticator>, crl: CrlSource) -> AuthLayer {
+    pub fn new(authenticator: Arc<Authenticator>, trust: TrustSource) -> AuthLayer {
         AuthLayer {
             authenticator,
-            crl,
+            trust,
             forwarders: None,
             denials: None,
         }
@@ -198,10 +199,12 @@ where
             let remote = peer.map(|p| p.remote);
             let caller = match leaf.as_ref().and_then(|c| c.first()) {
                 None => Identity::Anonymous,
-                Some(cert) => match (layer.crl)().await {
-                    Ok(crl) => layer
-                        .authenticator
-                        .classify(Some(cert), &crl, UnixTime::now()),
+                Some(cert) => match (layer.trust)().await {
+                    Ok(anchors) => {
+                        layer
+                            .authenticator
+                            .classify(Some(cert), &anchors, UnixTime::now())
+                    }
                     Err(e) => {
                         // The client hears Unavailable and retries; the CRL's own source
                         // logs why it has none (e.g. for the first moments after start).

@@ -16,7 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::calls::Calls;
 use super::*;
 use crate::tls::{
-    Authenticator, Credentials, ServerTrust, client_config, self_signed, server_config,
+    Anchors, Authenticator, Credentials, ServerTrust, client_config, self_signed, server_config,
 };
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -311,11 +311,12 @@ async fn serve(limits: Limits, delay: Duration) -> SocketAddr {
     let (listener, address) = bind().await;
     let ca = pki::Ca::generate("test CA", pki::CA_LIFETIME).unwrap();
     let crl_der = ca.crl(&[], 1).unwrap();
-    let crl: CrlSource = Arc::new(move || {
-        let crl = crl_der.clone();
-        Box::pin(async move { Ok(crl) })
+    let anchors = Anchors::one(ca.cert_der.clone(), Some(crl_der));
+    let trust: TrustSource = Arc::new(move || {
+        let anchors = anchors.clone();
+        Box::pin(async move { Ok(anchors) })
     });
-    let auth = AuthLayer::new(Arc::new(Authenticator::new(ca.cert_der.clone())), crl);
+    let auth = AuthLayer::new(Arc::new(Authenticator::new()), trust);
     let tls = server_config(&server_credentials()).unwrap();
     tokio::spawn(
         builder()

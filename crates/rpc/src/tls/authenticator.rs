@@ -1,17 +1,19 @@
-//! Who a client is ([`Authenticator`]): its certificate checked against the cluster CA,
-//! validity and the current CRL, then classified by the kind the CA marked it with
-//! (anonymous, self-signed, node, user, operator, invalid). Verdicts on certificates that verified
-//! are remembered per CRL until the certificate expires.
+//! Who a client is ([`Authenticator`]): its certificate checked against the cluster CAs
+//! trusted (one, or two during a rotation), validity and the current CRLs, then
+//! classified by the kind the CA marked it with (anonymous, self-signed, node, user,
+//! operator, invalid). Verdicts on certificates that verified are remembered per
+//! [`Anchors`] (CAs and CRLs) until the certificate expires.
 //!
 //! May not build TLS configurations or decide permissions (that is `authz`).
 
 use std::sync::{Arc, Mutex};
 
-use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, UnixTime};
+use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
 
 use super::crypto::provider;
+use super::trust_slot::Anchors;
 use crate::authz::Identity;
 
 /// Who holds a certificate that verified against the cluster CA, from the kind the CA
@@ -78,15 +80,15 @@ fn classify_cluster_certificate(
     }
 }
 
-/// The verifier for one CRL, and what it concluded about certificates so far.
+/// The verifier for one set of anchors, and what it concluded about certificates so far.
 struct Verified {
-    crl: Vec<u8>,
+    anchors: Anchors,
     verifier: Arc<dyn ClientCertVerifier>,
     /// Cluster certificates (DER) that verified, with who they are and until when.
     identities: std::collections::HashMap<Vec<u8>, (Identity, UnixTime)>,
 }
 
-/// Certificates whose classification is remembered per CRL. A client keeps presenting
+/// Certificates whose classification is remembered per set of anchors. A client keeps presenting
 /// the same one, call after call; verifying its signature again each time was a quarter
 /// of the curator's CPU per call. Every node heartbeats with its own certificate, so
 /// this must hold one per node and more: with 1024 (and the whole cache cleared when
@@ -96,56 +98,52 @@ struct Verified {
 /// about 10 MB.
 const REMEMBERED_CERTIFICATES: usize = 16384;
 
-/// Decides who a client is from its certificate, the cluster CA and the current CRL.
+/// Decides who a client is from its certificate and the anchors it is given with it:
+/// the cluster CAs trusted and their current CRLs.
+#[derive(Default)]
 pub struct Authenticator {
-    ca: CertificateDer<'static>,
-    /// The verifier for the last CRL seen, rebuilt (and its conclusions forgotten) when
-    /// the CRL changes.
+    /// The verifier for the last anchors seen, rebuilt (and its conclusions forgotten)
+    /// when they change.
     verified: Mutex<Option<Verified>>,
 }
 
 impl Authenticator {
-    pub fn new(ca_der: Vec<u8>) -> Authenticator {
-        Authenticator {
-            ca: CertificateDer::from(ca_der),
-            verified: Mutex::new(None),
-        }
+    pub fn new() -> Authenticator {
+        Authenticator::default()
     }
 
-    fn verifier(&self, crl_der: &[u8]) -> Result<Arc<dyn ClientCertVerifier>, String> {
+    fn verifier(&self, anchors: &Anchors) -> Result<Arc<dyn ClientCertVerifier>, String> {
         let mut cached = self.verified.lock().expect("verifier lock poisoned");
         if let Some(v) = cached.as_ref()
-            && v.crl == crl_der
+            && v.anchors == *anchors
         {
             return Ok(v.verifier.clone());
         }
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(self.ca.clone())
-            .map_err(|e| format!("cluster CA unusable: {e}"))?;
-        let v = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-            .with_crls([CertificateRevocationListDer::from(crl_der.to_vec())])
+        // Every CA trusted must come with its CRL: a certificate of a CA whose CRL is
+        // missing is refused (its revocation status is unknown), never let through.
+        let v = WebPkiClientVerifier::builder_with_provider(anchors.roots()?, provider())
+            .with_crls(anchors.crl_ders())
             .build()
             .map_err(|e| format!("building verifier: {e}"))?;
         *cached = Some(Verified {
-            crl: crl_der.to_vec(),
+            anchors: anchors.clone(),
             verifier: v.clone(),
             identities: Default::default(),
         });
         Ok(v)
     }
 
-    /// A remembered node or user identity for `leaf` under `crl_der`, still valid `now`.
-    fn remembered(&self, leaf: &[u8], crl_der: &[u8], now: UnixTime) -> Option<Identity> {
+    /// A remembered node or user identity for `leaf` under `anchors`, still valid `now`.
+    fn remembered(&self, leaf: &[u8], anchors: &Anchors, now: UnixTime) -> Option<Identity> {
         let cached = self.verified.lock().expect("verifier lock poisoned");
-        let v = cached.as_ref().filter(|v| v.crl == crl_der)?;
+        let v = cached.as_ref().filter(|v| v.anchors == *anchors)?;
         let (identity, until) = v.identities.get(leaf)?;
         (now.as_secs() < until.as_secs()).then(|| identity.clone())
     }
 
-    fn remember(&self, leaf: &[u8], crl_der: &[u8], identity: &Identity, until: UnixTime) {
+    fn remember(&self, leaf: &[u8], anchors: &Anchors, identity: &Identity, until: UnixTime) {
         let mut cached = self.verified.lock().expect("verifier lock poisoned");
-        let Some(v) = cached.as_mut().filter(|v| v.crl == crl_der) else {
+        let Some(v) = cached.as_mut().filter(|v| v.anchors == *anchors) else {
             return;
         };
         if v.identities.len() >= REMEMBERED_CERTIFICATES {
@@ -167,17 +165,17 @@ impl Authenticator {
             .insert(leaf.to_vec(), (identity.clone(), until));
     }
 
-    /// Classifies the client certificate `leaf` (if any) against the CA and `crl_der`.
+    /// Classifies the client certificate `leaf` (if any) against `anchors`.
     pub fn classify(
         &self,
         leaf: Option<&CertificateDer<'_>>,
-        crl_der: &[u8],
+        anchors: &Anchors,
         now: UnixTime,
     ) -> Identity {
         let Some(leaf) = leaf else {
             return Identity::Anonymous;
         };
-        if let Some(identity) = self.remembered(leaf, crl_der, now) {
+        if let Some(identity) = self.remembered(leaf, anchors, now) {
             return identity;
         }
         let parsed = match x509_parser::parse_x509_certificate(leaf) {
@@ -189,7 +187,7 @@ impl Authenticator {
             }
         };
         let public_key = parsed.public_key().subject_public_key.data.to_vec();
-        let verifier = match self.verifier(crl_der) {
+        let verifier = match self.verifier(anchors) {
             Ok(v) => v,
             Err(reason) => return Identity::Invalid { reason },
         };
@@ -211,7 +209,7 @@ impl Authenticator {
                     let until = UnixTime::since_unix_epoch(std::time::Duration::from_secs(
                         u64::try_from(until).unwrap_or(0),
                     ));
-                    self.remember(leaf, crl_der, &identity, until);
+                    self.remember(leaf, anchors, &identity, until);
                 }
                 identity
             }

@@ -1,5 +1,5 @@
 //! Client TLS configurations: how a client checks the server it dials
-//! ([`ServerTrust`]: pinned CA, cluster CA with its CRL, or trust on first use), and
+//! ([`ServerTrust`]: pinned CA, the cluster CAs with their CRLs, or trust on first use), and
 //! which credentials it presents. Under a CA (pinned or cluster) the server must also
 //! present a curator certificate (`pki::CertificateKind::Curator`, [`CuratorOnly`]): a
 //! node's own certificate, valid as it is, does not make its holder a curator.
@@ -9,12 +9,12 @@
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
 use super::credentials::{CredentialSlot, Credentials, SlotResolver};
-use super::crl_slot::CrlSlot;
 use super::crypto::{ProofOfPossession, handshake_signature_checks, provider};
+use super::trust_slot::{Anchors, TrustSlot};
 use crate::RpcError;
 
 /// How a client checks the server it talks to. Every server a client dials is a
@@ -25,23 +25,19 @@ pub enum ServerTrust {
     /// The server certificate must chain to this CA (DER), name the address dialed and
     /// be a curator certificate.
     PinnedCa(Vec<u8>),
-    /// As `PinnedCa`, and the certificate must not be on the CRL in `crl` (as it is
-    /// when the connection is made): what nodes and owners use once they belong to the
-    /// cluster.
-    ClusterCa { ca: Vec<u8>, crl: CrlSlot },
+    /// As `PinnedCa`, but the certificate may chain to any CA `trust` holds and must
+    /// not be on that CA's CRL (as they are when the connection is made): what nodes
+    /// and owners use once they belong to the cluster.
+    ClusterCa { trust: TrustSlot },
     /// As `ClusterCa`, but the server must be node `node_id` itself (its node
     /// certificate, not a curator's): for what a node serves about itself on its own
     /// port (its logs). Any other node, curator or not, is refused.
-    ClusterNode {
-        ca: Vec<u8>,
-        crl: CrlSlot,
-        node_id: String,
-    },
+    ClusterNode { trust: TrustSlot, node_id: String },
     /// As `ClusterCa`, but the server may be any node of the cluster (its node
     /// certificate, for the address dialed, like every server certificate): for what a
     /// consensus member answers about itself on its own port while its curator cannot
     /// run (`cluster status` without a quorum), when the caller does not know its ID.
-    ClusterMember { ca: Vec<u8>, crl: CrlSlot },
+    ClusterMember { trust: TrustSlot },
     /// Accept any server certificate: only for fetching the CA to pin (trust on first
     /// use, confirmed by the operator through its fingerprint).
     FirstUse,
@@ -235,24 +231,14 @@ pub fn client_config_from(
     let provider = provider();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?;
-    let pinned = |ca: &Vec<u8>| -> Result<Arc<rustls::RootCertStore>, RpcError> {
-        let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(CertificateDer::from(ca.clone()))
-            .map_err(|e| RpcError::Certificate(format!("pinned CA: {e}")))?;
-        Ok(Arc::new(roots))
-    };
-    let checked = |ca: &Vec<u8>, crl: Option<Vec<u8>>, expected| -> Result<_, RpcError> {
-        let mut verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
-            pinned(ca)?,
+    let checked = |anchors: Anchors, expected| -> Result<_, RpcError> {
+        let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            anchors.roots().map_err(RpcError::Certificate)?,
             provider.clone(),
-        );
-        if let Some(crl) = crl {
-            verifier = verifier.with_crls([CertificateRevocationListDer::from(crl)]);
-        }
-        let inner = verifier
-            .build()
-            .map_err(|e| RpcError::Certificate(format!("cluster CRL: {e}")))?;
+        )
+        .with_crls(anchors.crl_ders())
+        .build()
+        .map_err(|e| RpcError::Certificate(format!("cluster CRL: {e}")))?;
         Ok(Arc::new(CuratorOnly {
             inner,
             expected,
@@ -264,20 +250,22 @@ pub fn client_config_from(
     let builder = match trust {
         ServerTrust::PinnedCa(ca) => builder
             .dangerous()
-            .with_custom_certificate_verifier(checked(ca, None, ExpectedServer::Curator)?),
-        ServerTrust::ClusterCa { ca, crl } => builder
+            .with_custom_certificate_verifier(checked(
+                Anchors::one(ca.clone(), None),
+                ExpectedServer::Curator,
+            )?),
+        ServerTrust::ClusterCa { trust } => builder
             .dangerous()
-            .with_custom_certificate_verifier(checked(ca, crl.current(), ExpectedServer::Curator)?),
-        ServerTrust::ClusterNode { ca, crl, node_id } => builder
+            .with_custom_certificate_verifier(checked(trust.anchors(), ExpectedServer::Curator)?),
+        ServerTrust::ClusterNode { trust, node_id } => builder
             .dangerous()
             .with_custom_certificate_verifier(checked(
-                ca,
-                crl.current(),
+                trust.anchors(),
                 ExpectedServer::Node(node_id.clone()),
             )?),
-        ServerTrust::ClusterMember { ca, crl } => builder
+        ServerTrust::ClusterMember { trust } => builder
             .dangerous()
-            .with_custom_certificate_verifier(checked(ca, crl.current(), ExpectedServer::AnyNode)?),
+            .with_custom_certificate_verifier(checked(trust.anchors(), ExpectedServer::AnyNode)?),
         ServerTrust::FirstUse => builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(AcceptAnyServer {

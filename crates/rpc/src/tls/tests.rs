@@ -11,8 +11,13 @@ use std::time::Duration;
 fn cluster() -> (pki::Ca, Vec<u8>, Authenticator) {
     let ca = pki::Ca::generate("Polis Cluster CA", pki::CA_LIFETIME).unwrap();
     let crl = ca.crl(&[], 1).unwrap();
-    let authenticator = Authenticator::new(ca.cert_der.clone());
+    let authenticator = Authenticator::new();
     (ca, crl, authenticator)
+}
+
+/// `ca` trusted alone, checked against `crl`.
+fn only(ca: &pki::Ca, crl: &[u8]) -> Anchors {
+    Anchors::one(ca.cert_der.clone(), Some(crl.to_vec()))
 }
 
 fn issue(ca: &pki::Ca, key: &[u8; 32], cn: &str, kind: CertificateKind) -> Vec<u8> {
@@ -77,17 +82,13 @@ fn serving(ca: &pki::Ca, key: &identity::NodeKey, kind: CertificateKind) -> (Cre
 async fn a_node_certificate_is_not_a_curator() {
     let (ca, crl, _) = cluster();
     let key = identity::NodeKey::generate().unwrap();
-    let slot = CrlSlot::new();
-    assert!(slot.offer(&ca.cert_der, &crl).unwrap());
+    let slot = TrustSlot::new(ca.cert_der.clone());
+    assert!(slot.offer(&crl).unwrap());
     let trusts = [
         ServerTrust::PinnedCa(ca.cert_der.clone()),
+        ServerTrust::ClusterCa { trust: slot },
         ServerTrust::ClusterCa {
-            ca: ca.cert_der.clone(),
-            crl: slot,
-        },
-        ServerTrust::ClusterCa {
-            ca: ca.cert_der.clone(),
-            crl: CrlSlot::new(),
+            trust: TrustSlot::new(ca.cert_der.clone()),
         },
     ];
     for trust in &trusts {
@@ -113,11 +114,10 @@ async fn a_node_service_is_accepted_only_from_that_node() {
     let (ca, crl, _) = cluster();
     let key = identity::NodeKey::generate().unwrap();
     let other = identity::NodeKey::generate().unwrap();
-    let slot = CrlSlot::new();
-    assert!(slot.offer(&ca.cert_der, &crl).unwrap());
+    let slot = TrustSlot::new(ca.cert_der.clone());
+    assert!(slot.offer(&crl).unwrap());
     let trust = ServerTrust::ClusterNode {
-        ca: ca.cert_der.clone(),
-        crl: slot,
+        trust: slot,
         node_id: key.node_id(),
     };
     let (own, _) = serving(&ca, &key, CertificateKind::Node);
@@ -136,12 +136,9 @@ async fn a_node_service_is_accepted_only_from_that_node() {
 async fn a_cluster_member_is_any_node_certificate() {
     let (ca, crl, _) = cluster();
     let key = identity::NodeKey::generate().unwrap();
-    let slot = CrlSlot::new();
-    assert!(slot.offer(&ca.cert_der, &crl).unwrap());
-    let trust = ServerTrust::ClusterMember {
-        ca: ca.cert_der.clone(),
-        crl: slot,
-    };
+    let slot = TrustSlot::new(ca.cert_der.clone());
+    assert!(slot.offer(&crl).unwrap());
+    let trust = ServerTrust::ClusterMember { trust: slot };
     let (node, _) = serving(&ca, &key, CertificateKind::Node);
     handshake(&node, &trust).await.expect("a node certificate");
     let (curator, _) = serving(&ca, &key, CertificateKind::Curator);
@@ -159,23 +156,22 @@ async fn a_revoked_server_is_refused_by_clients_holding_the_crl() {
         serial,
     };
     let revoking = ca.crl(std::slice::from_ref(&issued.serial), 2).unwrap();
-    let slot = CrlSlot::new();
+    let slot = TrustSlot::new(ca.cert_der.clone());
     let trust = ServerTrust::ClusterCa {
-        ca: ca.cert_der.clone(),
-        crl: slot.clone(),
+        trust: slot.clone(),
     };
     handshake(&server, &trust).await.expect("no CRL yet");
-    assert!(slot.offer(&ca.cert_der, &empty_crl).unwrap());
+    assert!(slot.offer(&empty_crl).unwrap());
     handshake(&server, &trust).await.expect("not revoked");
-    assert!(slot.offer(&ca.cert_der, &revoking).unwrap());
+    assert!(slot.offer(&revoking).unwrap());
     let refused = handshake(&server, &trust).await.unwrap_err();
     assert!(refused.contains("Revoked"), "{refused}");
     // An older CRL does not undo the revocation; a CRL of another CA is refused.
-    assert!(!slot.offer(&ca.cert_der, &empty_crl).unwrap());
+    assert!(!slot.offer(&empty_crl).unwrap());
     assert!(handshake(&server, &trust).await.is_err());
     let foreign = pki::Ca::generate("Polis Cluster CA", pki::CA_LIFETIME).unwrap();
     let foreign_crl = foreign.crl(&[], 9).unwrap();
-    assert!(slot.offer(&ca.cert_der, &foreign_crl).is_err());
+    assert!(slot.offer(&foreign_crl).is_err());
     // Without the CRL, the same server passes: it is the CRL that refuses it.
     let pinned = ServerTrust::PinnedCa(ca.cert_der.clone());
     handshake(&server, &pinned).await.expect("pinned CA only");
@@ -277,7 +273,7 @@ fn classification_table() {
 
     let check = |name: &str, cert: Option<Vec<u8>>, crl: &[u8], want: Want| {
         let cert = cert.map(CertificateDer::from);
-        let got = authenticator.classify(cert.as_ref(), crl, UnixTime::now());
+        let got = authenticator.classify(cert.as_ref(), &only(&ca, crl), UnixTime::now());
         assert_eq!(kind_of(&got), want, "{name}: {got}");
     };
     let owner = CertificateKind::Owner;
@@ -314,7 +310,7 @@ fn classification_table() {
     check("revoked owner", c, &crl_with_revoked, Want::Invalid);
     // Revocation is named as such: a node learns from it that it left the cluster.
     let leaf = CertificateDer::from(revoked.der.clone());
-    let got = authenticator.classify(Some(&leaf), &crl_with_revoked, UnixTime::now());
+    let got = authenticator.classify(Some(&leaf), &only(&ca, &crl_with_revoked), UnixTime::now());
     assert!(
         matches!(&got, Identity::Invalid { reason } if reason.contains(crate::REVOKED)),
         "{got:?}"
@@ -336,7 +332,7 @@ fn classification_table() {
     let cert = c.0.map(CertificateDer::from);
     let later =
         UnixTime::since_unix_epoch(Duration::from_secs(UnixTime::now().as_secs() + 2 * 3600));
-    let got = authenticator.classify(cert.as_ref(), &crl, later);
+    let got = authenticator.classify(cert.as_ref(), &only(&ca, &crl), later);
     assert_eq!(
         kind_of(&got),
         Want::Invalid,
@@ -361,4 +357,88 @@ fn classification_table() {
         let c = issue(&ca, &pk, "Ada.B", kind);
         check("operator mark, bad name", Some(c), &crl, Want::Invalid);
     }
+}
+
+/// While a CA is rotated, certificates of both CAs verify, each against its own CA's
+/// CRL; one of a CA whose CRL is not known is refused; once the old CA is retired its
+/// certificates are refused, by clients and servers alike.
+#[tokio::test]
+async fn two_trusted_cas_each_checked_against_its_own_crl() {
+    let (old, old_crl, authenticator) = cluster();
+    let new = pki::Ca::generate("Polis Cluster CA 2", pki::CA_LIFETIME).unwrap();
+    let new_crl = new.crl(&[], 1).unwrap();
+    let key = identity::NodeKey::generate().unwrap();
+    let pk = key.public_key();
+    let both = Anchors {
+        cas: vec![old.cert_der.clone(), new.cert_der.clone()],
+        crls: vec![old_crl.clone(), new_crl.clone()],
+    };
+    let owner_of =
+        |ca: &pki::Ca| CertificateDer::from(issue(ca, &pk, "owner", CertificateKind::Owner));
+    let is_owner = |got: &Identity| matches!(got, Identity::User { name, .. } if name == "owner");
+    let now = UnixTime::now();
+    for ca in [&old, &new] {
+        let got = authenticator.classify(Some(&owner_of(ca)), &both, now);
+        assert!(is_owner(&got), "{got:?}");
+    }
+    // The new CA's CRL missing: its certificates' status is unknown, and they are refused.
+    let without_new_crl = Anchors {
+        crls: vec![old_crl.clone()],
+        ..both.clone()
+    };
+    let got = authenticator.classify(Some(&owner_of(&new)), &without_new_crl, now);
+    assert!(matches!(got, Identity::Invalid { .. }), "{got:?}");
+    // Revoked on the new CA's CRL: refused, named as revoked.
+    let revoked = new
+        .issue(
+            &Template {
+                common_name: "owner".into(),
+                dns_names: vec![],
+                ip_addresses: vec![],
+                usage: Usage::ServerAndClient,
+                lifetime: Duration::from_secs(3600),
+                kind: CertificateKind::Owner,
+            },
+            &pk,
+        )
+        .unwrap();
+    let revoking = Anchors {
+        crls: vec![
+            old_crl.clone(),
+            new.crl(std::slice::from_ref(&revoked.serial), 2).unwrap(),
+        ],
+        ..both.clone()
+    };
+    let got = authenticator.classify(Some(&CertificateDer::from(revoked.der)), &revoking, now);
+    assert!(
+        matches!(&got, Identity::Invalid { reason } if reason.contains(crate::REVOKED)),
+        "{got:?}"
+    );
+    // Retired: only the new CA is trusted.
+    let retired = Anchors::one(new.cert_der.clone(), Some(new_crl.clone()));
+    let got = authenticator.classify(Some(&owner_of(&old)), &retired, now);
+    assert!(matches!(got, Identity::Invalid { .. }), "{got:?}");
+
+    // Clients: curators of either CA are accepted while both are trusted.
+    let slot = TrustSlot::new(old.cert_der.clone());
+    slot.offer(&old_crl).unwrap();
+    assert!(slot.trust(both.cas.clone()).unwrap());
+    slot.offer(&new_crl).unwrap();
+    let trust = ServerTrust::ClusterCa {
+        trust: slot.clone(),
+    };
+    let (old_curator, _) = serving(&old, &key, CertificateKind::Curator);
+    let (new_curator, _) = serving(&new, &key, CertificateKind::Curator);
+    handshake(&old_curator, &trust)
+        .await
+        .expect("old CA's curator");
+    handshake(&new_curator, &trust)
+        .await
+        .expect("new CA's curator");
+    assert!(slot.trust(vec![new.cert_der.clone()]).unwrap());
+    handshake(&new_curator, &trust)
+        .await
+        .expect("new CA's curator, after");
+    let refused = handshake(&old_curator, &trust).await.unwrap_err();
+    assert!(refused.contains("UnknownIssuer"), "{refused}");
 }
