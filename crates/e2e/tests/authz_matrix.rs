@@ -46,7 +46,7 @@ async fn identities(node: &Node, owner_key: &identity::NodeKey) -> Result<Identi
         &curator::templates::owner_certificate_template(day),
         &owner_key.public_key(),
     )?;
-    store.revoke(&ca, &revoked.serial).await?;
+    store.revoke(&revoked.serial).await?;
     let foreign = pki::Ca::generate("Foreign CA", pki::CA_LIFETIME)?.issue(
         &curator::templates::owner_certificate_template(day),
         &owner_key.public_key(),

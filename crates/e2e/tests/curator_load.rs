@@ -77,9 +77,9 @@ fn a_revoked_owner_certificate_is_refused_once_the_crl_watch_delivers_it() -> Re
             list_nodes(&client).await.context("before the revocation")?;
         }
         let store = curator::cluster_pki(&etcd_curator(&cluster).await?);
-        let ca = store.load_ca().await?.context("the cluster has a CA")?;
+        store.load_ca().await?.context("the cluster has a CA")?;
         let revoked_at = Instant::now();
-        store.revoke(&ca, &serial).await?;
+        store.revoke(&serial).await?;
         let refused = loop {
             match list_nodes(&client).await {
                 Err(CallError::Status(s)) if s.code() == tonic::Code::Unauthenticated => {

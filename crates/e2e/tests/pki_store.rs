@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use e2e::{BareEtcd, TIMEOUT, unique_loopback};
 use pki::{CA_LIFETIME, CERTIFICATE_LIFETIME, Ca, CaStore, Template, Usage};
 
@@ -91,14 +91,14 @@ async fn racing_ensure_certificate_stores_one() -> Result<()> {
 async fn concurrent_revocations_are_all_kept() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (_etcd, store) = store(dir.path()).await?;
-    let (ca, _) = store.ensure_ca(|| Ca::generate("CA", CA_LIFETIME)).await?;
+    store.ensure_ca(|| Ca::generate("CA", CA_LIFETIME)).await?;
     let serials: Vec<Vec<u8>> = (0..6).map(|_| pki::random_serial()).collect();
     let tasks: Vec<_> = serials
         .iter()
         .cloned()
         .map(|s| {
-            let (store, ca) = (store.clone(), ca.clone());
-            tokio::spawn(async move { store.revoke(&ca, &s).await })
+            let store = store.clone();
+            tokio::spawn(async move { store.revoke(&s).await })
         })
         .collect();
     for t in tasks {
@@ -110,7 +110,7 @@ async fn concurrent_revocations_are_all_kept() -> Result<()> {
     expected.sort();
     assert_eq!(listed, expected);
     // Revoking again is a no-op.
-    store.revoke(&ca, &serials[0]).await?;
+    store.revoke(&serials[0]).await?;
     assert_eq!(pki::crl_serials(&store.crl().await?)?.len(), serials.len());
     Ok(())
 }
@@ -130,14 +130,14 @@ async fn the_crl_watch_sends_the_current_crl_then_every_revocation() -> Result<(
     let mut crls = store.watch_crl();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(crls.try_recv().is_err(), "a CRL before the CA existed");
-    let (ca, _) = store.ensure_ca(|| Ca::generate("CA", CA_LIFETIME)).await?;
+    store.ensure_ca(|| Ca::generate("CA", CA_LIFETIME)).await?;
     let first = next_crl(&mut crls).await?;
     assert_eq!(first, store.crl().await?);
     assert!(pki::crl_serials(&first)?.is_empty());
 
     let serials: Vec<Vec<u8>> = (0..3).map(|_| pki::random_serial()).collect();
     for (i, serial) in serials.iter().enumerate() {
-        store.revoke(&ca, serial).await?;
+        store.revoke(serial).await?;
         let crl = next_crl(&mut crls).await?;
         assert_eq!(pki::crl_serials(&crl)?, serials[..=i].to_vec());
     }
@@ -166,13 +166,13 @@ async fn the_crl_sheds_expired_certificates_and_its_number_only_grows() -> Resul
     let mut last = number(&store.crl().await?)?;
     let (a, b, c) = (&recorded[0], &recorded[1], &recorded[2]);
     for (serial, _) in [a, b] {
-        let crl = store.revoke(&ca, serial).await?;
+        let crl = store.revoke(serial).await?;
         assert!(number(&crl)? > last);
         last = number(&crl)?;
     }
     // Judged once a and b have ended (and the grace for clocks has passed): they leave.
     let later = a.1.not_after.max(b.1.not_after) + pki::BACKDATE.as_secs();
-    let crl = store.revoke_as_of(&ca, &c.0, later).await?;
+    let crl = store.revoke_as_of(&c.0, later).await?;
     assert_eq!(pki::crl_serials(&crl)?, vec![c.0.clone()]);
     assert!(number(&crl)? > last, "a shorter CRL must still be newer");
     Ok(())
@@ -191,13 +191,13 @@ async fn a_reissued_crl_keeps_its_entries_and_passes_every_earlier_number() -> R
         .await?;
     let serial = pki::certificate_serial(&der)?;
     let number = |crl: &[u8]| pki::verified_crl_number(crl, &ca.cert_der);
-    let revoked = store.revoke(&ca, &serial).await?;
+    let revoked = store.revoke(&serial).await?;
     let micros = |t: std::time::SystemTime| {
         t.duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
     };
     let before = micros(std::time::SystemTime::now())?;
-    let reissued = store.reissue_crl(&ca).await?;
+    let reissued = store.reissue_crl().await?;
     assert!(number(&reissued)? > number(&revoked)?);
     assert!(
         number(&reissued)? >= before,
@@ -277,5 +277,103 @@ async fn a_guarded_certificate_is_recorded_only_while_its_guard_holds() -> Resul
         store.list_issued("node-y").await?,
         vec![("node-y".to_string(), recorded)]
     );
+    Ok(())
+}
+
+/// A rotation's three steps against real etcd: the successor is trusted before it
+/// signs, inherits every revocation, takes every revocation made meanwhile, signs once
+/// promoted, and the old CA leaves the trust when retired; racing steps happen once,
+/// and a watcher sees every phase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotation_introduces_promotes_and_retires_keeping_every_revocation() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_etcd, store) = store(dir.path()).await?;
+    let (old, _) = store.ensure_ca(|| Ca::generate("CA", CA_LIFETIME)).await?;
+    let mut watched = store.watch_trusted();
+    let next = async |w: &mut tokio::sync::mpsc::Receiver<pki::TrustedCas>| {
+        tokio::time::timeout(TIMEOUT, w.recv())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("the trust watch closed"))
+    };
+    assert_eq!(
+        next(&mut watched).await?.phase(),
+        pki::RotationPhase::Settled
+    );
+    let before = pki::random_serial();
+    store.revoke(&before).await?;
+    assert_eq!(next(&mut watched).await?.crls().len(), 1);
+
+    let (one, other) = (
+        Ca::generate("CA 2", CA_LIFETIME)?,
+        Ca::generate("CA 3", CA_LIFETIME)?,
+    );
+    let (first, second) = tokio::join!(
+        store.introduce_successor(&one),
+        store.introduce_successor(&other)
+    );
+    assert_eq!(
+        [first?, second?].iter().filter(|made| **made).count(),
+        1,
+        "two successors introduced"
+    );
+    let introduced = store.trusted().await?;
+    assert_eq!(introduced.phase(), pki::RotationPhase::Introduced);
+    let successor = introduced.next.clone().context("a successor")?;
+    // Still signing with the old CA; the successor's CRL already lists the revocation.
+    assert_eq!(store.load_ca().await?.as_ref(), Some(&old));
+    assert_eq!(pki::crl_serials(&successor.crl)?, vec![before.clone()]);
+    pki::verified_crl_number(&successor.crl, &successor.cert)?;
+    let during = pki::random_serial();
+    store.revoke(&during).await?;
+    let introduced = store.trusted().await?;
+    for crl in introduced.crls() {
+        assert_eq!(
+            pki::crl_serials(&crl)?,
+            vec![before.clone(), during.clone()]
+        );
+    }
+
+    let (first, second) = tokio::join!(store.promote_successor(), store.promote_successor());
+    assert_eq!([first?, second?].iter().filter(|p| **p).count(), 1);
+    let reissuing = store.trusted().await?;
+    assert_eq!(reissuing.phase(), pki::RotationPhase::Reissuing);
+    assert_eq!(
+        reissuing.cas(),
+        vec![successor.cert.clone(), old.cert_der.clone()]
+    );
+    let signing = store.load_ca().await?.context("a CA")?;
+    assert_eq!(signing.cert_der, successor.cert);
+    let after = pki::random_serial();
+    let crl = store.revoke(&after).await?;
+    pki::verified_crl_number(&crl, &successor.cert)?;
+    for crl in store.trusted().await?.crls() {
+        assert_eq!(pki::crl_serials(&crl)?.len(), 3);
+    }
+    assert!(
+        !store
+            .introduce_successor(&Ca::generate("CA 4", CA_LIFETIME)?)
+            .await?
+    );
+
+    assert!(store.retire_previous().await?);
+    assert!(!store.retire_previous().await?);
+    let settled = store.trusted().await?;
+    assert_eq!(settled.phase(), pki::RotationPhase::Settled);
+    assert_eq!(settled.cas(), vec![successor.cert.clone()]);
+    // The watcher saw every phase, ending where the store is.
+    let mut phases = Vec::new();
+    loop {
+        let state = next(&mut watched).await?;
+        phases.push(state.phase());
+        if state == settled {
+            break;
+        }
+    }
+    for phase in [
+        pki::RotationPhase::Introduced,
+        pki::RotationPhase::Reissuing,
+    ] {
+        assert!(phases.contains(&phase), "{phases:?}");
+    }
     Ok(())
 }

@@ -492,7 +492,7 @@ pub async fn reissue_crls(client: &etcd_client::Client) -> Result<()> {
             .with_context(|| format!("loading the {what} CA"))?
             .ok_or_else(|| anyhow!("the cluster holds no {what} CA"))?;
         let crl = store
-            .reissue_crl(&ca)
+            .reissue_crl()
             .await
             .with_context(|| format!("signing the {what} CRL again"))?;
         tracing::info!(

@@ -10,8 +10,9 @@
 //! Modules, by layer (each imports only from those below it):
 //!
 //! ```text
-//!   store      CaStore: etcd transactions (ensure, revoke, reissue_crl, list, watch_crl)
-//!     │
+//!   store      CaStore: etcd transactions (ensure, revoke, reissue_crl, list, watch_crl);
+//!     │        store::rotation: a CA replaced in use (introduce, promote, retire,
+//!     │        watch_trusted: TrustedCas, RotationPhase)
 //!     ▼
 //!   issue      Ca: generate, issue, CRLs; Template, Usage, Issued, serials (pure: rcgen)
 //!     │
@@ -46,6 +47,8 @@
 //!   etcd peer, curator) as the subject's organizational unit `polis:<kind>`; what a certificate
 //!   may do is decided from that mark, never from its common name alone.
 //! - A CA always has a CRL (possibly empty), created together with it.
+//! - A store trusts one CA, or two while its CA is rotated (`store::rotation`); only the
+//!   current one signs, and its CRL lists every revocation of the store.
 
 mod inspect;
 mod issue;
@@ -60,7 +63,7 @@ pub use lifetime::{
     BACKDATE, CA_LIFETIME, CERTIFICATE_LIFETIME, MAX_CERTIFICATE_LIFETIME,
     MIN_CERTIFICATE_LIFETIME, OWNER_CERTIFICATE_LIFETIME, Validity, check_lifetime, unix_now,
 };
-pub use store::{CaStore, NewRecord, certificate_serial};
+pub use store::{CaStore, NewRecord, RotationPhase, TrustedCa, TrustedCas, certificate_serial};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {

@@ -5,6 +5,8 @@
 //!   ca/cert           DER of the CA certificate
 //!   ca/key            PKCS#8 of the CA key
 //!   ca/crl            DER of the current CRL (empty list at creation)
+//!   ca/next/…         while a rotation introduces a successor: its cert, key, crl
+//!   ca/previous/…     while a rotation replaces certificates: the old CA's cert, key, crl
 //!   issued/<name>     DER of a named certificate, e.g. issued/node-polis-…
 //!   serials/<hex>     what the serial was issued for (the CA, or a certificate name)
 //!   revoked/<hex>     the end of validity (Unix seconds, 8 bytes big-endian) of a
@@ -22,7 +24,7 @@
 
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
 
 use consensus::Namespaced;
 use consensus::client::txn_get_value;
@@ -30,6 +32,9 @@ use consensus::client::txn_get_value;
 use crate::PkiError;
 use crate::inspect::{crl_serials, time_to_expiry};
 use crate::issue::{Ca, Issued};
+
+mod rotation;
+pub use rotation::{RotationPhase, TrustedCa, TrustedCas};
 
 /// How often a store operation retries after losing a race or a serial collision.
 const MAX_ATTEMPTS: usize = 5;
@@ -278,7 +283,7 @@ impl CaStore {
     /// etcd peer certificates of one node) that has not expired yet (an expired one is
     /// refused anyway; leaving it out keeps the CRL short); returns how many that were.
     /// Revoking an already revoked certificate changes nothing.
-    pub async fn revoke_issued(&self, ca: &Ca, prefix: &str) -> Result<usize, PkiError> {
+    pub async fn revoke_issued(&self, prefix: &str) -> Result<usize, PkiError> {
         let mut serials = Vec::new();
         for (_, der) in self.list_issued(prefix).await? {
             if time_to_expiry(&der)?.is_some() {
@@ -286,7 +291,7 @@ impl CaStore {
             }
         }
         for serial in &serials {
-            self.revoke(ca, serial).await?;
+            self.revoke(serial).await?;
         }
         Ok(serials.len())
     }
@@ -328,30 +333,51 @@ impl CaStore {
     }
 
     /// The CA's CRL (DER), kept current from one etcd watch: the stored CRL first, then
-    /// every CRL that differs from the last one sent, in order. A broken watch (etcd
-    /// restarting, compaction, a lost connection) is logged and re-established after a
-    /// backoff of 0.1 s doubling to 5 s, starting again from a read of the stored CRL,
-    /// so no revocation is missed. The background task ends when the receiver is
-    /// dropped; the channel never closes otherwise. Needs a tokio runtime.
+    /// every CRL that differs from the last one sent, in order (see
+    /// [`CaStore::watch_state`]).
     ///
-    /// Consumers: the curator's per-call certificate check, and anything that keeps a
-    /// file copy of a CRL current (etcd's `--peer-crl-file`).
+    /// Consumers: anything that keeps a file copy of a CRL current (etcd's
+    /// `--peer-crl-file`).
     pub fn watch_crl(&self) -> tokio::sync::mpsc::Receiver<Vec<u8>> {
+        self.watch_state("ca/crl", false, |kvs| {
+            kvs.first()
+                .map(|(_, value)| value.clone())
+                .ok_or_else(|| PkiError::Inconsistent("CA has no CRL".into()))
+        })
+    }
+
+    /// What is stored under `key` (every key under it when `prefix`), decoded by
+    /// `decode` from (key within the namespace, value) pairs in key order: sent first as
+    /// read, then again on every change that decodes to something else. A broken watch
+    /// (etcd restarting, compaction, a lost connection) is logged and re-established
+    /// after a backoff of 0.1 s doubling to 5 s, starting again from a read, so no
+    /// change is missed. The background task ends when the receiver is dropped; the
+    /// channel never closes otherwise. Needs a tokio runtime.
+    pub(crate) fn watch_state<T>(
+        &self,
+        key: &'static str,
+        prefix: bool,
+        decode: fn(&[(String, Vec<u8>)]) -> Result<T, PkiError>,
+    ) -> tokio::sync::mpsc::Receiver<T>
+    where
+        T: Clone + PartialEq + Send + 'static,
+    {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let store = self.clone();
         tokio::spawn(async move {
-            let mut last: Option<Vec<u8>> = None;
+            let mut last: Option<T> = None;
             let mut pause = WATCH_RETRY_FIRST;
             loop {
                 let outcome = tokio::select! {
-                    o = store.follow_crl(&tx, &mut last, &mut pause) => o,
+                    o = store.follow_state(key, prefix, decode, &tx, &mut last, &mut pause) => o,
                     _ = tx.closed() => return,
                 };
                 match outcome {
                     Ok(()) => return,
                     Err(e) => tracing::warn!(
                         namespace = store.ns.key(""),
-                        "watching the CRL: {}; retrying in {pause:?}",
+                        key,
+                        "watching the PKI store: {}; retrying in {pause:?}",
                         supervisor::error_chain(&e)
                     ),
                 }
@@ -365,43 +391,67 @@ impl CaStore {
         rx
     }
 
-    /// One watch of the CRL for [`CaStore::watch_crl`]: sends what changed since `last`;
-    /// `Ok` only when the receiver is gone.
-    async fn follow_crl(
+    /// Reads `key` (or the keys under it) as (key within the namespace, value) pairs,
+    /// with the revision read at.
+    async fn read_state(
         &self,
-        tx: &tokio::sync::mpsc::Sender<Vec<u8>>,
-        last: &mut Option<Vec<u8>>,
-        pause: &mut Duration,
-    ) -> Result<(), PkiError> {
-        let key = self.ns.key("ca/crl");
-        let mut client = self.ns.client();
-        let response = client.get(key.clone(), None::<GetOptions>).await?;
+        key: &str,
+        prefix: bool,
+    ) -> Result<(i64, Vec<(String, Vec<u8>)>), PkiError> {
+        let options = prefix.then(|| GetOptions::new().with_prefix());
+        let response = self.ns.client().get(self.ns.key(key), options).await?;
         let revision = response
             .header()
             .ok_or_else(|| PkiError::Inconsistent("etcd range response without header".into()))?
             .revision();
-        let mut stream = client
-            .watch(
-                key.clone(),
-                Some(WatchOptions::new().with_start_revision(revision + 1)),
-            )
+        let base = self.ns.key("");
+        let kvs = response
+            .kvs()
+            .iter()
+            .map(|kv| {
+                let full = String::from_utf8_lossy(kv.key()).into_owned();
+                let name = full
+                    .strip_prefix(base.as_str())
+                    .unwrap_or(&full)
+                    .to_string();
+                (name, kv.value().to_vec())
+            })
+            .collect();
+        Ok((revision, kvs))
+    }
+
+    /// One watch for [`CaStore::watch_state`]: sends what changed since `last`; `Ok`
+    /// only when the receiver is gone.
+    async fn follow_state<T: Clone + PartialEq>(
+        &self,
+        key: &str,
+        prefix: bool,
+        decode: fn(&[(String, Vec<u8>)]) -> Result<T, PkiError>,
+        tx: &tokio::sync::mpsc::Sender<T>,
+        last: &mut Option<T>,
+        pause: &mut Duration,
+    ) -> Result<(), PkiError> {
+        let (revision, kvs) = self.read_state(key, prefix).await?;
+        let mut options = WatchOptions::new().with_start_revision(revision + 1);
+        if prefix {
+            options = options.with_prefix();
+        }
+        let mut stream = self
+            .ns
+            .client()
+            .watch(self.ns.key(key), Some(options))
             .await?;
-        let mut send = async |crl: &[u8]| {
-            if last.as_deref() == Some(crl) {
+        let mut send = async |state: T| {
+            if last.as_ref() == Some(&state) {
                 return true;
             }
-            *last = Some(crl.to_vec());
-            tx.send(crl.to_vec()).await.is_ok()
+            *last = Some(state.clone());
+            tx.send(state).await.is_ok()
         };
-        match response.kvs().first() {
-            Some(kv) => {
-                if !send(kv.value()).await {
-                    return Ok(());
-                }
-            }
-            None => return Err(PkiError::Inconsistent("CA has no CRL".into())),
+        if !send(decode(&kvs)?).await {
+            return Ok(());
         }
-        // The watch is established and the CRL read: the next failure is a new one.
+        // The watch is established and the state read: the next failure is a new one.
         *pause = WATCH_RETRY_FIRST;
         loop {
             let Some(response) = stream.message().await? else {
@@ -413,36 +463,47 @@ impl CaStore {
                     response.cancel_reason()
                 )));
             }
-            for event in response.events() {
-                match (event.event_type(), event.kv()) {
-                    (EventType::Put, Some(kv)) => {
-                        if !send(kv.value()).await {
-                            return Ok(());
-                        }
+            if response.events().is_empty() {
+                continue;
+            }
+            // Several keys change in one transaction (a rotation's step): decode what
+            // is stored once the events are in, not each event alone.
+            let (_, kvs) = self.read_state(key, prefix).await?;
+            match decode(&kvs) {
+                Ok(state) => {
+                    if !send(state).await {
+                        return Ok(());
                     }
-                    // Keep checking against the last CRL rather than accept everything.
-                    _ => tracing::error!("the CRL was deleted from etcd; keeping the last one"),
                 }
+                // Keep checking against the last state rather than accept everything.
+                Err(e) => tracing::error!(key, "the PKI store holds {e}; keeping the last state"),
             }
         }
     }
 
     /// Adds `serial` to the CRL, dropping the entries of certificates that expired (see
-    /// the module documentation). Concurrent revocations are serialized by a
-    /// compare-and-swap on the CRL's revision; none is lost.
-    pub async fn revoke(&self, ca: &Ca, serial: &[u8]) -> Result<Vec<u8>, PkiError> {
-        self.revoke_as_of(ca, serial, crate::unix_now()).await
+    /// the module documentation); returns the current CA's CRL. While a rotation runs,
+    /// the serial goes on the CRL of every CA trusted (the current one's last, so that
+    /// it lists every revocation once it is done). Concurrent revocations are serialized
+    /// by a compare-and-swap on each CRL's revision; none is lost.
+    pub async fn revoke(&self, serial: &[u8]) -> Result<Vec<u8>, PkiError> {
+        self.revoke_as_of(serial, crate::unix_now()).await
     }
 
     /// [`CaStore::revoke`] with the time (Unix seconds) against which expiry is judged.
-    pub async fn revoke_as_of(
-        &self,
-        ca: &Ca,
-        serial: &[u8],
-        now: u64,
-    ) -> Result<Vec<u8>, PkiError> {
+    pub async fn revoke_as_of(&self, serial: &[u8], now: u64) -> Result<Vec<u8>, PkiError> {
         let not_after = self.end_of(serial).await?;
-        self.replace_crl(ca, now, Some((serial, not_after))).await
+        let added = Some((serial, not_after));
+        for slot in [rotation::PREVIOUS, rotation::NEXT] {
+            // None: no rotation holds a CA there (or it moved meanwhile: the current
+            // CA's CRL, written last, is then the one that counts).
+            self.replace_crl(slot, now, added).await?;
+        }
+        self.current_crl_replaced(self.replace_crl(rotation::CURRENT, now, added).await?)
+    }
+
+    fn current_crl_replaced(&self, crl: Option<Vec<u8>>) -> Result<Vec<u8>, PkiError> {
+        crl.ok_or_else(|| PkiError::Inconsistent("CA has no CRL".into()))
     }
 
     /// Signs the CRL again with the same entries (less those of certificates that
@@ -450,37 +511,56 @@ impl CaStore {
     /// [`next_crl_number`]; returns it. For a store just brought back from a backup:
     /// clients that took CRLs issued after the backup keep only a newer one, so until
     /// this CRL reaches them they would ignore the restored cluster's CRLs.
-    pub async fn reissue_crl(&self, ca: &Ca) -> Result<Vec<u8>, PkiError> {
-        self.replace_crl(ca, crate::unix_now(), None).await
+    pub async fn reissue_crl(&self) -> Result<Vec<u8>, PkiError> {
+        for slot in [rotation::PREVIOUS, rotation::NEXT] {
+            self.replace_crl(slot, crate::unix_now(), None).await?;
+        }
+        self.current_crl_replaced(
+            self.replace_crl(rotation::CURRENT, crate::unix_now(), None)
+                .await?,
+        )
     }
 
-    /// Replaces the CRL by one listing its unexpired entries at `now` (Unix seconds)
-    /// and `added` (a serial and, when this store recorded it, its end of validity),
-    /// numbered by [`next_crl_number`]. A compare-and-swap on the CRL's revision
-    /// serializes concurrent replacements; none is lost. A serial already listed
-    /// changes nothing.
+    /// Replaces the CRL of the CA in `slot` (`ca`, or a rotation's `ca/previous` or
+    /// `ca/next`) by one listing its unexpired entries at `now` (Unix seconds) and
+    /// `added` (a serial and, when this store recorded it, its end of validity),
+    /// numbered by [`next_crl_number`] and signed by that CA as it is read with the CRL
+    /// (a rotation may move CAs between slots meanwhile). A compare-and-swap on the
+    /// CRL's revision serializes concurrent replacements; none is lost. A serial
+    /// already listed changes nothing. `None`: no CA is in `slot`.
     async fn replace_crl(
         &self,
-        ca: &Ca,
+        slot: &str,
         now: u64,
         added: Option<(&[u8], Option<u64>)>,
-    ) -> Result<Vec<u8>, PkiError> {
-        let crl_key = self.ns.key("ca/crl");
+    ) -> Result<Option<Vec<u8>>, PkiError> {
+        let crl_key = self.ns.key(&format!("{slot}/crl"));
         for _ in 0..MAX_ATTEMPTS * 4 {
             let response = self
                 .ns
                 .client()
-                .get(crl_key.clone(), None::<GetOptions>)
+                .txn(Txn::new().and_then([
+                    TxnOp::get(crl_key.clone(), None),
+                    TxnOp::get(self.ns.key(&format!("{slot}/cert")), None),
+                    TxnOp::get(self.ns.key(&format!("{slot}/key")), None),
+                ]))
                 .await?;
-            let kv = response
-                .kvs()
-                .first()
-                .ok_or_else(|| PkiError::Inconsistent("CA has no CRL".into()))?;
+            let ops = response.op_responses();
+            let ca = Self::ca_from(txn_get_value(ops.get(1)), txn_get_value(ops.get(2)))?;
+            let crl = ops.first().and_then(|op| match op {
+                etcd_client::TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+                _ => None,
+            });
+            let (kv, ca) = match (crl, ca) {
+                (Some(kv), Some(ca)) => (kv, ca),
+                (None, None) => return Ok(None),
+                _ => return Err(PkiError::Inconsistent(format!("CA {slot} has no CRL"))),
+            };
             let on_crl = crl_serials(kv.value())?;
             if let Some((serial, _)) = added
                 && on_crl.iter().any(|s| s == serial)
             {
-                return Ok(kv.value().to_vec());
+                return Ok(Some(kv.value().to_vec()));
             }
             let expiry = self.revoked_expiries().await?;
             let (mut kept, dropped) = unexpired(on_crl, &expiry, now);
@@ -498,11 +578,15 @@ impl CaStore {
             let previous = crate::verified_crl_number(kv.value(), &ca.cert_der)?;
             let crl = ca.crl(&kept, next_crl_number(previous, unix_micros()))?;
             ops.push(TxnOp::put(crl_key.clone(), crl.clone(), None));
-            ops.extend(
-                dropped
-                    .iter()
-                    .map(|s| TxnOp::delete(self.revoked_key(s), None)),
-            );
+            // The ends of validity are shared by every CA's CRL: they go with the
+            // current one's, which a rotation's other CRLs never outlive.
+            if slot == rotation::CURRENT {
+                ops.extend(
+                    dropped
+                        .iter()
+                        .map(|s| TxnOp::delete(self.revoked_key(s), None)),
+                );
+            }
             let txn = Txn::new()
                 .when([Compare::mod_revision(
                     crl_key.clone(),
@@ -511,7 +595,7 @@ impl CaStore {
                 )])
                 .and_then(ops);
             if self.ns.client().txn(txn).await?.succeeded() {
-                return Ok(crl);
+                return Ok(Some(crl));
             }
         }
         Err(PkiError::Inconsistent(

@@ -166,8 +166,8 @@ async fn revoke_certificates(shared: &Shared, id: &str) -> Result<usize, Status>
             .load_ca()
             .await
             .map_err(|e| Status::unavailable(format!("loading a CA: {e}")))?;
-        if let Some(ca) = ca {
-            revoked += store.revoke_issued(&ca, &prefix).await.map_err(|e| {
+        if ca.is_some() {
+            revoked += store.revoke_issued(&prefix).await.map_err(|e| {
                 Status::unavailable(format!(
                     "revoking the certificates of node {id}: {}",
                     supervisor::error_chain(&e)

@@ -337,13 +337,8 @@ impl api::management_server::Management for Services {
                 e => Status::unavailable(e.to_string()),
             })?;
         let store = layout::cluster_pki(&self.0.curator);
-        let ca = store
-            .load_ca()
-            .await
-            .map_err(|e| Status::unavailable(format!("loading the cluster CA: {e}")))?
-            .ok_or_else(|| Status::internal("the cluster has no CA"))?;
         let revoked = store
-            .revoke_issued(&ca, &layout::owner_certificate_prefix())
+            .revoke_issued(&layout::owner_certificate_prefix())
             .await
             .map_err(|e| Status::unavailable(format!("revoking the owner certificates: {e}")))?;
         tracing::warn!(

@@ -51,7 +51,7 @@ fn check_name(name: &str) -> Result<(), Status> {
 /// Revokes every certificate recorded under `prefix` that has neither expired nor
 /// been revoked yet; how many that were.
 async fn revoke_unrevoked(shared: &Shared, prefix: &str) -> Result<usize, Status> {
-    let (store, ca) = issuance::cluster_ca(shared).await?;
+    let (store, _) = issuance::cluster_ca(shared).await?;
     let unavailable = |what: &str, e: pki::PkiError| Status::unavailable(format!("{what}: {e}"));
     let issued = store
         .list_issued(prefix)
@@ -67,7 +67,7 @@ async fn revoke_unrevoked(shared: &Shared, prefix: &str) -> Result<usize, Status
         let serial = pki::certificate_serial(&der).map_err(|e| unavailable(&name, e))?;
         if live.is_some() && !revoked.contains(&serial) {
             store
-                .revoke(&ca, &serial)
+                .revoke(&serial)
                 .await
                 .map_err(|e| unavailable("revoking an operator certificate", e))?;
             count += 1;

@@ -232,15 +232,16 @@ async fn revoke_under(
     id: &str,
     kind: &str,
 ) -> Result<(), Status> {
-    let Some(ca) = store
+    if store
         .load_ca()
         .await
         .map_err(|e| etcd_status(&format!("loading the CA of the {kind} certificates"), e))?
-    else {
+        .is_none()
+    {
         return Ok(());
-    };
+    }
     let revoked = store
-        .revoke_issued(&ca, prefix)
+        .revoke_issued(prefix)
         .await
         .map_err(|e| etcd_status(&format!("revoking the {kind} certificates"), e))?;
     tracing::info!(node = id, revoked, "revoked the node's {kind} certificates");
