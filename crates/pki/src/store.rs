@@ -80,6 +80,10 @@ fn unix_micros() -> u64 {
         .unwrap_or(0)
 }
 
+/// Decodes what a watched key (or the keys under it) holds, from (key within the
+/// namespace, value) pairs in key order.
+pub(crate) type Decode<T> = fn(&[(String, Vec<u8>)]) -> Result<T, PkiError>;
+
 /// Pause before re-establishing a failed CRL watch, doubling up to the maximum.
 const WATCH_RETRY_FIRST: Duration = Duration::from_millis(100);
 const WATCH_RETRY_MAX: Duration = Duration::from_secs(5);
@@ -357,7 +361,7 @@ impl CaStore {
         &self,
         key: &'static str,
         prefix: bool,
-        decode: fn(&[(String, Vec<u8>)]) -> Result<T, PkiError>,
+        decode: Decode<T>,
     ) -> tokio::sync::mpsc::Receiver<T>
     where
         T: Clone + PartialEq + Send + 'static,
@@ -426,7 +430,7 @@ impl CaStore {
         &self,
         key: &str,
         prefix: bool,
-        decode: fn(&[(String, Vec<u8>)]) -> Result<T, PkiError>,
+        decode: Decode<T>,
         tx: &tokio::sync::mpsc::Sender<T>,
         last: &mut Option<T>,
         pause: &mut Duration,
