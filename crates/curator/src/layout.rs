@@ -108,10 +108,22 @@ pub fn operator_key(name: &str) -> String {
     format!("{OPERATORS_PREFIX}{name}")
 }
 
+/// Prefix of the names of every operator certificate, whatever its operator.
+pub const OPERATOR_CERTIFICATES_PREFIX: &str = "operator-";
+
 /// Prefix of the names of every certificate of operator `name`: `operator-<name>.`
 /// (no name holds a '.', so no name's prefix is another's).
 pub fn operator_certificate_prefix(name: &str) -> String {
-    format!("operator-{name}.")
+    format!("{OPERATOR_CERTIFICATES_PREFIX}{name}.")
+}
+
+/// The operator a certificate name ([`operator_certificate_name`]) is of; `None` for
+/// any other name.
+pub fn operator_of_certificate(certificate: &str) -> Option<&str> {
+    let (name, serial) = certificate
+        .strip_prefix(OPERATOR_CERTIFICATES_PREFIX)?
+        .split_once('.')?;
+    (!name.is_empty() && !serial.is_empty()).then_some(name)
 }
 
 /// Name of a certificate of operator `name` (Escrow), named by its serial.

@@ -7,6 +7,9 @@
 //!            read, no operator record written since the read (the prefix's newest
 //!            mod revision) ─▶ put operators/<name>
 //!   remove   delete operators/<name> (the handler then revokes its certificates)
+//!   unfinished_removals   names with no record whose certificates are not all
+//!            revoked (a removal whose revocation failed, or is under way): what
+//!            ListOperators shows besides the records (pure)
 //!   holder   the record holding a key (constant-time comparisons), with the guard an
 //!            operator certificate is recorded under: the record's mod revision
 //!   owner    RotateOwner: the new owner key checked against every operator's and
@@ -16,6 +19,8 @@
 //! May import only `error`, `layout`, `election` and `owner`; issues and revokes
 //! nothing (the handlers in `service::operators` do).
 
+use std::collections::BTreeMap;
+
 use consensus::Namespaced;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 use prost::Message;
@@ -24,7 +29,7 @@ use proto::state::Operator;
 
 use crate::election::{self, Leadership};
 use crate::error::CuratorError;
-use crate::layout::{INITIAL_OWNER_KEY, OPERATORS_PREFIX, operator_key};
+use crate::layout::{INITIAL_OWNER_KEY, OPERATORS_PREFIX, operator_key, operator_of_certificate};
 use crate::owner;
 
 /// Why an operator could not be added (or the owner key not replaced).
@@ -154,6 +159,29 @@ pub async fn add(
     Ok(())
 }
 
+/// The names with no record in `records` that certificates in `unrevoked` (names of
+/// recorded certificates neither revoked nor expired) are of, each with how many: the
+/// removals whose revocation has not finished. Sorted by name. (A name with a record
+/// is the current operator's, whatever certificates it holds: AddOperator revokes an
+/// earlier operator's before recording the name.)
+pub fn unfinished_removals<'a>(
+    records: &[Operator],
+    unrevoked: impl IntoIterator<Item = &'a str>,
+) -> Vec<(String, u32)> {
+    let mut left: BTreeMap<&str, u32> = BTreeMap::new();
+    for certificate in unrevoked {
+        let Some(name) = operator_of_certificate(certificate) else {
+            continue;
+        };
+        if !records.iter().any(|o| o.name == name) {
+            *left.entry(name).or_default() += 1;
+        }
+    }
+    left.into_iter()
+        .map(|(name, count)| (name.to_string(), count))
+        .collect()
+}
+
 /// Deletes the record of operator `name`; whether there was one.
 pub async fn remove(
     curator: &Namespaced,
@@ -190,4 +218,38 @@ pub async fn replace_owner_key(
         CuratorError::Protocol(_) => OperatorError::Changed,
         e => OperatorError::Curator(e),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(name: &str) -> Operator {
+        Operator {
+            name: name.into(),
+            ..Operator::default()
+        }
+    }
+
+    #[test]
+    fn names_without_a_record_but_with_unrevoked_certificates_are_unfinished_removals() {
+        let records = [record("rita"), record("ada")];
+        let unrevoked = [
+            "operator-rita.01",
+            "operator-bob.02",
+            "operator-bob.0a",
+            "operator-eve_1.03",
+            // Not operator certificates, or not named as Escrow names them.
+            "owner-04",
+            "node-polis-x-05",
+            "operator-zed",
+            "operator-.06",
+        ];
+        assert_eq!(
+            unfinished_removals(&records, unrevoked),
+            [("bob".to_string(), 2), ("eve_1".to_string(), 1)]
+        );
+        assert!(unfinished_removals(&records, ["operator-ada.07"]).is_empty());
+        assert!(unfinished_removals(&[], []).is_empty());
+    }
 }

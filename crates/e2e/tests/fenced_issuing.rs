@@ -6,7 +6,9 @@
 //! `node-commit-fenced:<ms>` for a first commit (the STANDBY node is deleted inside it),
 //! `owner-certificate-signed:<ms>` for an Escrow (the owner key is rotated inside it),
 //! `operator-certificate-signed:<ms>` for an operator's Escrow (the operator is removed
-//! inside it).
+//! inside it). Also (issue 28) `operator-record-deleted:<ms>`: a removal held between
+//! deleting the operator's record and revoking its certificates, the state a failed
+//! revocation leaves, which `operator list` shows as an unfinished removal.
 //! Real polis-node and etcd processes on 127.x addresses.
 
 use std::net::SocketAddr;
@@ -398,6 +400,89 @@ async fn an_operator_escrow_racing_its_removal_leaves_no_valid_certificate() -> 
         "the removed operator holds valid, unrevoked certificates: {valid:?}"
     );
     assert_revoked_or_aborted(answer, &listed)?;
+    // Keep the cluster alive until here.
+    cluster.first.proc();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_held_before_its_revocation_is_listed_as_unfinished() -> Result<()> {
+    // RemoveOperator deletes the record, then revokes the certificates; the curator
+    // pauses (`operator-record-deleted`) in between: what a revocation that failed
+    // (etcd trouble, a leader change) leaves. `operator list` names the operator as
+    // removing, with its certificate not yet revoked and the command that finishes it;
+    // once the revocation is done, not at all.
+    let dir = tempfile::tempdir()?;
+    let mut cluster = paused_cluster(dir.path(), "operator-record-deleted:8000")?;
+    let ca = {
+        let text = std::fs::read_to_string(cluster.config.join("ca.pem"))?;
+        pem::parse(text)?.into_contents()
+    };
+    let key = identity::NodeKey::generate()?;
+    let owner = tokio::task::block_in_place(|| cluster.owner_client())?;
+    let public_key = key.public_key().to_vec();
+    owner
+        .call(|c| {
+            let public_key = public_key.clone();
+            async move {
+                api::management_client::ManagementClient::new(c)
+                    .add_operator(api::AddOperatorRequest {
+                        name: "ada".into(),
+                        role: "admin".into(),
+                        public_key,
+                    })
+                    .await
+            }
+        })
+        .await?;
+    let endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
+    let channel = rpc::connect(
+        endpoint,
+        &rpc::ServerTrust::PinnedCa(ca),
+        Some(&rpc::self_signed(&key)?),
+    )
+    .await?;
+    spawn_escrow(channel, public_key)
+        .await??
+        .map_err(|s| anyhow::anyhow!("{s}"))?;
+
+    let config = cluster.config.clone();
+    let removal = tokio::task::spawn_blocking(move || {
+        let config = config.to_str().context("utf-8 path")?;
+        e2e::polisctl(&["--config", config, "cluster", "operator", "remove", "ada"])
+    });
+    tokio::task::block_in_place(|| -> Result<()> {
+        e2e::wait_until(
+            "ada's removal to reach its pause point",
+            Duration::from_secs(60),
+            || pauses_at(&mut cluster, "operator-record-deleted") > 0,
+        )?;
+        let out = cluster.ctl_retry(&["cluster", "operator", "list", "-o", "json"])?;
+        let listed: Vec<serde_json::Value> = serde_json::from_str(&out)?;
+        assert!(
+            listed.len() == 1
+                && listed[0]["name"] == "ada"
+                && listed[0]["state"] == "removing"
+                && listed[0]["unrevoked_certificates"] == 1,
+            "{out}"
+        );
+        let table = cluster.ctl_retry(&["cluster", "operator", "list"])?;
+        assert!(
+            table.contains("removing: 1 certificate(s) not yet revoked; run `polisctl cluster operator remove ada` again"),
+            "{table}"
+        );
+        Ok(())
+    })?;
+    let (status, out, err) = removal.await??;
+    assert!(status.success(), "the removal failed: {err}");
+    assert!(out.contains("1 certificate(s) revoked"), "{out}");
+    let out = tokio::task::block_in_place(|| {
+        cluster.ctl_retry(&["cluster", "operator", "list", "-o", "json"])
+    })?;
+    assert_eq!(out.trim(), "[]", "listed after the removal finished");
+    let listed = listed_certificates(&cluster).await?;
+    let valid = valid_names(&listed, "ada");
+    assert!(valid.is_empty(), "{valid:?}");
     // Keep the cluster alive until here.
     cluster.first.proc();
     Ok(())

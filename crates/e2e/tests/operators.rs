@@ -3,18 +3,26 @@
 //! role, the operator signs in with `takeownership`; what each role may do; bad input
 //! refused by name; the audit log naming the operator; and a removal that revokes the
 //! operator's certificate at once and ends its open streams (the audit log followed
-//! through the follower curator, and a node's logs).
+//! through the follower curator, and a node's logs); a removed admin's open connection
+//! loses its protected seat (issue 28): once a call on it is refused, strangers from its
+//! address replace it like any other idle connection.
 //!
 //! One cluster for the whole file: the phases build on each other.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use e2e::{Cluster, TIMEOUT, endpoints, wait_until};
 use proto::api;
 use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::watch;
 
 /// An operator's own config directory under the test's directory.
 struct Operator {
@@ -430,8 +438,148 @@ async fn operators_roles_and_removal() -> Result<()> {
         ensure!(!listed.contains("\"ada\""), "{listed}");
         Ok(())
     })?;
+
+    // A removed admin's connection: proven (never evicted, not counted against its
+    // address) while her calls were an admin's; refused once removed, it counts again
+    // and is the first to go when strangers from her address fill its cap.
+    let source = e2e::unique_loopback();
+    let tls = rpc::tls::client_config(&rpc::ServerTrust::PinnedCa(ca), Some(&adm.credentials()?))?;
+    let (adm_channel, mut closed) = one_connection(
+        SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT),
+        source,
+        tls,
+    )
+    .await?;
+    let list = || {
+        let channel = adm_channel.clone();
+        async move {
+            api::management_client::ManagementClient::new(channel)
+                .list_nodes(api::ListNodesRequest::default())
+                .await
+        }
+    };
+    list()
+        .await
+        .context("adm listing nodes before her removal")?;
+    let out = tokio::task::block_in_place(|| {
+        cluster.ctl_retry(&["cluster", "operator", "remove", "adm"])
+    })?;
+    ensure!(out.contains("1 certificate(s) revoked"), "{out}");
+    let refusal = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            match list().await {
+                // The CRL change not seen here yet.
+                Ok(_) => {}
+                Err(s) if s.code() == tonic::Code::Unavailable => {}
+                Err(s) => return s,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .context("adm's calls on her open connection were never refused")?;
+    ensure!(
+        refusal.code() == tonic::Code::Unauthenticated,
+        "adm's call on her open connection: {refusal:?}"
+    );
+    ensure!(
+        !*closed.borrow(),
+        "the connection closed with the refusal instead of counting again"
+    );
+    // Strangers from her address up to its cap of connections without a node's or an
+    // admin's identity: hers counts among them, and goes (the oldest idle).
+    let endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
+    let mut strangers = Vec::new();
+    for _ in 0..rpc::Limits::PRODUCTION.per_source_connections {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::new(source, 0))?;
+        strangers.push(socket.connect(endpoint).await?);
+    }
+    tokio::time::timeout(TIMEOUT, closed.wait_for(|c| *c))
+        .await
+        .context(
+            "the removed admin's connection was not closed for strangers of its address: \
+             its seat still counts as proven",
+        )??;
+    drop(strangers);
     drop(member);
     Ok(())
+}
+
+/// A stream that says when the server closed it (a read ends or fails).
+struct Watched<S> {
+    inner: S,
+    closed: watch::Sender<bool>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let (room, before) = (buf.remaining() > 0, buf.filled().len());
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let ended = match &polled {
+            Poll::Ready(Err(_)) => true,
+            Poll::Ready(Ok(())) => room && buf.filled().len() == before,
+            Poll::Pending => false,
+        };
+        if ended {
+            self.closed.send_replace(true);
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A channel over one TLS connection from `source` to `endpoint` (it never connects
+/// again: a call after the server closed it fails), and what says that it closed.
+async fn one_connection(
+    endpoint: SocketAddr,
+    source: IpAddr,
+    tls: Arc<rustls::ClientConfig>,
+) -> Result<(tonic::transport::Channel, watch::Receiver<bool>)> {
+    let (closed, watching) = watch::channel(false);
+    let once = Arc::new(Mutex::new(Some(closed)));
+    let connector = tokio_rustls::TlsConnector::from(tls);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{endpoint}"))?
+        .connect_with_connector(tower::service_fn(move |_: tonic::codegen::http::Uri| {
+            let (connector, once) = (connector.clone(), once.clone());
+            async move {
+                let closed = once
+                    .lock()
+                    .expect("lock")
+                    .take()
+                    .ok_or_else(|| std::io::Error::other("this channel connects once"))?;
+                let socket = tokio::net::TcpSocket::new_v4()?;
+                socket.bind(SocketAddr::new(source, 0))?;
+                let tcp = socket.connect(endpoint).await?;
+                let name = rustls::pki_types::ServerName::IpAddress(endpoint.ip().into());
+                let inner = connector.connect(name, tcp).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(Watched { inner, closed }))
+            }
+        }))
+        .await?;
+    Ok((channel, watching))
 }
 
 impl Operator {

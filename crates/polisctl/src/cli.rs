@@ -254,7 +254,9 @@ pub(crate) enum OperatorCommand {
         #[arg(long, value_name = "FILE")]
         key_file: PathBuf,
     },
-    /// Every operator: name, role, key, when added and by whom.
+    /// Every operator: name, role, key, when added and by whom; and every name whose
+    /// removal left certificates unrevoked (state `removing`: run `operator remove`
+    /// again).
     List,
     /// Remove operator NAME: every certificate it holds is revoked at once and its
     /// connections end. Admins only.

@@ -8,7 +8,8 @@
 //!             ─▶ tonic
 //!   TlsConn: closed when no call starts within 10 s of the handshake, when no call
 //!            has been in flight for 120 s (AuthLayer counts calls per connection), or
-//!            at once when evicted; a call with a cluster certificate proves it
+//!            at once when evicted; proven (kept, not counted per source) while its
+//!            latest call came with a node's or an admin's certificate
 //! ```
 //!
 //! Invariants (see [`Limits`] for the numbers and why):
@@ -20,6 +21,8 @@
 //!   connection without a cluster identity and without a call in flight is closed to
 //!   seat the newcomer. So a flood, from one address or many, cannot keep a node or
 //!   an owner out, and connections of nodes and owners are never the ones closed.
+//!   A connection whose certificate was revoked (a removed admin) counts again from
+//!   its next call on: revocation takes the seat's protection too.
 //! - The caps come from the open-files limit, shared among the node's listeners with a
 //!   reserve, so the caps decide before EMFILE does; when descriptors run out anyway,
 //!   the oldest idle stranger is closed and the accept loop pauses briefly instead of
@@ -34,8 +37,8 @@
 //!      │
 //!      ▼                                    auth   AuthLayer: classify, forwarded
 //!   conn      TlsConn, PeerInfo  ◀───────────────  identity, authorize; counts
-//!      │                                           each call in flight, proves
-//!      ▼                                      │    the connection of a node or user
+//!      │                                           each call in flight; proven
+//!      ▼                                      │    while the latest is a node/admin
 //!   calls     Calls: in flight, proven, evicted ◀┘
 //!      │
 //!      ▼

@@ -6,6 +6,8 @@
 //!                  name kept revoked ─▶ operators::add (one guarded transaction)
 //!   RemoveOperator operators::remove (the record first) ─▶ its certificates revoked
 //!                  (again: finishes a revocation an earlier removal could not)
+//!   ListOperators  the unrevoked operator certificates, then the records: names with
+//!                  certificates but no record are unfinished removals
 //!   Escrow         the newest certificate for the key while renewing is not due, else
 //!                  a new one, recorded as operator-<name>.<serial> while the record
 //!                  stays as checked (a removal racing it leaves nothing valid)
@@ -48,32 +50,44 @@ fn check_name(name: &str) -> Result<(), Status> {
     proto::operators::validate_name(name).map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
-/// Revokes every certificate recorded under `prefix` that has neither expired nor
-/// been revoked yet; how many that were.
-async fn revoke_unrevoked(shared: &Shared, prefix: &str) -> Result<usize, Status> {
-    let (store, _) = issuance::cluster_ca(shared).await?;
-    let unavailable = |what: &str, e: pki::PkiError| Status::unavailable(format!("{what}: {e}"));
+fn unavailable(what: &str, e: pki::PkiError) -> Status {
+    Status::unavailable(format!("{what}: {e}"))
+}
+
+/// Every certificate recorded under `prefix` that has neither expired nor been revoked
+/// yet: its name and serial. The certificates are read before the CRL.
+async fn unrevoked(store: &pki::CaStore, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, Status> {
     let issued = store
         .list_issued(prefix)
         .await
-        .map_err(|e| unavailable("listing the operator's certificates", e))?;
+        .map_err(|e| unavailable("listing operator certificates", e))?;
     let revoked = match store.crl().await {
         Ok(crl) => pki::crl_serials(&crl).map_err(|e| unavailable("reading the CRL", e))?,
         Err(e) => return Err(unavailable("reading the CRL", e)),
     };
-    let mut count = 0;
+    let mut left = Vec::new();
     for (name, der) in issued {
         let live = pki::time_to_expiry(&der).map_err(|e| unavailable(&name, e))?;
         let serial = pki::certificate_serial(&der).map_err(|e| unavailable(&name, e))?;
         if live.is_some() && !revoked.contains(&serial) {
-            store
-                .revoke(&serial)
-                .await
-                .map_err(|e| unavailable("revoking an operator certificate", e))?;
-            count += 1;
+            left.push((name, serial));
         }
     }
-    Ok(count)
+    Ok(left)
+}
+
+/// Revokes every certificate recorded under `prefix` that has neither expired nor
+/// been revoked yet; how many that were.
+async fn revoke_unrevoked(shared: &Shared, prefix: &str) -> Result<usize, Status> {
+    let (store, _) = issuance::cluster_ca(shared).await?;
+    let left = unrevoked(&store, prefix).await?;
+    for (_, serial) in &left {
+        store
+            .revoke(serial)
+            .await
+            .map_err(|e| unavailable("revoking an operator certificate", e))?;
+    }
+    Ok(left.len())
 }
 
 /// AddOperator.
@@ -125,14 +139,26 @@ pub(super) async fn add(
     })
 }
 
-/// ListOperators.
+/// ListOperators: the records, and the names whose removal left certificates
+/// unrevoked. The certificates are read before the records: a certificate recorded
+/// meanwhile is an operator's whose record was there first (Escrow records under it),
+/// so no operator being added shows as a removal; a removal finishing meanwhile may
+/// show as unfinished once.
 pub(super) async fn list(shared: &Shared) -> Result<api::ListOperatorsResponse, Status> {
     shared.leadership().await?;
+    let store = layout::cluster_pki(&shared.curator);
+    let left = unrevoked(&store, layout::OPERATOR_CERTIFICATES_PREFIX).await?;
     let (operators, _) = operators::list(&shared.curator)
         .await
         .map_err(status_from)?;
+    let unfinished =
+        operators::unfinished_removals(&operators, left.iter().map(|(n, _)| n.as_str()));
     Ok(api::ListOperatorsResponse {
         operators: operators.into_iter().map(info).collect(),
+        unfinished_removals: unfinished
+            .into_iter()
+            .map(|(name, unrevoked)| api::UnfinishedRemoval { name, unrevoked })
+            .collect(),
     })
 }
 
@@ -148,6 +174,9 @@ pub(super) async fn remove(
     let existed = operators::remove(&shared.curator, &leadership, name)
         .await
         .map_err(status_from)?;
+    // Test builds: hold the state a failed revocation leaves (the record gone, the
+    // certificates valid) for ListOperators to show (fenced_issuing test).
+    crate::pause::pause_point("operator-record-deleted", name).await;
     let revoked = revoke_unrevoked(shared, &layout::operator_certificate_prefix(name)).await?;
     if !existed && revoked == 0 {
         // Also the answer to a retry of a removal that did finish: say that nothing of

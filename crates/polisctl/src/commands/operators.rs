@@ -119,14 +119,13 @@ pub(crate) async fn add(
 
 /// `cluster operator list`.
 pub(crate) async fn list(config: &Path, raw_endpoints: &[String], format: Format) -> Result<()> {
-    let operators = owner_session(config, raw_endpoints)
+    let listed = owner_session(config, raw_endpoints)
         .await?
         .management("listing operators", |mut m| async move {
             m.list_operators(api::ListOperatorsRequest {}).await
         })
-        .await?
-        .operators;
-    print_operators(&operators, format);
+        .await?;
+    print_operators(&listed.operators, &listed.unfinished_removals, format);
     Ok(())
 }
 

@@ -121,6 +121,7 @@ pub fn incoming_with(
         per_source: limits.per_source_connections,
         handshakes_per_source: limits.per_source_handshakes,
     })));
+    let demotions = seats.lock().expect("seat table poisoned").demotions();
     tokio::spawn(
         async move {
             let mut errors = LogBudget::new(Duration::from_secs(1));
@@ -154,7 +155,7 @@ pub fn incoming_with(
                 if let Err(e) = tcp.set_nodelay(true) {
                     tracing::debug!(%remote, "setting TCP_NODELAY: {e}");
                 }
-                let calls = Arc::new(Calls::new());
+                let calls = Arc::new(Calls::new(demotions.clone()));
                 let admitted = seats
                     .lock()
                     .expect("seat table poisoned")

@@ -11,9 +11,11 @@
 //!                      ▼
 //!                      seated (unproven), behind S's handshake gate
 //! ```
-//! A seat is *proven* once a call on it was made with a node's or an admin's (the
-//! owner's too) certificate (`server::auth` decides): those are never evicted and do
-//! not count against their source, so nodes and owners always keep what they hold. An
+//! A seat is *proven* while the latest call on it was made with a node's or an admin's
+//! (the owner's too) certificate (`server::auth` decides): those are never evicted and
+//! do not count against their source, so nodes and owners always keep what they hold.
+//! A seat whose certificate stopped proving (revoked: a removed admin, a deleted node)
+//! is unproven again from its next call on, evictable and counted like any other. An
 //! unproven seat (TCP only, in its handshake, handshaken but silent, calling with a
 //! self-signed certificate, or a reader's or operator's: one such certificate must not
 //! hold every seat) is *evictable*
@@ -26,12 +28,15 @@
 //!
 //! The table learns that a seat is proven or busy from the seat itself ([`Occupant`]),
 //! lazily: a proven seat leaves its source's count the next time that count is looked
-//! at. Time does not enter: age is the order of seating.
+//! at. A seat that loses its proof raises the table's [`Demotions`]; the table then
+//! looks again at the seats it knew as proven, and those no longer proven count again
+//! (in their place by age). Time does not enter: age is the order of seating.
 //!
 //! A leaf: may not touch sockets or tasks.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
@@ -52,10 +57,26 @@ pub fn source_key(address: IpAddr) -> IpAddr {
 
 /// What the table asks of a seat's connection.
 pub(crate) trait Occupant {
-    /// A call on it was made with a cluster certificate.
+    /// The latest call on it was made with a node's or an admin's certificate.
     fn proven(&self) -> bool;
     /// A call is in flight on it.
     fn busy(&self) -> bool;
+}
+
+/// Raised by a seat of the table whose [`Occupant::proven`] went from true to false
+/// (after storing false): the table looks again at the seats it knew as proven before
+/// it next picks a seat to evict or counts a source.
+#[derive(Debug, Default)]
+pub(crate) struct Demotions(AtomicBool);
+
+impl Demotions {
+    pub(crate) fn raise(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    fn take(&self) -> bool {
+        self.0.swap(false, Ordering::SeqCst)
+    }
 }
 
 /// The caps of one table.
@@ -106,6 +127,10 @@ pub(crate) struct Table<T> {
     seats: HashMap<u64, Seat<T>>,
     /// Seats not known to be proven, oldest first.
     unproven: BTreeSet<u64>,
+    /// Seats known to be proven (forgotten by `unproven`): looked at again when a seat
+    /// lost its proof.
+    proven: BTreeSet<u64>,
+    demotions: Arc<Demotions>,
     sources: HashMap<IpAddr, Source>,
 }
 
@@ -120,8 +145,15 @@ impl<T: Occupant + Clone> Table<T> {
             next: 0,
             seats: HashMap::new(),
             unproven: BTreeSet::new(),
+            proven: BTreeSet::new(),
+            demotions: Arc::default(),
             sources: HashMap::new(),
         }
+    }
+
+    /// What this table's seats raise when they lose their proof.
+    pub(crate) fn demotions(&self) -> Arc<Demotions> {
+        self.demotions.clone()
     }
 
     /// Seats in use.
@@ -133,6 +165,7 @@ impl<T: Occupant + Clone> Table<T> {
     /// Seats a connection from `address`, making room when a cap is reached.
     pub(crate) fn admit(&mut self, address: IpAddr, occupant: T) -> Result<Seated<T>, Refusal> {
         let source = source_key(address);
+        self.count_demoted();
         let mut evicted = Vec::new();
         if self.unproven_of(source) >= self.caps.per_source {
             let oldest = self.sources.get(&source).and_then(|s| {
@@ -175,6 +208,7 @@ impl<T: Occupant + Clone> Table<T> {
     pub(crate) fn leave(&mut self, id: u64) -> Option<T> {
         let seat = self.seats.remove(&id)?;
         self.unproven.remove(&id);
+        self.proven.remove(&id);
         if let Some(source) = self.sources.get_mut(&seat.source) {
             source.seats -= 1;
             source.unproven.remove(&id);
@@ -187,6 +221,7 @@ impl<T: Occupant + Clone> Table<T> {
 
     /// Evicts the oldest evictable seat anywhere (descriptors ran out): its occupant.
     pub(crate) fn evict_oldest(&mut self) -> Option<T> {
+        self.count_demoted();
         let id = self.oldest_evictable()?;
         self.leave(id)
     }
@@ -206,8 +241,31 @@ impl<T: Occupant + Clone> Table<T> {
         for id in &proven {
             entry.unproven.remove(id);
             self.unproven.remove(id);
+            self.proven.insert(*id);
         }
         entry.unproven.len()
+    }
+
+    /// After a seat lost its proof: the seats known as proven that no longer are count
+    /// again (evictable, against their source).
+    fn count_demoted(&mut self) {
+        if !self.demotions.take() {
+            return;
+        }
+        let demoted: Vec<u64> = self
+            .proven
+            .iter()
+            .copied()
+            .filter(|id| !self.seats[id].occupant.proven())
+            .collect();
+        for id in demoted {
+            self.proven.remove(&id);
+            self.unproven.insert(id);
+            let source = self.seats[&id].source;
+            if let Some(s) = self.sources.get_mut(&source) {
+                s.unproven.insert(id);
+            }
+        }
     }
 
     /// The oldest seat that may go, forgetting the proven seats it passes.
@@ -223,6 +281,7 @@ impl<T: Occupant + Clone> Table<T> {
         });
         for id in proven {
             self.unproven.remove(&id);
+            self.proven.insert(id);
             let source = self.seats[&id].source;
             if let Some(s) = self.sources.get_mut(&source) {
                 s.unproven.remove(&id);
@@ -360,6 +419,54 @@ mod tests {
     }
 
     #[test]
+    fn a_seat_that_lost_its_proof_counts_and_goes_again_in_its_place_by_age() {
+        let mut t = Table::new(CAPS);
+        let a = ip("127.0.0.9");
+        let admin = conn("admin");
+        t.admit(a, admin.clone()).unwrap();
+        admin.proven.set(true);
+        for name in ["a1", "a2", "a3"] {
+            assert!(t.admit(a, conn(name)).unwrap().evicted.is_empty());
+        }
+        // Its certificate revoked: the latest call no longer proves it. The table
+        // counts it again once told, and it is a's oldest.
+        admin.proven.set(false);
+        t.demotions().raise();
+        assert_eq!(names(&t.admit(a, conn("a4")).unwrap().evicted), ["admin"]);
+        assert!(t.proven.is_empty() && t.len() == 4);
+
+        // Listener-wide: `again` is proven, then loses its proof while a call is in
+        // flight on it (its refusal still being answered).
+        let b = ip("127.0.0.10");
+        let again = conn("again");
+        t.admit(b, again.clone()).unwrap();
+        again.proven.set(true);
+        let b1 = conn("b1");
+        t.admit(b, b1.clone()).unwrap();
+        assert_eq!(t.len(), 6);
+        again.proven.set(false);
+        again.busy.set(true);
+        // Not told yet: nothing known as proven is looked at again.
+        let c = ip("127.0.0.11");
+        assert_eq!(names(&t.admit(c, conn("c1")).unwrap().evicted), ["a1"]);
+        t.demotions().raise();
+        assert_eq!(
+            names(&t.admit(c, conn("c2")).unwrap().evicted),
+            ["a2"],
+            "busy: it stays like any other"
+        );
+        // Idle now; everyone older busy: it goes before b1, seated after it.
+        again.busy.set(false);
+        for s in t.seats.values() {
+            if ["a3", "a4"].contains(&s.occupant.name) {
+                s.occupant.busy.set(true);
+            }
+        }
+        assert_eq!(names(&t.admit(c, conn("c3")).unwrap().evicted), ["again"]);
+        assert!(t.seats.values().any(|s| s.occupant.name == "b1"));
+    }
+
+    #[test]
     fn a_full_listener_evicts_the_oldest_idle_seat_anywhere() {
         let mut t = Table::new(CAPS);
         // Six sources, one seat each: full.
@@ -415,7 +522,9 @@ mod tests {
             "leaving twice is a no-op"
         );
         t.leave(s2.id);
-        assert!(t.sources.is_empty() && t.unproven.is_empty() && t.len() == 0);
+        assert!(
+            t.sources.is_empty() && t.unproven.is_empty() && t.proven.is_empty() && t.len() == 0
+        );
     }
 
     #[test]

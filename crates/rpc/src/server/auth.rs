@@ -219,11 +219,14 @@ where
             // A node's or an admin's connection keeps its seat: never evicted for a
             // newcomer, not counted against its source (`admission`). Not a reader's
             // or an operator's: anyone given one certificate could hold every seat.
-            if (matches!(caller, Identity::Node { .. })
-                || caller.holds(crate::authz::OperatorRole::Admin))
-                && let Some(connection) = &connection
-            {
-                connection.prove();
+            // The latest call decides: once the certificate is revoked (a removed
+            // admin, a deleted node), the connection counts again (it stays open; this
+            // call's refusal is answered on it).
+            if let Some(connection) = &connection {
+                connection.set_proven(
+                    matches!(caller, Identity::Node { .. })
+                        || caller.holds(crate::authz::OperatorRole::Admin),
+                );
             }
             // A forwarded call: the identity a curator verified, if this caller is one.
             let forwarded = request

@@ -1,6 +1,6 @@
 //! What one connection's parts share about it: the calls in flight and when the last
-//! one started or ended (whether it is idle), whether a call showed a cluster identity
-//! (proven), and whether the listener evicted it to make room for a newcomer.
+//! one started or ended (whether it is idle), whether its latest call showed a node's or
+//! an admin's identity (proven), and whether the listener evicted it to make room for a newcomer.
 //!
 //! A leaf (besides [`Limits`] and the admission table's [`Occupant`]): may not touch
 //! sockets.
@@ -11,7 +11,7 @@ use std::task::{Context, Poll, Waker};
 
 use tokio::time::Instant;
 
-use super::admission::Occupant;
+use super::admission::{Demotions, Occupant};
 use super::limits::Limits;
 
 /// One connection's calls in flight, its proof, and its eviction.
@@ -21,6 +21,8 @@ pub(crate) struct Calls {
     /// `None` until the first call starts.
     last: Mutex<Option<Instant>>,
     proven: AtomicBool,
+    /// Told when `proven` goes from true to false (the seat table's).
+    demotions: Arc<Demotions>,
     evicted: AtomicBool,
     /// Whoever waits for the connection's bytes (the handshake, then the connection's
     /// reads): woken by an eviction.
@@ -28,11 +30,13 @@ pub(crate) struct Calls {
 }
 
 impl Calls {
-    pub(super) fn new() -> Calls {
+    /// A connection seated in the table that `demotions` belongs to.
+    pub(super) fn new(demotions: Arc<Demotions>) -> Calls {
         Calls {
             in_flight: AtomicUsize::new(0),
             last: Mutex::new(None),
             proven: AtomicBool::new(false),
+            demotions,
             evicted: AtomicBool::new(false),
             waiter: Mutex::new(None),
         }
@@ -48,10 +52,15 @@ impl Calls {
         CallGuard(self.clone())
     }
 
-    /// A call on this connection was made with a cluster certificate: the connection
-    /// is no longer evicted nor counted against its source.
-    pub(super) fn prove(&self) {
-        self.proven.store(true, Ordering::SeqCst);
+    /// Whether the latest call on this connection was made with a node's or an admin's
+    /// certificate: while it was, the connection is neither evicted nor counted against
+    /// its source. Once one no longer is (its certificate was revoked), the connection
+    /// counts again; it is not closed here (the call's answer is still to be sent).
+    pub(super) fn set_proven(&self, proven: bool) {
+        let was = self.proven.swap(proven, Ordering::SeqCst);
+        if was && !proven {
+            self.demotions.raise();
+        }
     }
 
     /// Closes the connection at its next read (the listener needs its seat).

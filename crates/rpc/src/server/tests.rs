@@ -503,7 +503,7 @@ async fn futures_connect(address: SocketAddr, n: usize) -> Vec<TcpStream> {
 #[test]
 fn a_streaming_response_counts_as_in_flight_until_its_body_is_dropped() {
     let limits = small(16, 16);
-    let calls = Arc::new(Calls::new());
+    let calls = Arc::new(Calls::new(Arc::default()));
     let accepted = Instant::now();
     let body = CountedBody {
         inner: Box::pin(tonic::body::Body::empty()),
@@ -517,4 +517,34 @@ fn a_streaming_response_counts_as_in_flight_until_its_body_is_dropped() {
     drop(body);
     let deadline = calls.idle_deadline(accepted, &limits).expect("idle again");
     assert!(deadline > Instant::now());
+}
+
+#[test]
+fn a_connection_whose_latest_call_no_longer_proves_it_is_evictable_again() {
+    // An admin's connection (proven by a call), then its certificate revoked: the next
+    // call on it is classified anything but an admin. Its seat counts against its
+    // source again and goes first, as the oldest idle one (it is not closed before).
+    use super::admission::{Caps, Table};
+    let mut table: Table<Arc<Calls>> = Table::new(Caps {
+        max: 16,
+        per_source: 2,
+        handshakes_per_source: 1,
+    });
+    let source: std::net::IpAddr = "127.0.0.9".parse().unwrap();
+    let demotions = table.demotions();
+    let admin = Arc::new(Calls::new(demotions.clone()));
+    table.admit(source, admin.clone()).unwrap();
+    admin.set_proven(true);
+    let stranger = || Arc::new(Calls::new(demotions.clone()));
+    for _ in 0..2 {
+        let seated = table.admit(source, stranger()).unwrap();
+        assert!(seated.evicted.is_empty(), "the admin's seat is not counted");
+    }
+    admin.set_proven(false);
+    let seated = table.admit(source, stranger()).unwrap();
+    assert_eq!(seated.evicted.len(), 1);
+    assert!(
+        Arc::ptr_eq(&seated.evicted[0], &admin),
+        "the removed admin's seat, the oldest, goes first"
+    );
 }
