@@ -202,6 +202,17 @@ pub fn curator_certificate_prefix(node_id: &str) -> String {
 }
 
 /// Name of one curator certificate of a node.
+/// The node a curator certificate's name (`curator_certificate_name`) is for.
+pub fn curator_certificate_node(name: &str) -> Option<&str> {
+    name.strip_prefix("curator-")?
+        .rsplit_once('-')
+        .map(|(id, _serial)| id)
+}
+
+/// The running cluster CA rotation (`proto::state::CaRotationRecord`): who started it,
+/// whether it is forced. Present only while one runs.
+pub const CA_ROTATION_KEY: &str = "cluster/ca-rotation";
+
 pub fn curator_certificate_name(node_id: &str, serial: &[u8]) -> String {
     format!(
         "{}{}",

@@ -220,6 +220,16 @@ async fn allowed(
             })
             .await
             .err(),
+        // Naming no signing CA: InvalidArgument means the call got through (a real
+        // rotation would replace the CA the matrix pins).
+        "RotateCa" => management
+            .rotate_ca(api::RotateCaRequest::default())
+            .await
+            .err(),
+        "GetCaRotation" => management
+            .get_ca_rotation(api::GetCaRotationRequest {})
+            .await
+            .err(),
         // The node already is a voter: the handler refuses (FailedPrecondition).
         "JoinConsensus" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
             .join_consensus(api::JoinConsensusRequest {})
@@ -359,7 +369,7 @@ async fn allowed(
             Ok(true)
         }
         Some(s)
-            if ["RotateOwner", "AddOperator"].contains(&method)
+            if ["RotateOwner", "AddOperator", "RotateCa"].contains(&method)
                 && s.code() == tonic::Code::InvalidArgument =>
         {
             Ok(true)
@@ -513,6 +523,8 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         ("ListCertificates", USERS),
         // Only the owner itself.
         ("RotateOwner", &["owner"]),
+        ("RotateCa", ADMINS),
+        ("GetCaRotation", USERS),
         ("TakeBackup", ADMINS),
         ("AuditLog", OPERATORS),
         ("NodeLogsTail", OPERATORS),

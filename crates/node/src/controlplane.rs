@@ -594,17 +594,28 @@ async fn check_member(
         None => {}
     }
     let curator_ns = running.namespaced(curator::layout::NAMESPACE);
-    let ca = curator::cluster_pki(&curator_ns)
-        .load_ca()
+    let trusted = curator::cluster_pki(&curator_ns)
+        .trusted()
         .await
-        .context("loading the cluster CA")?;
-    match ca {
-        Some(ca) if ca.cert_der == sealed.cluster_ca_certificate => {}
-        _ => {
-            return Err(Step::Fatal(anyhow!(
-                "the cluster CA in etcd does not match the sealed configuration"
-            )));
-        }
+        .context("loading the cluster CAs")?
+        .cas();
+    // The CA it joined under (sealed), or, after CA rotations, one it learnt since
+    // (`data/node/trust.pem`): either way a CA of this cluster.
+    let learnt = std::fs::read_to_string(root.cluster_trust())
+        .ok()
+        .and_then(|text| pem::parse_many(text).ok())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|block| block.tag() == "CERTIFICATE")
+        .map(|block| block.into_contents());
+    let ours = std::iter::once(sealed.cluster_ca_certificate.clone())
+        .chain(learnt)
+        .any(|ca| trusted.contains(&ca));
+    if !ours {
+        return Err(Step::Fatal(anyhow!(
+            "the cluster CAs in etcd are none of the CAs in the sealed configuration or              {}",
+            root.cluster_trust().display()
+        )));
     }
     match curator::load_node(&curator_ns, &sealed.node_id).await {
         Ok(Some(node))

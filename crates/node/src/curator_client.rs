@@ -38,17 +38,104 @@ pub fn curator_client(settings: &Settings, values: &NodeValues) -> Result<rpc::C
     .with_source(local_source(settings.address)))
 }
 
-/// What this node checks curators against: its trust slot, holding the cluster CA it
-/// saved (`data/node/ca.der`, adopted on first use) and the newest CRL seen.
+/// What this node checks curators against: its trust slot, holding the cluster CAs it
+/// saved (adopted on first use: `data/node/trust.pem` once a curator named them, else
+/// the CA it joined under, `data/node/ca.der`) and the newest CRLs seen.
 pub fn trust(settings: &Settings, values: &NodeValues) -> Result<rpc::TrustSlot> {
-    let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
-    values.trust.adopt(vec![ca]).with_context(|| {
-        format!(
-            "the cluster CA certificate in {} is unusable",
-            settings.root.cluster_ca().display()
-        )
-    })?;
+    let saved = settings.root.cluster_trust();
+    let (cas, crls, path) = match saved_trust(&saved)? {
+        Some(anchors) => (anchors.cas, anchors.crls, saved),
+        None => {
+            let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
+            (vec![ca], Vec::new(), settings.root.cluster_ca())
+        }
+    };
+    if values
+        .trust
+        .adopt(cas)
+        .with_context(|| format!("the cluster CAs in {} are unusable", path.display()))?
+    {
+        for crl in crls {
+            crlfetch::offer(&values.trust, &crl, "the saved trust");
+        }
+    }
     Ok(values.trust.clone())
+}
+
+/// The CAs and CRLs saved in `path` (PEM: CERTIFICATE and X509 CRL blocks), if any.
+fn saved_trust(path: &std::path::Path) -> Result<Option<rpc::Anchors>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let blocks =
+        pem::parse_many(&text).with_context(|| format!("{} is not PEM", path.display()))?;
+    let mut anchors = rpc::Anchors::default();
+    for block in blocks {
+        match block.tag() {
+            "CERTIFICATE" => anchors.cas.push(block.into_contents()),
+            "X509 CRL" => anchors.crls.push(block.into_contents()),
+            other => anyhow::bail!("{} holds a {other} block", path.display()),
+        }
+    }
+    if anchors.cas.is_empty() {
+        anyhow::bail!("{} names no CA", path.display());
+    }
+    Ok(Some(anchors))
+}
+
+/// Trusts exactly `cas` (signing first) with their `crls`, as a curator named them, and
+/// saves them (`data/node/trust.pem`) when that changed anything: a CA rotation's
+/// step. Refused (logged, nothing changes) when the list keeps none of the CAs trusted
+/// now: no rotation's step does that.
+pub fn apply_trust(
+    settings: &Settings,
+    values: &NodeValues,
+    cas: &[Vec<u8>],
+    crls: &[Vec<u8>],
+) -> Result<()> {
+    let slot = trust(settings, values)?;
+    let before = slot.anchors();
+    match slot.trust(cas.to_vec()) {
+        Ok(true) => tracing::info!(
+            cas = ?cas.iter().map(|c| rpc::fingerprint(c)).collect::<Vec<_>>(),
+            "trusting the cluster CAs a curator named (a CA rotation)"
+        ),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!("ignoring the cluster CAs a curator named: {e}");
+            return Ok(());
+        }
+    }
+    for crl in crls {
+        crlfetch::offer(&slot, crl, "a curator");
+    }
+    let after = slot.anchors();
+    if after != before {
+        let mut text = Vec::new();
+        for ca in &after.cas {
+            text.extend(crate::storage::pem("CERTIFICATE", ca));
+        }
+        for crl in &after.crls {
+            text.extend(crate::storage::pem("X509 CRL", crl));
+        }
+        crate::storage::write_atomic(&settings.root.cluster_trust(), &text)
+            .context("saving the cluster CAs trusted")?;
+    }
+    Ok(())
+}
+
+/// The SHA-256 fingerprints of the cluster CAs this node trusts, and of the one that
+/// issued `certificate` (empty when none of them did): what it reports in its status.
+pub fn trust_report(values: &NodeValues, certificate: &[u8]) -> (Vec<String>, String) {
+    let cas = values.trust.cas();
+    let issuer = cas
+        .iter()
+        .find(|ca| pki::issued_by(certificate, ca))
+        .map(|ca| rpc::fingerprint(ca))
+        .unwrap_or_default();
+    (cas.iter().map(|c| rpc::fingerprint(c)).collect(), issuer)
 }
 
 /// Takes `crl` (from a curator, or the saved copy) into the node's trust slot when a

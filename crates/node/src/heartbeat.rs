@@ -134,11 +134,20 @@ impl HeartbeatBounds {
 /// What this node reports of itself with each heartbeat.
 fn node_status(settings: &Settings, values: &NodeValues) -> NodeStatus {
     let services = values.services.current().unwrap_or_default();
+    let certificate = values
+        .credentials
+        .slot(&settings.root)
+        .map(|slot| slot.credentials().certificate)
+        .unwrap_or_default();
+    let (trusted_ca_fingerprints, certificate_ca_fingerprint) =
+        crate::curator_client::trust_report(values, &certificate);
     NodeStatus {
         address: settings.address.to_string(),
         version: crate::crash::reported_version(),
         etcd_member_running: services.etcd_member,
         curator_running: services.curator,
         started_at_unix_ms: settings.started_at_unix_ms,
+        trusted_ca_fingerprints,
+        certificate_ca_fingerprint,
     }
 }

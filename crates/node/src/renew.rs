@@ -14,6 +14,9 @@
 //!   peer certificate ──▶ cert.pem: etcd 3.4 reads --peer-cert-file/--peer-key-file on
 //!                        every new peer handshake (both directions), so the file is all
 //! ```
+//! A node certificate the signing CA did not issue (a CA rotation promoted another,
+//! the first of the CAs the node trusts) is renewed at once, whatever its age: the
+//! runnable looks every ROTATION_CHECK.
 //! A failed renewal is retried with backoff (never waiting past a quarter of the time
 //! left) and logged once per problem. The runnable wakes at least every 1/12 of the
 //! shortest lifetime (capped at a minute), so a peer certificate that appeared since
@@ -74,6 +77,10 @@ pub fn plan(node: Validity, peer: Option<Validity>, now: u64) -> Plan {
 }
 
 /// The `root.role.renew` runnable (see the module documentation).
+/// How often a node looks at whether a CA rotation made its certificate one to replace
+/// (a local check: no call).
+const ROTATION_CHECK: Duration = Duration::from_secs(2);
+
 pub async fn run(
     ctx: supervisor::Context,
     settings: Settings,
@@ -102,14 +109,25 @@ pub async fn run(
             None
         };
         let now = pki::unix_now();
+        // A CA rotation made another CA sign (the first one trusted): the node
+        // certificate is replaced at once, whatever its age.
+        let replaced = values
+            .trust
+            .cas()
+            .first()
+            .is_some_and(|signing| !pki::issued_by(&slot.credentials().certificate, signing));
         let peer = match plan(node, peer, now) {
+            Plan::Renew { peer } => peer,
+            Plan::Wait { .. } if replaced => false,
             Plan::Wait { until } => {
-                if !pause(&ctx, Duration::from_secs(until.saturating_sub(now).max(1))).await {
+                // Looked at again within ROTATION_CHECK: a rotation does not wait for
+                // the renewal a certificate's age calls for.
+                let wait = Duration::from_secs(until.saturating_sub(now).max(1));
+                if !pause(&ctx, wait.min(ROTATION_CHECK)).await {
                     return Ok(());
                 }
                 continue;
             }
-            Plan::Renew { peer } => peer,
         };
         client.set_endpoints(values.curators.current().unwrap_or_default());
         let renewed = tokio::select! {

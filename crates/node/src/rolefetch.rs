@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 
 use crate::cluster_state::{ClusterState, Contact};
-use crate::curator_client::{curator_client, offer_crl};
+use crate::curator_client::{apply_trust, curator_client, offer_crl};
 use crate::fatal::{FatalSender, LeftCluster};
 use crate::files::save_directory;
 use crate::membership::{preferred_order, roles_from_names};
@@ -179,6 +179,14 @@ pub async fn run(
                     tracing::info!(curators = ?endpoints, "curator directory updated");
                     values.curators.set(endpoints);
                 }
+            }
+            if !update.cluster_cas.is_empty() {
+                apply_trust(
+                    &settings,
+                    &values,
+                    &update.cluster_cas,
+                    &update.cluster_crls,
+                )?;
             }
             if !update.cluster_crl.is_empty() {
                 offer_crl(&settings, &values, &update.cluster_crl, true)?;

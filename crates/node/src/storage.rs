@@ -95,6 +95,11 @@ impl Root {
     pub fn cluster_crl(&self) -> PathBuf {
         self.node_dir().join("crl.der")
     }
+    /// The cluster CAs this node trusts and their CRLs (PEM), once a curator named
+    /// them (a CA rotation): read before `ca.der`, which names the CA it joined under.
+    pub fn cluster_trust(&self) -> PathBuf {
+        self.node_dir().join("trust.pem")
+    }
     pub fn etcd_data(&self) -> PathBuf {
         self.data().join("etcd").join("data")
     }

@@ -75,3 +75,22 @@ pub fn crl_serials(crl_der: &[u8]) -> Result<Vec<Vec<u8>>, PkiError> {
         .map(|r| r.raw_serial().to_vec())
         .collect())
 }
+
+/// Whether the CA `ca_der` issued the certificate `der`: its issuer is the CA's subject
+/// and the CA's key verifies its signature (Ed25519, as every CA here signs). A
+/// certificate or CA that does not parse was not.
+pub fn issued_by(der: &[u8], ca_der: &[u8]) -> bool {
+    let (Ok((_, cert)), Ok((_, ca))) = (
+        x509_parser::parse_x509_certificate(der),
+        x509_parser::parse_x509_certificate(ca_der),
+    ) else {
+        return false;
+    };
+    cert.issuer().as_raw() == ca.subject().as_raw()
+        && ring::signature::UnparsedPublicKey::new(
+            &ring::signature::ED25519,
+            &ca.public_key().subject_public_key.data,
+        )
+        .verify(cert.tbs_certificate.as_ref(), &cert.signature_value.data)
+        .is_ok()
+}

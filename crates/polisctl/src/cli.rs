@@ -170,6 +170,20 @@ pub(crate) enum ClusterCommand {
     /// Every certificate the cluster's CAs issued (node, owner, etcd peer): node,
     /// serial, expiry, whether revoked, and whether it is the one in use.
     Certificates,
+    /// Replace the cluster CA online: a new CA is trusted by every node first, then
+    /// signs while every certificate is renewed under it, then the old CA is retired
+    /// and its certificates refused. The curator leader moves it on as nodes catch up
+    /// (`cluster ca` shows what it waits for). Refused while a node does not answer,
+    /// unless `--force` (such a node must re-register afterwards).
+    RotateCa {
+        /// Move on without waiting for nodes that have not caught up; also forces a
+        /// running rotation on.
+        #[arg(long)]
+        force: bool,
+    },
+    /// The cluster CAs trusted (the signing one first) and, during a rotation, its phase
+    /// and what it waits for.
+    Ca,
     /// Revoke every register ticket. Node parameters made so far stop working for nodes
     /// that have not registered yet; registered nodes can still be approved. New
     /// parameters (`params register`) carry a new ticket.

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use identity::NodeKey;
 
 pub(crate) fn owner_key_path(config: &Path) -> PathBuf {
@@ -129,16 +129,68 @@ pub(crate) fn saved_epoch(config: &Path) -> Result<rpc::epoch::EpochSlot> {
     Ok(rpc::epoch::EpochSlot::new(seen, Some(save)))
 }
 
-/// A trust slot holding `ca` and the saved CRL, if that checks out against `ca`.
-pub(crate) fn saved_crl(config: &Path, ca: &[u8]) -> Result<rpc::TrustSlot> {
-    let slot = rpc::TrustSlot::new(ca.to_vec());
-    if let Some(crl) = read_pem(&crl_path(config), "X509 CRL", "cluster CRL")? {
-        slot.offer(&crl).with_context(|| {
+/// Every block tagged `tag` in the PEM file `path` (none when it does not exist).
+pub(crate) fn read_pem_blocks(path: &Path, tag: &str, what: &str) -> Result<Vec<Vec<u8>>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {what} {}", path.display())),
+    };
+    let blocks = pem::parse_many(&text)
+        .with_context(|| format!("{what} {} is not a PEM file", path.display()))?;
+    blocks
+        .into_iter()
+        .map(|b| {
+            if b.tag() != tag {
+                bail!("{what} {} holds a {}, not a {tag}", path.display(), b.tag());
+            }
+            Ok(b.into_contents())
+        })
+        .collect()
+}
+
+pub(crate) fn write_pem_blocks(path: &Path, tag: &str, ders: &[Vec<u8>]) -> Result<()> {
+    let text: String = ders
+        .iter()
+        .map(|der| pem::encode(&pem::Pem::new(tag, der.clone())))
+        .collect();
+    write_private(path, text.as_bytes()).with_context(|| format!("writing {}", path.display()))
+}
+
+/// The cluster CAs pinned in `config` (`ca.pem`: one, or during and after a CA
+/// rotation every CA the cluster trusted when last asked, the signing one first).
+pub(crate) fn pinned_cas(config: &Path) -> Result<Vec<Vec<u8>>> {
+    let cas = read_pem_blocks(&ca_path(config), "CERTIFICATE", "pinned CA")?;
+    if cas.is_empty() {
+        bail!(
+            "no pinned cluster CA in {}; run `polisctl takeownership` first",
+            config.display()
+        );
+    }
+    Ok(cas)
+}
+
+/// A trust slot holding `cas` and the saved CRLs that one of them signed; refused when
+/// CRLs are saved and none of them is this cluster's.
+pub(crate) fn saved_crl(config: &Path, cas: &[Vec<u8>]) -> Result<rpc::TrustSlot> {
+    let first = cas.first().context("no cluster CA to trust")?;
+    let slot = rpc::TrustSlot::new(first.clone());
+    slot.trust(cas.to_vec())
+        .with_context(|| format!("the pinned CAs in {}", ca_path(config).display()))?;
+    let saved = read_pem_blocks(&crl_path(config), "X509 CRL", "cluster CRL")?;
+    let mut refusals = Vec::new();
+    for crl in &saved {
+        if let Err(e) = slot.offer(crl) {
+            refusals.push(e);
+        }
+    }
+    if !saved.is_empty() && refusals.len() == saved.len() {
+        return Err(anyhow!("{}", refusals.remove(0))).with_context(|| {
             format!(
                 "the saved cluster CRL {} is not this cluster's; remove it",
                 crl_path(config).display()
             )
-        })?;
+        });
     }
     Ok(slot)
 }
@@ -265,10 +317,10 @@ mod tests {
             "no CRL saved"
         );
         write_pem(&crl_path(config), "X509 CRL", &old.crl(&[], 1).unwrap()).unwrap();
-        assert!(saved_crl(config, &new.cert_der).is_err());
+        assert!(saved_crl(config, std::slice::from_ref(&new.cert_der)).is_err());
         assert!(drop_foreign_crl(config, &new.cert_der).unwrap());
         assert!(!crl_path(config).exists());
-        assert!(saved_crl(config, &new.cert_der).is_ok());
+        assert!(saved_crl(config, std::slice::from_ref(&new.cert_der)).is_ok());
         write_pem(&crl_path(config), "X509 CRL", &new.crl(&[], 2).unwrap()).unwrap();
         assert!(!drop_foreign_crl(config, &new.cert_der).unwrap());
         assert!(crl_path(config).exists(), "this cluster's CRL is kept");

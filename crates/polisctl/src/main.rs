@@ -20,7 +20,7 @@
 //!   commands::launch       a local cluster; runs the other commands as steps
 //!   commands::dashboard    the live view: follows the audit log, fetches nodes and
 //!                          the consensus status (commands::{node, status}), draws
-//!   commands::{params, cluster, node, decommission, certificates, status, owner,
+//!   commands::{params, cluster, node, decommission, certificates, ca, status, owner,
 //!              backup, snapshots, tickets, operators}
 //!                          one module per command group: arguments → calls → render
 //!   ─────────────────────────────────────────────────────────────────────────────────
@@ -60,8 +60,8 @@ use cli::{
     OwnerCommand, ParamsCommand, TicketCommand,
 };
 use commands::{
-    audit, backup, certificates, cluster, dashboard, decommission, launch, logs, node, operators,
-    owner, params, snapshots, status, tickets,
+    audit, backup, ca, certificates, cluster, dashboard, decommission, launch, logs, node,
+    operators, owner, params, snapshots, status, tickets,
 };
 
 fn main() -> ExitCode {
@@ -144,6 +144,14 @@ async fn run(cli: Cli) -> Result<()> {
         Command::Cluster(ClusterCommand::Status) => {
             let config = cli.config_dir()?;
             status::cluster_status(&config, &cli.endpoints, cli.output).await
+        }
+        Command::Cluster(ClusterCommand::RotateCa { force }) => {
+            let config = cli.config_dir()?;
+            ca::rotate(&config, &cli.endpoints, *force, cli.output).await
+        }
+        Command::Cluster(ClusterCommand::Ca) => {
+            let config = cli.config_dir()?;
+            ca::show(&config, &cli.endpoints, cli.output).await
         }
         Command::Cluster(ClusterCommand::Certificates) => {
             let config = cli.config_dir()?;

@@ -145,10 +145,17 @@ pub(crate) async fn take_ownership(
     }
     // With the CA pinned already, a CRL it did not sign is refused now, before anything
     // is written, rather than by the first session after the owner certificate was.
-    saved_crl(config, &ca)?;
+    saved_crl(config, std::slice::from_ref(&ca))?;
 
     // Now with the CA pinned: prove the owner key and receive a certificate.
-    let response = escrow(&endpoints, &ca, &key, &key_path, "taking ownership").await?;
+    let response = escrow(
+        &endpoints,
+        std::slice::from_ref(&ca),
+        &key,
+        &key_path,
+        "taking ownership",
+    )
+    .await?;
     write_pem(&ca_path(config), "CERTIFICATE", &ca)?;
     write_pem(
         &owner_certificate_path(config),
@@ -159,7 +166,7 @@ pub(crate) async fn take_ownership(
     let session = OwnerSession::new(
         config,
         endpoints,
-        ca.clone(),
+        std::slice::from_ref(&ca),
         rpc::Credentials {
             certificate: response.owner_certificate.clone(),
             key_pkcs8: key.pkcs8_der().to_vec(),

@@ -156,6 +156,9 @@ pub const METHODS: &[(&str, Permission)] = &[
     // The handler also requires the owner itself: an admin holding the owner key
     // would be an owner no operator removal reaches.
     ("/polis.api.Management/RotateOwner", Permission::Administer),
+    // Replacing the cluster CA: every certificate is re-issued; its state is for all.
+    ("/polis.api.Management/RotateCa", Permission::Administer),
+    ("/polis.api.Management/GetCaRotation", Permission::Read),
     // Operators: listed by every user, added and removed by admins.
     ("/polis.api.Management/AddOperator", Permission::Administer),
     ("/polis.api.Management/ListOperators", Permission::Read),
@@ -237,6 +240,7 @@ pub const NOT_AUDITED: &[&str] = &[
     "/polis.api.Management/ListCertificates",
     "/polis.api.Management/ListRegisterTickets",
     "/polis.api.Management/ListOperators",
+    "/polis.api.Management/GetCaRotation",
     "/polis.api.Curator/Heartbeat",
     "/polis.api.Curator/WatchNode",
     "/polis.api.Audit/AuditLog",
@@ -417,6 +421,8 @@ mod tests {
         check("/polis.api.Management/CreateRegisterTicket", ADMINS);
         check("/polis.api.Management/RevokeRegisterTicket", ADMINS);
         check("/polis.api.Management/RotateOwner", ADMINS);
+        check("/polis.api.Management/RotateCa", ADMINS);
+        check("/polis.api.Management/GetCaRotation", USERS);
         check("/polis.api.Backup/TakeBackup", ADMINS);
         check("/polis.api.Backup/FetchSnapshot", ADMINS);
         check("/polis.api.Curator/JoinConsensus", &["node"]);
@@ -492,6 +498,7 @@ mod tests {
                 "/polis.api.Management/GetRegisterTicket",
                 "/polis.api.Management/RemoveOperator",
                 "/polis.api.Management/RevokeRegisterTicket",
+                "/polis.api.Management/RotateCa",
                 "/polis.api.Management/RotateOwner",
                 "/polis.api.Management/RotateRegisterTicket",
                 "/polis.api.Management/SetSnapshotSchedule",

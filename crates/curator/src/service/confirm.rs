@@ -74,6 +74,7 @@ const CONFIRMED: &[&str] = &[
     "/polis.api.Management/ListCertificates",
     "/polis.api.Management/ListRegisterTickets",
     "/polis.api.Management/ListOperators",
+    "/polis.api.Management/GetCaRotation",
 ];
 
 /// Bound on one round's etcd read. Longer than a member takes to notice it lost its etcd

@@ -1,12 +1,16 @@
-//! The cluster CRL, held in memory for the per-call certificate check.
+//! The cluster CAs trusted and their CRLs, held in memory for the per-call certificate
+//! check.
 //!
 //! ```text
-//!   etcd cluster-pki/ca/crl ──one watch (pki::CaStore::watch_crl)──▶ Shared::crl
-//!                                                                      │ every call
-//!   AuthLayer ◀── TrustSource (reads the cache; no etcd call) ◀────────┘
+//!   etcd cluster-pki/ca/… ──one watch (pki::CaStore::watch_trusted)──▶ Shared::trusted,
+//!                                                                      Shared::crl
+//!                                                                        │ every call
+//!   AuthLayer ◀── TrustSource (reads the cache; no etcd call) ◀──────────┘
 //! ```
-//! The same CRL checks the curators this one calls (`Shared::trust`), and reaches
-//! nodes with their WatchNode stream, for their own calls.
+//! The same CAs and CRLs check the curators this one calls (`Shared::trust`), and reach
+//! nodes with their WatchNode stream, for their own calls. One CA is trusted, or two
+//! while the CA is rotated (`ca_rotation`); `Shared::crl` is the signing CA's CRL,
+//! which lists every revocation (`pki::store::rotation`).
 //!
 //! A revocation takes effect on this curator with the watch event that carries it
 //! (etcd delivers it after the revision is committed, usually within a millisecond).
@@ -18,40 +22,59 @@ use std::sync::Arc;
 use super::shared::Shared;
 use crate::layout;
 
-/// The `crl` runnable: feeds [`Shared::crl`] from the CRL watch; healthy once it holds
-/// a CRL.
+/// The `crl` runnable: feeds [`Shared::trusted`], [`Shared::crl`] and
+/// [`Shared::trust`] from the watch of the trusted CAs; healthy once it holds them.
 pub(super) async fn run(
     ctx: supervisor::Context,
     shared: Arc<Shared>,
 ) -> supervisor::RunnableResult {
-    let mut crls = layout::cluster_pki(&shared.curator).watch_crl();
+    let mut watched = layout::cluster_pki(&shared.curator).watch_trusted();
     loop {
         tokio::select! {
-            crl = crls.recv() => match crl {
-                Some(crl) => {
-                    if let Err(e) = shared.trust.offer(&crl) {
-                        // The per-call check below still uses it: etcd is the authority.
-                        tracing::error!("the cluster CRL in etcd does not check out: {e}");
-                    }
-                    shared.crl.set(crl.into());
+            trusted = watched.recv() => match trusted {
+                Some(trusted) => {
+                    take(&shared, trusted);
                     ctx.signal_healthy();
                 }
-                None => return Err("the CRL watch stopped".into()),
+                None => return Err("the watch of the cluster CAs stopped".into()),
             },
             _ = ctx.cancelled() => return Ok(()),
         }
     }
 }
 
-/// What the listener's authorization layer checks callers against: the cluster CA and
-/// the cached CRL.
+fn take(shared: &Shared, trusted: pki::TrustedCas) {
+    // The per-call check uses them whatever this says: etcd is the authority.
+    if let Err(e) = shared.trust.trust(trusted.cas()) {
+        tracing::error!("the cluster CAs in etcd do not follow the ones held: {e}");
+    }
+    for crl in trusted.crls() {
+        if let Err(e) = shared.trust.offer(&crl) {
+            tracing::error!("a cluster CRL in etcd does not check out: {e}");
+        }
+    }
+    let previous = shared.trusted.current();
+    if previous.as_ref().map(|p| p.phase()) != Some(trusted.phase()) {
+        tracing::info!(
+            phase = trusted.phase().name(),
+            signing = rpc::fingerprint(&trusted.current.cert),
+            "cluster CAs"
+        );
+    }
+    let crl = trusted.current.crl.clone();
+    shared.trusted.set(Arc::new(trusted));
+    shared.crl.set(crl.into());
+}
+
+/// What the listener's authorization layer checks callers against: the cluster CAs
+/// trusted and their cached CRLs.
 pub(super) fn source(shared: &Arc<Shared>) -> rpc::TrustSource {
     let shared = shared.clone();
     Arc::new(move || {
-        let anchors = shared
-            .crl
-            .current()
-            .map(|crl| rpc::Anchors::one(shared.config.ca_certificate.clone(), Some(crl.to_vec())));
+        let anchors = shared.trusted.current().map(|t| rpc::Anchors {
+            cas: t.cas(),
+            crls: t.crls(),
+        });
         Box::pin(async move {
             anchors.ok_or_else(|| "the cluster CRL has not been loaded yet".to_string())
         })

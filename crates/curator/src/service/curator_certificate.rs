@@ -9,7 +9,8 @@
 //!        │ none                                   │ found
 //!        ▼                                        ▼
 //!   issue (cluster CA, node key, record address) ─▶ served (key: the node key)
-//!   `curator-certificate` runnable: at 2/3 of its lifetime the same again, into the slot
+//!   `curator-certificate` runnable: at 2/3 of its lifetime the same again, into the slot;
+//!   at once when the signing CA is not the one that issued it (a CA rotation)
 //! ```
 //! Every member gets one this way, whatever brought its curator up (bootstrap, join,
 //! recover, restore, an upgrade of a cluster that had none). Nothing is kept on disk:
@@ -86,6 +87,7 @@ pub(super) async fn credentials(shared: &Shared) -> Result<rpc::Credentials, Sta
         .filter_map(|(_, der)| pki::Validity::of(&der).ok().map(|v| (der, v)))
         .filter(|(der, v)| {
             now < v.renew_at()
+                && pki::issued_by(der, &ca.cert_der)
                 && pki::certificate_public_key(der).ok().as_deref() == Some(key.as_slice())
                 && pki::certificate_serial(der).is_ok_and(|s| !revoked.contains(&s))
         })
@@ -134,9 +136,16 @@ pub(super) async fn run(
     served: rpc::CredentialSlot,
 ) -> supervisor::RunnableResult {
     ctx.signal_healthy();
+    let mut trusted = shared.trusted.watch();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(until_due(&served)) => {}
+            // A rotation made another CA sign: the one served is replaced at once.
+            t = trusted.get() => match t {
+                Ok(t) if !pki::issued_by(&served.credentials().certificate, &t.current.cert) => {}
+                Ok(_) => continue,
+                Err(_) => return Ok(()),
+            },
             _ = ctx.cancelled() => return Ok(()),
         }
         let current = credentials(&shared)

@@ -59,18 +59,20 @@ pub(super) async fn cluster_ca(shared: &Shared) -> Result<(pki::CaStore, pki::Ca
 }
 
 /// [`cluster_ca`], loaded once per leader tenure (`Shared::tenure_ca`): CommitNode's
-/// round trip for it saved on every enrolment. Kept only while it is the CA this
-/// curator trusts (`CuratorConfig::ca_certificate`). Safe because the cluster CA is
-/// never replaced: it is created once, create-if-absent (`pki::CaStore::ensure_ca`, at
-/// bootstrap), nothing writes it afterwards, and a curator trusts one CA for its whole
-/// run. Were a rotation ever added, the cache ends with the tenure and never serves a
-/// CA other than the trusted one.
+/// round trip for it saved on every enrolment. Used only while it is the signing CA as
+/// this curator's watch of the trusted CAs shows it (`Shared::trusted`): a rotation's
+/// promotion changes the signing CA mid-tenure, and the watch shows it within the
+/// event's delivery (a certificate of the old CA issued meanwhile is still trusted,
+/// and renewed before the old CA is retired: the rotation waits for every node).
 async fn tenure_cluster_ca(
     shared: &Shared,
     leadership: &Leadership,
 ) -> Result<(pki::CaStore, pki::Ca), Status> {
     let tenure: Tenure = (leadership.key.clone(), leadership.revision);
-    let trusted = &shared.config.ca_certificate;
+    let Some(signing) = shared.trusted.current().map(|t| t.current.cert.clone()) else {
+        return cluster_ca(shared).await;
+    };
+    let trusted = &signing;
     let cached = shared
         .tenure_ca
         .lock()
@@ -330,12 +332,17 @@ async fn newest_recorded(
 }
 
 /// The newest recorded certificate under `name` while replacing it is not due (see
-/// [`renewal_due`]).
-async fn not_yet_due(store: &pki::CaStore, name: &str) -> Result<Option<Vec<u8>>, Status> {
+/// [`renewal_due`]) and `signing` issued it: one of a CA a rotation replaced is due at
+/// once.
+async fn not_yet_due(
+    store: &pki::CaStore,
+    name: &str,
+    signing: &[u8],
+) -> Result<Option<Vec<u8>>, Status> {
     let now = pki::unix_now();
     Ok(newest_recorded(store, name)
         .await?
-        .filter(|(_, validity)| !renewal_due(validity, now))
+        .filter(|(der, validity)| !renewal_due(validity, now) && pki::issued_by(der, signing))
         .map(|(der, _)| der))
 }
 
@@ -386,7 +393,9 @@ pub(super) async fn renew(
     // owner certificates): a deposed leader could at worst record a certificate for
     // this node's own key, which it then never receives.
     let (store, ca) = cluster_ca(shared).await?;
-    if let Some(newest) = not_yet_due(&store, &layout::node_certificate_prefix(id)).await? {
+    if let Some(newest) =
+        not_yet_due(&store, &layout::node_certificate_prefix(id), &ca.cert_der).await?
+    {
         tracing::info!(
             node = id,
             "node certificate renewal not due yet: answered with the newest one"
@@ -435,7 +444,7 @@ async fn renew_peer(
         .map_err(|e| etcd_status("loading the etcd peer CA", e))?
         .ok_or_else(|| Status::internal("the cluster has no etcd peer CA"))?;
     let member_name = layout::peer_certificate_name(&node.id, member.id);
-    if let Some(newest) = not_yet_due(&peer_pki, &member_name).await? {
+    if let Some(newest) = not_yet_due(&peer_pki, &member_name, &peer_ca.cert_der).await? {
         tracing::info!(
             node = node.id,
             "etcd peer certificate renewal not due yet: answered with the newest one"

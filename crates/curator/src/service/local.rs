@@ -55,9 +55,15 @@ impl api::curator_local_server::CuratorLocal for Services {
         &self,
         _: Request<api::GetCaCertificateRequest>,
     ) -> Result<Response<api::GetCaCertificateResponse>, Status> {
+        let trusted = self.0.trusted.current();
         Ok(Response::new(api::GetCaCertificateResponse {
-            ca_certificate: self.0.config.ca_certificate.clone(),
+            ca_certificate: trusted.as_ref().map_or_else(
+                || self.0.config.ca_certificate.clone(),
+                |t| t.current.cert.clone(),
+            ),
             crl: self.0.crl.current().map(|c| c.to_vec()).unwrap_or_default(),
+            trusted_cas: trusted.as_ref().map(|t| t.cas()).unwrap_or_default(),
+            crls: trusted.as_ref().map(|t| t.crls()).unwrap_or_default(),
         }))
     }
 

@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 
 use super::shared::Services;
 use super::status::{check_node_id, identity, node_update_status, status_from};
-use super::{certificates, decommission, membership, operators, removal, tickets};
+use super::{ca_rotation, certificates, decommission, membership, operators, removal, tickets};
 use crate::error::NodeUpdateError;
 use crate::lifecycle::Event;
 use crate::{layout, records, writes};
@@ -376,6 +376,24 @@ impl api::management_server::Management for Services {
         Ok(Response::new(
             operators::remove(&self.0, &caller, &request.get_ref().name).await?,
         ))
+    }
+
+    async fn rotate_ca(
+        &self,
+        request: Request<api::RotateCaRequest>,
+    ) -> Result<Response<api::CaRotation>, Status> {
+        let caller = identity(&request).to_string();
+        Ok(Response::new(
+            ca_rotation::rotate(&self.0, &caller, request.get_ref()).await?,
+        ))
+    }
+
+    async fn get_ca_rotation(
+        &self,
+        _: Request<api::GetCaRotationRequest>,
+    ) -> Result<Response<api::CaRotation>, Status> {
+        self.0.leadership().await?;
+        Ok(Response::new(ca_rotation::status(&self.0).await?))
     }
 
     async fn set_snapshot_schedule(

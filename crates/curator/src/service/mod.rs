@@ -82,6 +82,7 @@ mod aaa;
 mod audit_log;
 mod audit_writer;
 mod backup;
+mod ca_rotation;
 pub mod certificates;
 mod confirm;
 mod crl;
@@ -143,7 +144,8 @@ pub async fn run(
         etcd_leader: event::Value::new(),
         membership: Arc::new(tokio::sync::Mutex::new(())),
         crl: event::Value::new(),
-        trust: rpc::TrustSlot::new(config.ca_certificate.clone()),
+        trusted: event::Value::new(),
+        trust: rpc::TrustSlot::empty(),
         decommission_problems: Mutex::new(HashMap::new()),
         certificates: event::Value::new(),
         certificates_changed: tokio::sync::Notify::new(),
@@ -211,6 +213,11 @@ pub async fn run(
 
     let health_shared = shared.clone();
     ctx.run("health", move |ctx| health::run(ctx, health_shared.clone()))?;
+
+    let rotation_shared = shared.clone();
+    ctx.run("ca-rotation", move |ctx| {
+        ca_rotation::run(ctx, rotation_shared.clone())
+    })?;
 
     let upkeep_shared = shared.clone();
     ctx.run("upkeep", move |ctx| upkeep::run(ctx, upkeep_shared.clone()))?;

@@ -115,6 +115,7 @@ where
     let mut snapshots = shared.nodes.watch();
     let mut live = shared.nodes_live.watch();
     let mut crls = shared.crl.watch();
+    let mut trusted = shared.trusted.watch();
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
         if let Some(first) = &first
@@ -142,6 +143,12 @@ where
                             .await;
                         return;
                     }
+                    (Ok(_), Some(s)) => s,
+                    (Ok(_), None) => continue,
+                    (Err(_), _) => return,
+                },
+                // And the CAs trusted (a rotation's step).
+                t = trusted.get() => match (t, current.clone()) {
                     (Ok(_), Some(s)) => s,
                     (Ok(_), None) => continue,
                     (Err(_), _) => return,
@@ -191,6 +198,8 @@ impl PartialEq for NodeView {
             roles,
             curator_endpoints,
             cluster_crl,
+            cluster_cas,
+            cluster_crls,
         } = &self.0;
         let b = &other.0;
         *record_etcd_cluster == b.record_etcd_cluster
@@ -198,6 +207,8 @@ impl PartialEq for NodeView {
             && *roles == b.roles
             && *curator_endpoints == b.curator_endpoints
             && *cluster_crl == b.cluster_crl
+            && *cluster_cas == b.cluster_cas
+            && *cluster_crls == b.cluster_crls
     }
 }
 
@@ -491,7 +502,9 @@ impl api::curator_server::Curator for Services {
             .and_then(|c| c.leaf())
             .and_then(|der| pki::certificate_serial(der).ok());
         let crl = self.0.crl.clone();
+        let trusted = self.0.trusted.clone();
         let stream = snapshot_stream(&self.0, serial, move |nodes| {
+            let trusted = trusted.current();
             let node = nodes.nodes.get(&id)?;
             Some(NodeView(api::WatchNodeUpdate {
                 record_revision: nodes
@@ -505,6 +518,8 @@ impl api::curator_server::Curator for Services {
                 roles: records::role_names(node),
                 curator_endpoints: nodes.curator_endpoints.clone(),
                 cluster_crl: crl.current().unwrap_or_default(),
+                cluster_cas: trusted.as_ref().map(|t| t.cas()).unwrap_or_default(),
+                cluster_crls: trusted.as_ref().map(|t| t.crls()).unwrap_or_default(),
             }))
         });
         Ok(Response::new(Box::pin(
@@ -576,6 +591,8 @@ mod node_view_tests {
             roles: vec!["ConsensusMember".into()],
             curator_endpoints: vec!["127.0.0.2:7835".into()],
             cluster_crl: vec![1, 2, 3].into(),
+            cluster_cas: vec![vec![4]],
+            cluster_crls: vec![vec![1, 2, 3]],
         };
         let moved = api::WatchNodeUpdate {
             record_revision: 11,
@@ -601,6 +618,14 @@ mod node_view_tests {
             },
             api::WatchNodeUpdate {
                 cluster_crl: vec![9].into(),
+                ..update.clone()
+            },
+            api::WatchNodeUpdate {
+                cluster_cas: vec![vec![4], vec![5]],
+                ..update.clone()
+            },
+            api::WatchNodeUpdate {
+                cluster_crls: vec![vec![9]],
                 ..update.clone()
             },
         ];

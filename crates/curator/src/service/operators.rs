@@ -218,7 +218,7 @@ pub(super) async fn escrow(
         templates::owner_certificate_lifetime(Some(&issuance::configuration(shared).await?));
     let (store, ca) = issuance::cluster_ca(shared).await?;
     let prefix = layout::operator_certificate_prefix(&operator.name);
-    if let Some(newest) = not_yet_due(&store, &prefix, subject, role).await? {
+    if let Some(newest) = not_yet_due(&store, &prefix, subject, role, &ca.cert_der).await? {
         return Ok((newest, ca.cert_der));
     }
     let template = templates::operator_certificate_template(&operator.name, role, lifetime);
@@ -252,12 +252,14 @@ pub(super) async fn escrow(
 
 /// The newest certificate under `prefix` for `subject` and `role`, unrevoked, while
 /// renewing it is not due: asking again returns it, so no caller can fill etcd (nor
-/// make its own removal's revocation long) by escrowing in a loop.
+/// make its own removal's revocation long) by escrowing in a loop. One the signing CA
+/// did not issue (a CA rotation replaced it) is due at once.
 async fn not_yet_due(
     store: &pki::CaStore,
     prefix: &str,
     subject: &[u8; 32],
     role: pki::OperatorRole,
+    signing: &[u8],
 ) -> Result<Option<Vec<u8>>, Status> {
     let unavailable =
         |e: pki::PkiError| Status::unavailable(format!("listing the operator's certificates: {e}"));
@@ -276,6 +278,7 @@ async fn not_yet_due(
             let serial = pki::certificate_serial(&der).ok()?;
             let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
             let same = operators::same_key(&key, subject)
+                && pki::issued_by(&der, signing)
                 && pki::CertificateKind::of(&cert) == Some(pki::CertificateKind::Operator(role))
                 && !revoked.contains(&serial);
             drop(cert);

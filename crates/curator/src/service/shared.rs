@@ -129,8 +129,12 @@ pub struct Shared {
     /// The cluster CRL (DER), fed by one etcd watch (the `crl` runnable); shared, not
     /// copied, by every WatchNode update that carries it.
     pub(super) crl: event::Value<prost::bytes::Bytes>,
-    /// The cluster CA and the same CRL for this curator's own calls to other curators
-    /// (forwarding, quorum questions): a removed node cannot pose as one.
+    /// The cluster CAs trusted and their CRLs (the `crl` runnable), for every check
+    /// of a caller's certificate and every WatchNode update.
+    pub(super) trusted: event::Value<Arc<pki::TrustedCas>>,
+    /// The same CAs and CRLs for this curator's own calls to other curators
+    /// (forwarding, quorum questions): a removed node cannot pose as one. Empty until
+    /// the first read of the store: etcd, not a file, says which CAs are trusted.
     pub(super) trust: rpc::TrustSlot,
     /// What holds up each DECOMMISSIONING node, by node ID (the `decommission` runnable).
     pub(super) decommission_problems: Mutex<HashMap<String, String>>,

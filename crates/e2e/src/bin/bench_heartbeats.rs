@@ -202,6 +202,7 @@ fn heartbeat_request(node: &SimNode) -> api::HeartbeatRequest {
             etcd_member_running: false,
             curator_running: false,
             started_at_unix_ms: node.started_at_unix_ms,
+            ..Default::default()
         }),
     }
 }

@@ -566,6 +566,7 @@ async fn heartbeat_flood_writes_once_per_period(
             etcd_member_running: false,
             curator_running: sent.is_multiple_of(2),
             started_at_unix_ms: sent,
+            ..Default::default()
         };
         curator
             .heartbeat(api::HeartbeatRequest {

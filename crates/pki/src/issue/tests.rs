@@ -229,3 +229,16 @@ fn mismatched_ca_parts_are_refused() {
     ));
     assert!(Ca::from_parts(b"junk".to_vec(), a.key_pkcs8().to_vec()).is_err());
 }
+
+#[test]
+fn a_certificate_was_issued_by_its_ca_only_even_under_the_same_name() {
+    let a = Ca::generate("Polis Cluster CA", CA_LIFETIME).unwrap();
+    let same_name = Ca::generate("Polis Cluster CA", CA_LIFETIME).unwrap();
+    let other = Ca::generate("Polis Cluster CA 2", CA_LIFETIME).unwrap();
+    let cert = a.issue(&template(Usage::Client), &node_key()).unwrap().der;
+    assert!(crate::issued_by(&cert, &a.cert_der));
+    assert!(!crate::issued_by(&cert, &same_name.cert_der));
+    assert!(!crate::issued_by(&cert, &other.cert_der));
+    assert!(!crate::issued_by(b"junk", &a.cert_der));
+    assert!(!crate::issued_by(&cert, b"junk"));
+}

@@ -18,8 +18,8 @@ use anyhow::{Context, Result};
 use identity::NodeKey;
 
 use crate::config_dir::{
-    ca_path, endpoints, load_owner_key, owner_certificate_path, owner_key_path, read_pem,
-    write_pem, write_private,
+    endpoints, load_owner_key, owner_certificate_path, owner_key_path, pinned_cas, write_pem,
+    write_private,
 };
 use crate::session::{escrow, owner_session};
 
@@ -36,12 +36,7 @@ fn write_key(path: &Path, key: &NodeKey) -> Result<()> {
 /// `cluster owner rotate`.
 pub(crate) async fn rotate(config: &Path, raw_endpoints: &[String]) -> Result<()> {
     let curators = endpoints(config, raw_endpoints)?;
-    let ca = read_pem(&ca_path(config), "CERTIFICATE", "pinned CA")?.with_context(|| {
-        format!(
-            "no pinned cluster CA in {}; run `polisctl takeownership` first",
-            config.display()
-        )
-    })?;
+    let ca = pinned_cas(config)?;
     let next_path = next_key_path(config);
     let resumed = next_path.exists();
     let new_key = if resumed {

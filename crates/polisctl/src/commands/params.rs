@@ -162,7 +162,7 @@ async fn register_parameters(
         })
         .await?;
     let id = created.info.map(|i| i.id).unwrap_or_default();
-    let mut register = register_from(session.pinned_ca(), info, created.ticket, labels)?;
+    let mut register = register_from(&session.pinned_ca(), info, created.ticket, labels)?;
     // The new node refuses curators this CRL revokes (a removed member's address among
     // the endpoints), even before it reaches one that hands out a newer CRL.
     register.crl = session.crl().unwrap_or_default();

@@ -4,6 +4,7 @@
 
 pub(crate) mod audit;
 pub(crate) mod backup;
+pub(crate) mod ca;
 pub(crate) mod certificates;
 pub(crate) mod cluster;
 pub(crate) mod dashboard;

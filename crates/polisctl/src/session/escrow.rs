@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use identity::NodeKey;
 use proto::api;
 
@@ -15,13 +15,17 @@ use super::errors::call_failure;
 /// taking ownership, and renewing the owner certificate.
 pub(crate) async fn escrow(
     endpoints: &[SocketAddr],
-    ca: &[u8],
+    cas: &[Vec<u8>],
     key: &NodeKey,
     key_path: &Path,
     what: &str,
 ) -> Result<api::EscrowResponse> {
     let self_signed = rpc::self_signed(key)?;
-    let trust = rpc::ServerTrust::PinnedCa(ca.to_vec());
+    // Any of the pinned CAs (one, or two during a CA rotation), without a CRL, as the
+    // first contact is.
+    let pinned = rpc::TrustSlot::new(cas.first().context("no cluster CA pinned")?.clone());
+    pinned.trust(cas.to_vec())?;
+    let trust = rpc::ServerTrust::ClusterCa { trust: pinned };
     let public_key = key.public_key().to_vec();
     let client = rpc::CuratorClient::new(endpoints.to_vec(), trust, Some(self_signed))?;
     let response = client
@@ -42,8 +46,8 @@ pub(crate) async fn escrow(
             ),
             other => call_failure(what, other),
         })?;
-    if response.ca_certificate != ca {
-        bail!("the curator answered with a different CA than it presented; refusing");
+    if !cas.contains(&response.ca_certificate) {
+        bail!("the curator answered with a CA that is not pinned; refusing");
     }
     Ok(response)
 }

@@ -15,8 +15,8 @@ use proto::api;
 use tonic::transport::Channel;
 
 use crate::config_dir::{
-    ca_path, crl_path, endpoints, load_owner_key, owner_certificate_path, owner_key_path, read_pem,
-    remember_endpoints, saved_crl, saved_epoch, write_pem,
+    ca_path, crl_path, endpoints, load_owner_key, owner_certificate_path, owner_key_path,
+    pinned_cas, read_pem, remember_endpoints, saved_crl, saved_epoch, write_pem, write_pem_blocks,
 };
 use crate::output::escape_text;
 pub(crate) use errors::call_error;
@@ -33,7 +33,7 @@ pub(crate) const NODES_PAGE: u32 = 100;
 pub(crate) struct OwnerSession {
     client: rpc::CuratorClient,
     config: PathBuf,
-    ca: Vec<u8>,
+    /// The CAs trusted (the signing one first) and their CRLs.
     crl: rpc::TrustSlot,
     /// Whether this session fetched the current CRL yet (once per command).
     crl_refreshed: std::sync::atomic::AtomicBool,
@@ -45,12 +45,7 @@ pub(crate) struct OwnerSession {
 /// (with a warning), an expired one is an error.
 pub(crate) async fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<OwnerSession> {
     let endpoints = endpoints(config, raw_endpoints)?;
-    let ca = read_pem(&ca_path(config), "CERTIFICATE", "pinned CA")?.ok_or_else(|| {
-        anyhow!(
-            "no pinned cluster CA in {}; run `polisctl takeownership` first",
-            config.display()
-        )
-    })?;
+    let cas = pinned_cas(config)?;
     let path = owner_certificate_path(config);
     let mut certificate =
         read_pem(&path, "CERTIFICATE", "owner certificate")?.ok_or_else(|| {
@@ -63,11 +58,15 @@ pub(crate) async fn owner_session(config: &Path, raw_endpoints: &[String]) -> Re
     let key = load_owner_key(&key_path)?;
     let validity = pki::Validity::of(&certificate)
         .with_context(|| format!("owner certificate {}", path.display()))?;
-    let state = owner_certificate_state(validity, pki::unix_now());
+    let mut state = owner_certificate_state(validity, pki::unix_now());
+    // A CA rotation made another CA sign (the first pinned): replaced at once.
+    if state == OwnerCertificate::Fresh && !pki::issued_by(&certificate, &cas[0]) {
+        state = OwnerCertificate::RenewDue;
+    }
     if state != OwnerCertificate::Fresh {
         match escrow(
             &endpoints,
-            &ca,
+            &cas,
             &key,
             &key_path,
             "renewing the owner certificate",
@@ -95,7 +94,7 @@ pub(crate) async fn owner_session(config: &Path, raw_endpoints: &[String]) -> Re
     OwnerSession::new(
         config,
         endpoints,
-        ca,
+        &cas,
         rpc::Credentials {
             certificate,
             key_pkcs8: key.pkcs8_der().to_vec(),
@@ -104,29 +103,30 @@ pub(crate) async fn owner_session(config: &Path, raw_endpoints: &[String]) -> Re
 }
 
 impl OwnerSession {
-    /// A session with these credentials, checking curators against `ca` and the saved CRL.
+    /// A session with these credentials, checking curators against `cas` and the saved
+    /// CRLs.
     pub(crate) fn new(
         config: &Path,
         endpoints: Vec<SocketAddr>,
-        ca: Vec<u8>,
+        cas: &[Vec<u8>],
         credentials: rpc::Credentials,
     ) -> Result<OwnerSession> {
-        let crl = saved_crl(config, &ca)?;
+        let crl = saved_crl(config, cas)?;
         let trust = rpc::ServerTrust::ClusterCa { trust: crl.clone() };
         Ok(OwnerSession {
             client: rpc::CuratorClient::new(endpoints, trust, Some(credentials))?
                 .with_epoch(saved_epoch(config)?),
             config: config.to_path_buf(),
-            ca,
             crl,
             crl_refreshed: Default::default(),
         })
     }
 
-    /// Fetches the cluster's current CRL from the curator that answered (once per
-    /// session) and saves it when it is newer than the saved one. A failure only costs
-    /// freshness: it is reported, not fatal.
-    async fn refresh_crl(&self) {
+    /// Fetches the cluster's current CAs and CRLs from the curator that answered (once
+    /// per session) and saves them when they changed: how a configuration follows a CA
+    /// rotation (its next session renews the owner certificate under the new CA). A
+    /// failure only costs freshness: it is reported, not fatal.
+    pub(crate) async fn refresh_trust(&self) {
         use std::sync::atomic::Ordering;
         if self.crl_refreshed.swap(true, Ordering::Relaxed) {
             return;
@@ -140,12 +140,7 @@ impl OwnerSession {
             })
             .await;
         let outcome = match fetched {
-            Ok(answer) if answer.crl.is_empty() => Ok(()),
-            Ok(answer) => match self.crl.offer(&answer.crl) {
-                Ok(true) => write_pem(&crl_path(&self.config), "X509 CRL", &answer.crl),
-                Ok(false) => Ok(()),
-                Err(e) => Err(e.into()),
-            },
+            Ok(answer) => self.take_trust(answer),
             Err(e) => Err(anyhow!("{e}")),
         };
         if let Err(e) = outcome {
@@ -154,6 +149,38 @@ impl OwnerSession {
                 escape_text(&format!("{e:#}"))
             );
         }
+    }
+
+    fn take_trust(&self, answer: api::GetCaCertificateResponse) -> Result<()> {
+        // Older curators name one CA and its CRL.
+        let (cas, crls) = if answer.trusted_cas.is_empty() {
+            (Vec::new(), vec![answer.crl])
+        } else {
+            (answer.trusted_cas, answer.crls)
+        };
+        if !cas.is_empty() && self.crl.trust(cas.clone())? {
+            write_pem_blocks(&ca_path(&self.config), "CERTIFICATE", &cas)?;
+            eprintln!(
+                "polisctl: the cluster's CAs changed (a CA rotation); {} now pins {}",
+                ca_path(&self.config).display(),
+                cas.iter()
+                    .map(|c| format!("SHA256:{}", rpc::fingerprint(c)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        let mut changed = false;
+        for crl in crls.iter().filter(|c| !c.is_empty()) {
+            changed |= self.crl.offer(crl)?;
+        }
+        if changed {
+            write_pem_blocks(
+                &crl_path(&self.config),
+                "X509 CRL",
+                &self.crl.anchors().crls,
+            )?;
+        }
+        Ok(())
     }
 
     /// A Management call, following the leader (see [`rpc::CuratorClient`]).
@@ -167,7 +194,7 @@ impl OwnerSession {
             .call(|channel| call(api::management_client::ManagementClient::new(channel)))
             .await
             .map_err(|f| call_failure(what, f))?;
-        self.refresh_crl().await;
+        self.refresh_trust().await;
         Ok(answer)
     }
 
@@ -253,13 +280,15 @@ impl OwnerSession {
         Ok(answer.revoked)
     }
 
-    /// The cluster CA pinned in the config directory (`CFG/ca.pem`).
-    pub(crate) fn pinned_ca(&self) -> &[u8] {
-        &self.ca
+    /// The signing cluster CA as this session knows it (`CFG/ca.pem`, refreshed by its
+    /// first call).
+    pub(crate) fn pinned_ca(&self) -> Vec<u8> {
+        self.crl.cas().into_iter().next().unwrap_or_default()
     }
-    /// The newest cluster CRL this session has (saved, or refreshed by its first call).
+    /// The newest CRL of that CA this session has (saved, or refreshed by its first
+    /// call): it lists every revocation of the cluster.
     pub(crate) fn crl(&self) -> Option<Vec<u8>> {
-        self.crl.crl_of(&self.ca)
+        self.crl.crl_of(&self.pinned_ca())
     }
     pub(crate) fn trust(&self) -> &rpc::ServerTrust {
         self.client.trust()
