@@ -52,6 +52,35 @@ pub(crate) async fn escrow(
     Ok(response)
 }
 
+/// The CAs the cluster trusts now (the signing one first), asked of a curator checked
+/// against `cas` (without a CRL, as the first contact is) and without a client
+/// certificate. Refused unless the answer keeps one of `cas` (a rotation moves one step
+/// at a time).
+pub(crate) async fn current_cas(endpoints: &[SocketAddr], cas: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
+    let pinned = rpc::TrustSlot::new(cas.first().context("no cluster CA pinned")?.clone());
+    pinned.trust(cas.to_vec())?;
+    let client = rpc::CuratorClient::new(
+        endpoints.to_vec(),
+        rpc::ServerTrust::ClusterCa {
+            trust: pinned.clone(),
+        },
+        None,
+    )?;
+    let answer = client
+        .call(|channel| async move {
+            api::curator_local_client::CuratorLocalClient::new(channel)
+                .get_ca_certificate(api::GetCaCertificateRequest {})
+                .await
+        })
+        .await
+        .map_err(|f| call_failure("asking for the cluster CAs", f))?;
+    if answer.trusted_cas.is_empty() {
+        return Ok(cas.to_vec());
+    }
+    pinned.trust(answer.trusted_cas.clone())?;
+    Ok(answer.trusted_cas)
+}
+
 /// What to do with the stored owner certificate at `now` (Unix seconds): renew it once
 /// 2/3 of its lifetime have passed (as nodes do), and refuse to go on without a
 /// renewal once it has expired.

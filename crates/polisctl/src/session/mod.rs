@@ -45,7 +45,24 @@ pub(crate) struct OwnerSession {
 /// (with a warning), an expired one is an error.
 pub(crate) async fn owner_session(config: &Path, raw_endpoints: &[String]) -> Result<OwnerSession> {
     let endpoints = endpoints(config, raw_endpoints)?;
-    let cas = pinned_cas(config)?;
+    let mut cas = pinned_cas(config)?;
+    // More than one CA pinned: a rotation was running when this configuration was last
+    // used, and may have moved on (even finished) since. What the cluster trusts now is
+    // asked first (no client certificate needed), so that an owner certificate of a CA
+    // since replaced is renewed before it is refused.
+    if cas.len() > 1 {
+        match escrow::current_cas(&endpoints, &cas).await {
+            Ok(current) if current != cas => {
+                write_pem_blocks(&ca_path(config), "CERTIFICATE", &current)?;
+                cas = current;
+            }
+            Ok(_) => {}
+            Err(e) => eprintln!(
+                "polisctl: warning: asking which CAs the cluster trusts: {}",
+                escape_text(&format!("{e:#}"))
+            ),
+        }
+    }
     let path = owner_certificate_path(config);
     let mut certificate =
         read_pem(&path, "CERTIFICATE", "owner certificate")?.ok_or_else(|| {
