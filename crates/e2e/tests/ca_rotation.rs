@@ -244,6 +244,28 @@ fn the_cluster_ca_rotates_online_through_a_leader_failover() -> Result<()> {
             "{name}"
         );
     }
+    // `cluster certificates`: every certificate in use of the cluster CA (not the etcd
+    // peer CA's) is the new CA's.
+    let listed = ctl_retry_as(&config, &["cluster", "certificates", "-o", "json"])?;
+    let listed: serde_json::Value = serde_json::from_str(&listed)?;
+    let new_name = x509_parser::parse_x509_certificate(&new_ca)?
+        .1
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .context("the new CA's name")?
+        .to_string();
+    let in_use: Vec<&serde_json::Value> = listed
+        .as_array()
+        .context("a list")?
+        .iter()
+        .filter(|c| c["current"] == true && c["kind"] != "etcd-peer")
+        .collect();
+    assert!(in_use.len() >= 8, "{listed}");
+    for c in &in_use {
+        assert_eq!(c["issuer"], new_name.as_str(), "{c}");
+    }
     for node in [&*nodes[0].1, &*nodes[1].1, &*nodes[2].1] {
         call_with(node, &new_ca, &crl, owner_now.clone())?
             .map_err(|e| anyhow::anyhow!("curator {}: {e}", node.address))?;

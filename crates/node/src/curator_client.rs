@@ -42,24 +42,36 @@ pub fn curator_client(settings: &Settings, values: &NodeValues) -> Result<rpc::C
 /// saved (adopted on first use: `data/node/trust.pem` once a curator named them, else
 /// the CA it joined under, `data/node/ca.der`) and the newest CRLs seen.
 pub fn trust(settings: &Settings, values: &NodeValues) -> Result<rpc::TrustSlot> {
-    let saved = settings.root.cluster_trust();
-    let (cas, crls, path) = match saved_trust(&saved)? {
-        Some(anchors) => (anchors.cas, anchors.crls, saved),
-        None => {
-            let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
-            (vec![ca], Vec::new(), settings.root.cluster_ca())
-        }
-    };
-    if values
-        .trust
-        .adopt(cas)
-        .with_context(|| format!("the cluster CAs in {} are unusable", path.display()))?
-    {
-        for crl in crls {
-            crlfetch::offer(&values.trust, &crl, "the saved trust");
-        }
+    if values.trust.cas().is_empty() {
+        let ca = read_file(&settings.root.cluster_ca(), "cluster CA certificate")?;
+        adopt_saved(&values.trust, &settings.root.cluster_trust(), ca)?;
     }
     Ok(values.trust.clone())
+}
+
+/// Makes the empty `slot` trust the CAs saved in `saved` (with their CRLs) or, when
+/// nothing is saved there, `ca` (the CA the node joined under).
+pub fn adopt_saved(slot: &rpc::TrustSlot, saved: &std::path::Path, ca: Vec<u8>) -> Result<()> {
+    let (cas, crls) = match saved_trust(saved)? {
+        Some(anchors) => (anchors.cas, anchors.crls),
+        None => (vec![ca], Vec::new()),
+    };
+    if slot
+        .adopt(cas)
+        .with_context(|| format!("the cluster CAs in {} are unusable", saved.display()))?
+    {
+        for crl in crls {
+            crlfetch::offer(slot, &crl, "the saved trust");
+        }
+    }
+    Ok(())
+}
+
+/// A slot trusting what `saved` holds, else `ca` alone (see [`adopt_saved`]).
+pub fn saved_slot(saved: &std::path::Path, ca: Vec<u8>) -> Result<rpc::TrustSlot> {
+    let slot = rpc::TrustSlot::empty();
+    adopt_saved(&slot, saved, ca)?;
+    Ok(slot)
 }
 
 /// The CAs and CRLs saved in `path` (PEM: CERTIFICATE and X509 CRL blocks), if any.
@@ -122,6 +134,11 @@ pub fn apply_trust(
         }
         crate::storage::write_atomic(&settings.root.cluster_trust(), &text)
             .context("saving the cluster CAs trusted")?;
+        // A data device: the locked unlock reads the ESP's copy.
+        if crate::datakeys::local_half(&settings.root).exists() {
+            crate::storage::write_atomic(&crate::datakeys::trust_copy(&settings.root), &text)
+                .context("saving the cluster CAs trusted in the ESP")?;
+        }
     }
     Ok(())
 }

@@ -344,7 +344,7 @@ async fn unlock(
     // data/node/crl.der is on the locked device: the ESP's copy, and whatever newer one
     // a curator hands out (asked again before every round).
     let ca = &sealed.cluster_ca_certificate;
-    let crl = rpc::TrustSlot::new(ca.clone());
+    let crl = crate::curator_client::saved_slot(&datakeys::trust_copy(root), ca.clone())?;
     crlfetch::offer_esp_copy(root, &crl)?;
     let client = rpc::CuratorClient::new(
         endpoints.clone(),

@@ -14,6 +14,9 @@
 //!   <root>/esp/data-crl.der         the newest cluster CRL seen (a copy of              0600
 //!                                   data/node/crl.der): curators are checked against
 //!                                   it while data/ is locked (`crlfetch`)
+//!   <root>/esp/data-trust.pem       after a CA rotation, the cluster CAs trusted and    0600
+//!                                   their CRLs (a copy of data/node/trust.pem), for
+//!                                   the same checks
 //!   <root>/datafs/                  where the data file system is mounted; its
 //!                                   encrypted directory is bind-mounted on data/
 //! ```
@@ -37,6 +40,11 @@ pub fn pending_half(root: &Root) -> PathBuf {
 }
 pub fn crl_copy(root: &Root) -> PathBuf {
     root.esp().join("data-crl.der")
+}
+/// A copy of `data/node/trust.pem` (the cluster CAs trusted, after a CA rotation): the
+/// locked unlock checks curators against it.
+pub fn trust_copy(root: &Root) -> PathBuf {
+    root.esp().join("data-trust.pem")
 }
 pub fn bootstrap_cluster(root: &Root) -> PathBuf {
     root.esp().join("data-bootstrap-cluster")
@@ -193,6 +201,7 @@ pub fn erase(root: &Root) -> Result<()> {
         pending_half(root),
         bootstrap_cluster(root),
         crl_copy(root),
+        trust_copy(root),
         root.esp().join("data-peers"),
     ] {
         match std::fs::remove_file(&path) {

@@ -234,7 +234,7 @@ const MEMBER_ANSWER: Duration = Duration::from_secs(2);
 async fn ask_members(root: &Root, ips: &[IpAddr]) -> Result<Vec<epochs::MemberAnswer>> {
     let credentials = crate::values::NodeCredentials::default().slot(root)?;
     let ca = crate::storage::read_file(&root.cluster_ca(), "cluster CA certificate")?;
-    let crl = rpc::TrustSlot::new(ca);
+    let crl = crate::curator_client::saved_slot(&root.cluster_trust(), ca)?;
     let saved_crl = root.cluster_crl();
     if saved_crl.exists() {
         let der = crate::storage::read_file(&saved_crl, "cluster CRL")?;

@@ -114,6 +114,13 @@ fn describe(name: &str, der: &[u8], revoked: &[Vec<u8>]) -> Option<CertificateIn
         not_after_unix: validity.not_after,
         revoked: revoked.contains(&serial),
         current: false,
+        issuer: cert
+            .issuer()
+            .iter_common_name()
+            .next()
+            .and_then(|cn| cn.as_str().ok())
+            .unwrap_or_default()
+            .to_string(),
     })
 }
 

@@ -53,7 +53,11 @@ impl api::management_server::Management for Services {
             .await
             .map_err(status_from)?;
         Ok(Response::new(api::GetClusterInfoResponse {
-            ca_certificate: self.0.config.ca_certificate.clone(),
+            // The signing CA: after a rotation, the one certificates chain to now.
+            ca_certificate: self.0.trusted.current().map_or_else(
+                || self.0.config.ca_certificate.clone(),
+                |t| t.current.cert.clone(),
+            ),
             cluster_configuration: configuration,
             curator_endpoints: records::curator_endpoints(&nodes),
             node_count: nodes.len() as u32,

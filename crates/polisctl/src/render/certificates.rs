@@ -27,6 +27,7 @@ fn certificate_json(c: &api::CertificateInfo) -> Value {
         "not_after_unix": c.not_after_unix,
         "revoked": c.revoked,
         "current": c.current,
+        "issuer": c.issuer,
     })
 }
 
@@ -63,13 +64,16 @@ pub(crate) fn print_certificates(list: &[api::CertificateInfo], now: u64, format
                         expiry,
                         if c.revoked { "yes" } else { "no" }.into(),
                         if c.current { "*" } else { "" }.into(),
+                        c.issuer.clone(),
                     ]
                 })
                 .collect();
             print!(
                 "{}",
                 output::table(
-                    &["KIND", "NODE", "SERIAL", "EXPIRES", "REVOKED", "CURRENT"],
+                    &[
+                        "KIND", "NODE", "SERIAL", "EXPIRES", "REVOKED", "CURRENT", "ISSUER"
+                    ],
                     &rows
                 )
             );
