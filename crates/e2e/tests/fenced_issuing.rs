@@ -345,14 +345,9 @@ async fn an_escrow_racing_an_owner_rotation_leaves_no_certificate_for_the_old_ke
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operator_escrow_racing_its_removal_leaves_no_valid_certificate() -> Result<()> {
-    // Escrow finds the operator holding the key, then records its certificate; the
-    // curator pauses (`operator-certificate-signed`) in between, and the owner removes
-    // the operator inside it. The recording is guarded by the operator's record: it
-    // fails (Aborted), or the certificate is recorded in time to be revoked.
-    let dir = tempfile::tempdir()?;
-    let mut cluster = paused_cluster(dir.path(), "operator-certificate-signed:8000")?;
+/// Adds operator "ada" (admin) with a new key; returns a channel to the first curator
+/// proving that key (self-signed, as a first escrow does) and the key.
+async fn add_ada(cluster: &Cluster) -> Result<(tonic::transport::Channel, Vec<u8>)> {
     let ca = {
         let text = std::fs::read_to_string(cluster.config.join("ca.pem"))?;
         pem::parse(text)?.into_contents()
@@ -381,6 +376,18 @@ async fn an_operator_escrow_racing_its_removal_leaves_no_valid_certificate() -> 
         Some(&rpc::self_signed(&key)?),
     )
     .await?;
+    Ok((channel, public_key))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_escrow_racing_its_removal_leaves_no_valid_certificate() -> Result<()> {
+    // Escrow finds the operator holding the key, then records its certificate; the
+    // curator pauses (`operator-certificate-signed`) in between, and the owner removes
+    // the operator inside it. The recording is guarded by the operator's record: it
+    // fails (Aborted), or the certificate is recorded in time to be revoked.
+    let dir = tempfile::tempdir()?;
+    let mut cluster = paused_cluster(dir.path(), "operator-certificate-signed:8000")?;
+    let (channel, public_key) = add_ada(&cluster).await?;
     let escrow = spawn_escrow(channel, public_key);
     tokio::task::block_in_place(|| -> Result<()> {
         e2e::wait_until(
@@ -414,34 +421,7 @@ async fn a_removal_held_before_its_revocation_is_listed_as_unfinished() -> Resul
     // once the revocation is done, not at all.
     let dir = tempfile::tempdir()?;
     let mut cluster = paused_cluster(dir.path(), "operator-record-deleted:8000")?;
-    let ca = {
-        let text = std::fs::read_to_string(cluster.config.join("ca.pem"))?;
-        pem::parse(text)?.into_contents()
-    };
-    let key = identity::NodeKey::generate()?;
-    let owner = tokio::task::block_in_place(|| cluster.owner_client())?;
-    let public_key = key.public_key().to_vec();
-    owner
-        .call(|c| {
-            let public_key = public_key.clone();
-            async move {
-                api::management_client::ManagementClient::new(c)
-                    .add_operator(api::AddOperatorRequest {
-                        name: "ada".into(),
-                        role: "admin".into(),
-                        public_key,
-                    })
-                    .await
-            }
-        })
-        .await?;
-    let endpoint = SocketAddr::new(cluster.first.address, rpc::CURATOR_PORT);
-    let channel = rpc::connect(
-        endpoint,
-        &rpc::ServerTrust::PinnedCa(ca),
-        Some(&rpc::self_signed(&key)?),
-    )
-    .await?;
+    let (channel, public_key) = add_ada(&cluster).await?;
     spawn_escrow(channel, public_key)
         .await??
         .map_err(|s| anyhow::anyhow!("{s}"))?;

@@ -120,8 +120,10 @@ pub fn apply_trust(
             return Ok(());
         }
     }
-    for crl in crls {
-        crlfetch::offer(&slot, crl, "a curator");
+    // Each taken the way a single CRL is (saved in data/node/crl.der when new): every
+    // trusted CA's CRL lists every revocation.
+    for crl in crls.iter().filter(|c| !c.is_empty()) {
+        offer_crl(settings, values, crl, true)?;
     }
     let after = slot.anchors();
     if after != before {

@@ -53,12 +53,14 @@ pub(crate) async fn escrow(
 }
 
 /// The CAs the cluster trusts now (the signing one first), asked of a curator checked
-/// against `cas` (without a CRL, as the first contact is) and without a client
-/// certificate. Refused unless the answer keeps one of `cas` (a rotation moves one step
-/// at a time).
-pub(crate) async fn current_cas(endpoints: &[SocketAddr], cas: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
-    let pinned = rpc::TrustSlot::new(cas.first().context("no cluster CA pinned")?.clone());
-    pinned.trust(cas.to_vec())?;
+/// against `pinned` (the CAs pinned and the saved CRLs: a removed member's curator
+/// certificate is refused) without a client certificate. Refused unless the answer keeps
+/// one of the CAs pinned (a rotation moves one step at a time).
+pub(crate) async fn current_cas(
+    endpoints: &[SocketAddr],
+    pinned: rpc::TrustSlot,
+) -> Result<Vec<Vec<u8>>> {
+    let cas = pinned.cas();
     let client = rpc::CuratorClient::new(
         endpoints.to_vec(),
         rpc::ServerTrust::ClusterCa {
@@ -75,7 +77,7 @@ pub(crate) async fn current_cas(endpoints: &[SocketAddr], cas: &[Vec<u8>]) -> Re
         .await
         .map_err(|f| call_failure("asking for the cluster CAs", f))?;
     if answer.trusted_cas.is_empty() {
-        return Ok(cas.to_vec());
+        return Ok(cas);
     }
     pinned.trust(answer.trusted_cas.clone())?;
     Ok(answer.trusted_cas)

@@ -51,7 +51,7 @@ pub(crate) async fn owner_session(config: &Path, raw_endpoints: &[String]) -> Re
     // asked first (no client certificate needed), so that an owner certificate of a CA
     // since replaced is renewed before it is refused.
     if cas.len() > 1 {
-        match escrow::current_cas(&endpoints, &cas).await {
+        match escrow::current_cas(&endpoints, saved_crl(config, &cas)?).await {
             Ok(current) if current != cas => {
                 write_pem_blocks(&ca_path(config), "CERTIFICATE", &current)?;
                 cas = current;
