@@ -109,7 +109,15 @@ fn the_cluster_ca_rotates_online_through_a_leader_failover() -> Result<()> {
         }
     }
 
-    let (ok, out, err) = ctl_as(&config, &["cluster", "rotate-ca"])?;
+    // Refused until every node reported the CAs it trusts (its first heartbeat status).
+    let deadline = Instant::now() + TIMEOUT;
+    let (ok, out, err) = loop {
+        let answer = ctl_as(&config, &["cluster", "rotate-ca"])?;
+        if answer.0 || !answer.2.contains("has not reported") || Instant::now() > deadline {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert!(ok, "rotate-ca: {err}");
     assert!(out.contains("started"), "{out}");
     // The leader dies while the new CA is introduced; it comes back a little later.

@@ -67,6 +67,31 @@ fn counted(node: &Node) -> bool {
     node.state == NodeState::Up as i32
 }
 
+/// Why the counted `nodes` could not follow a rotation, one line per node, in node ID
+/// order (pure): heartbeats timed out, or a status that names no trusted CA (never
+/// reported, or a polis-node from before rotations, which would wait forever).
+fn unable_to_follow<'a>(nodes: impl Iterator<Item = &'a Node>) -> Vec<String> {
+    let mut nodes: Vec<&Node> = nodes.filter(|n| counted(n)).collect();
+    nodes.sort_by(|a, b| a.id.cmp(&b.id));
+    nodes
+        .into_iter()
+        .filter_map(|n| {
+            let status = n.status.clone().unwrap_or_default();
+            if n.health == HealthVerdict::HeartbeatTimeout as i32 {
+                Some(format!("node {} does not answer (heartbeat timeout)", n.id))
+            } else if status.trusted_ca_fingerprints.is_empty() {
+                Some(format!(
+                    "node {} (version {:?}) has not reported the CAs it trusts: it cannot \
+                     follow a rotation until it runs a version that does",
+                    n.id, status.version
+                ))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
 /// What the rotation waits for, one line per node, in node ID order (pure):
 /// introduced — every counted node trusting the successor; reissuing — every counted
 /// node using a certificate of the signing CA, and every curator serving one
@@ -206,26 +231,17 @@ pub(super) async fn rotate(
         )));
     }
     if trusted.phase() == pki::RotationPhase::Settled {
-        let unreachable: Vec<String> = shared
+        let nodes = shared
             .nodes
             .current()
-            .map(|nodes| {
-                let mut ids: Vec<String> = nodes
-                    .nodes
-                    .values()
-                    .filter(|n| counted(n) && n.health == HealthVerdict::HeartbeatTimeout as i32)
-                    .map(|n| n.id.clone())
-                    .collect();
-                ids.sort();
-                ids
-            })
-            .unwrap_or_default();
-        if !unreachable.is_empty() && !force {
+            .ok_or_else(|| Status::unavailable("the node records are not loaded yet"))?;
+        let unable = unable_to_follow(nodes.nodes.values());
+        if !unable.is_empty() && !force {
             return Err(Status::failed_precondition(format!(
-                "nodes {} do not answer: a rotation would lock them out once the old CA is \
-                 retired; bring them back, or rotate with --force and re-register them \
-                 afterwards",
-                unreachable.join(", ")
+                "{}: a rotation would wait for them, or lock them out if forced once the old \
+                 CA is retired; bring them back (or upgrade them), or rotate with --force and \
+                 re-register them afterwards",
+                unable.join("; ")
             )));
         }
         let now = pki::unix_now();
@@ -454,6 +470,38 @@ mod tests {
             node("w", false, &[&new], &new),
         ];
         assert!(waiting_for(&t, done.iter(), &serving_new).is_empty());
+    }
+
+    #[test]
+    fn a_node_that_does_not_answer_or_report_its_trust_cannot_follow() {
+        let ca = ca("old");
+        let silent = Node {
+            health: HealthVerdict::HeartbeatTimeout as i32,
+            ..node("b", false, &[&ca], &ca)
+        };
+        let old_version = Node {
+            status: Some(NodeStatus {
+                version: "0.1.0".into(),
+                ..Default::default()
+            }),
+            ..node("c", false, &[], &ca)
+        };
+        let standby = Node {
+            state: NodeState::Standby as i32,
+            status: None,
+            ..node("d", false, &[], &ca)
+        };
+        let nodes = [node("a", true, &[&ca], &ca), silent, old_version, standby];
+        let unable = unable_to_follow(nodes.iter());
+        assert_eq!(unable.len(), 2, "{unable:?}");
+        assert!(
+            unable[0].starts_with("node b does not answer"),
+            "{unable:?}"
+        );
+        assert!(
+            unable[1].contains("node c (version \"0.1.0\")"),
+            "{unable:?}"
+        );
     }
 
     #[test]

@@ -68,8 +68,16 @@ fn round(config: &Path, target: &str) -> Result<Round> {
     };
     // A first acknowledged write before the rotation: gaps are measured from there.
     std::thread::sleep(Duration::from_millis(500));
-    let started = Instant::now();
-    let (ok, _, err) = ctl(config, &["cluster", "rotate-ca"])?;
+    // Refused until every node reported the CAs it trusts (its first heartbeat status).
+    let asked = Instant::now();
+    let (started, (ok, _, err)) = loop {
+        let started = Instant::now();
+        let answer = ctl(config, &["cluster", "rotate-ca"])?;
+        if answer.0 || !answer.2.contains("has not reported") || asked.elapsed() > ROTATION_BOUND {
+            break (started, answer);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     if !ok {
         stop.store(true, Ordering::Relaxed);
         bail!("rotate-ca: {err}");
