@@ -297,25 +297,25 @@ async fn step(shared: &Shared) -> Result<(), Status> {
                 .promote_successor()
                 .await
                 .map_err(|e| unavailable("promoting the new CA", e))?;
-            promoted.then(|| {
+            if promoted {
                 tracing::warn!(
                     forced,
                     "cluster CA rotation: the new CA signs; certificates of the old one are \
                      being replaced"
-                )
-            });
+                );
+            }
         }
         "reissuing" if ready => {
             let retired = store
                 .retire_previous()
                 .await
                 .map_err(|e| unavailable("retiring the old CA", e))?;
-            retired.then(|| {
+            if retired {
                 tracing::warn!(
                     forced,
                     "cluster CA rotation done: the old CA is retired, its certificates refused"
-                )
-            });
+                );
+            }
         }
         "settled" if record(shared).await?.is_some() => {
             shared
