@@ -15,6 +15,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Every WatchNode stream sends the CRL with every update: one buffer shared by
         // all of them (a reference count per message, not a copy per stream).
         .bytes(".polis.api.WatchNodeUpdate.cluster_crl")
+        // The same for the trusted CAs and their CRLs.
+        .bytes(".polis.api.WatchNodeUpdate.cluster_cas")
+        .bytes(".polis.api.WatchNodeUpdate.cluster_crls")
         .compile_protos(&protos, &["proto"])?;
     Ok(())
 }

@@ -601,13 +601,10 @@ async fn check_member(
         .cas();
     // The CA it joined under (sealed), or, after CA rotations, one it learnt since
     // (`data/node/trust.pem`): either way a CA of this cluster.
-    let learnt = std::fs::read_to_string(root.cluster_trust())
-        .ok()
-        .and_then(|text| pem::parse_many(text).ok())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|block| block.tag() == "CERTIFICATE")
-        .map(|block| block.into_contents());
+    let learnt = crate::curator_client::saved_trust(&root.cluster_trust())
+        .map_err(Step::Fatal)?
+        .map(|anchors| anchors.cas)
+        .unwrap_or_default();
     let ours = std::iter::once(sealed.cluster_ca_certificate.clone())
         .chain(learnt)
         .any(|ca| trusted.contains(&ca));

@@ -75,7 +75,7 @@ pub fn saved_slot(saved: &std::path::Path, ca: Vec<u8>) -> Result<rpc::TrustSlot
 }
 
 /// The CAs and CRLs saved in `path` (PEM: CERTIFICATE and X509 CRL blocks), if any.
-fn saved_trust(path: &std::path::Path) -> Result<Option<rpc::Anchors>> {
+pub fn saved_trust(path: &std::path::Path) -> Result<Option<rpc::Anchors>> {
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -104,12 +104,12 @@ fn saved_trust(path: &std::path::Path) -> Result<Option<rpc::Anchors>> {
 pub fn apply_trust(
     settings: &Settings,
     values: &NodeValues,
-    cas: &[Vec<u8>],
-    crls: &[Vec<u8>],
+    cas: &[prost::bytes::Bytes],
+    crls: &[prost::bytes::Bytes],
 ) -> Result<()> {
     let slot = trust(settings, values)?;
     let before = slot.anchors();
-    match slot.trust(cas.to_vec()) {
+    match slot.trust(cas.iter().map(|c| c.to_vec()).collect()) {
         Ok(true) => tracing::info!(
             cas = ?cas.iter().map(|c| rpc::fingerprint(c)).collect::<Vec<_>>(),
             "trusting the cluster CAs a curator named (a CA rotation)"

@@ -31,6 +31,10 @@ use crate::layout;
 /// How often the leader looks at whether the rotation can move on.
 const STEP_PERIOD: Duration = Duration::from_secs(1);
 
+/// How often the leader looks, while no rotation runs, for a record a failed start left
+/// behind (the only thing a step does then): not an etcd read every second forever.
+const SETTLED_PERIOD: Duration = Duration::from_secs(60);
+
 fn unavailable(what: &str, e: impl std::fmt::Display) -> Status {
     Status::unavailable(format!("{what}: {e}"))
 }
@@ -337,6 +341,7 @@ pub(super) async fn run(
 ) -> supervisor::RunnableResult {
     ctx.signal_healthy();
     let mut last_problem: Option<String> = None;
+    let mut next_settled_look = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(STEP_PERIOD) => {}
@@ -352,11 +357,11 @@ pub(super) async fn run(
         ) {
             continue;
         }
-        if !running && last_problem.is_none() {
-            // Settled: only a record left behind is for a step to remove.
-            if record(&shared).await.ok().flatten().is_none() {
+        if !running {
+            if last_problem.is_none() && tokio::time::Instant::now() < next_settled_look {
                 continue;
             }
+            next_settled_look = tokio::time::Instant::now() + SETTLED_PERIOD;
         }
         match step(&shared).await {
             Ok(()) => last_problem = None,

@@ -62,8 +62,20 @@ fn take(shared: &Shared, trusted: pki::TrustedCas) {
         );
     }
     let crl = trusted.current.crl.clone();
+    // Before `trusted`, whose change makes WatchNode streams look again.
+    shared.trusted_wire.set(Arc::new(WireTrust {
+        cas: trusted.cas().into_iter().map(Into::into).collect(),
+        crls: trusted.crls().into_iter().map(Into::into).collect(),
+    }));
     shared.trusted.set(Arc::new(trusted));
     shared.crl.set(crl.into());
+}
+
+/// The trusted CAs and their CRLs as WatchNode updates carry them: built once per
+/// change and shared (a reference count, not a copy) by every stream's every update.
+pub(super) struct WireTrust {
+    pub(super) cas: Vec<prost::bytes::Bytes>,
+    pub(super) crls: Vec<prost::bytes::Bytes>,
 }
 
 /// What the listener's authorization layer checks callers against: the cluster CAs

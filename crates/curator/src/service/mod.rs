@@ -145,6 +145,7 @@ pub async fn run(
         membership: Arc::new(tokio::sync::Mutex::new(())),
         crl: event::Value::new(),
         trusted: event::Value::new(),
+        trusted_wire: event::Value::new(),
         trust: rpc::TrustSlot::empty(),
         decommission_problems: Mutex::new(HashMap::new()),
         certificates: event::Value::new(),

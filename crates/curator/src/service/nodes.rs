@@ -502,7 +502,7 @@ impl api::curator_server::Curator for Services {
             .and_then(|c| c.leaf())
             .and_then(|der| pki::certificate_serial(der).ok());
         let crl = self.0.crl.clone();
-        let trusted = self.0.trusted.clone();
+        let trusted = self.0.trusted_wire.clone();
         let stream = snapshot_stream(&self.0, serial, move |nodes| {
             let trusted = trusted.current();
             let node = nodes.nodes.get(&id)?;
@@ -518,8 +518,8 @@ impl api::curator_server::Curator for Services {
                 roles: records::role_names(node),
                 curator_endpoints: nodes.curator_endpoints.clone(),
                 cluster_crl: crl.current().unwrap_or_default(),
-                cluster_cas: trusted.as_ref().map(|t| t.cas()).unwrap_or_default(),
-                cluster_crls: trusted.as_ref().map(|t| t.crls()).unwrap_or_default(),
+                cluster_cas: trusted.as_ref().map(|t| t.cas.clone()).unwrap_or_default(),
+                cluster_crls: trusted.as_ref().map(|t| t.crls.clone()).unwrap_or_default(),
             }))
         });
         Ok(Response::new(Box::pin(
@@ -591,8 +591,8 @@ mod node_view_tests {
             roles: vec!["ConsensusMember".into()],
             curator_endpoints: vec!["127.0.0.2:7835".into()],
             cluster_crl: vec![1, 2, 3].into(),
-            cluster_cas: vec![vec![4]],
-            cluster_crls: vec![vec![1, 2, 3]],
+            cluster_cas: vec![vec![4].into()],
+            cluster_crls: vec![vec![1, 2, 3].into()],
         };
         let moved = api::WatchNodeUpdate {
             record_revision: 11,
@@ -621,11 +621,11 @@ mod node_view_tests {
                 ..update.clone()
             },
             api::WatchNodeUpdate {
-                cluster_cas: vec![vec![4], vec![5]],
+                cluster_cas: vec![vec![4].into(), vec![5].into()],
                 ..update.clone()
             },
             api::WatchNodeUpdate {
-                cluster_crls: vec![vec![9]],
+                cluster_crls: vec![vec![9].into()],
                 ..update.clone()
             },
         ];

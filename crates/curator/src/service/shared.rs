@@ -132,6 +132,8 @@ pub struct Shared {
     /// The cluster CAs trusted and their CRLs (the `crl` runnable), for every check
     /// of a caller's certificate and every WatchNode update.
     pub(super) trusted: event::Value<Arc<pki::TrustedCas>>,
+    /// The same as WatchNode updates carry them (set with `trusted`, just before it).
+    pub(super) trusted_wire: event::Value<Arc<super::crl::WireTrust>>,
     /// The same CAs and CRLs for this curator's own calls to other curators
     /// (forwarding, quorum questions): a removed node cannot pose as one. Empty until
     /// the first read of the store: etcd, not a file, says which CAs are trusted.

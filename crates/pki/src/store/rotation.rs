@@ -122,6 +122,21 @@ impl TrustedCas {
     }
 }
 
+/// One key of a CA slot as read: which part, its full key, mod revision, value.
+struct SlotKey {
+    part: &'static str,
+    key: String,
+    revision: i64,
+    value: Option<Vec<u8>>,
+}
+
+impl SlotKey {
+    /// The comparison that holds while the key is as read (absent: mod revision 0).
+    fn unchanged(&self) -> Compare {
+        Compare::mod_revision(self.key.clone(), CompareOp::Equal, self.revision)
+    }
+}
+
 impl CaStore {
     /// The CAs trusted now (one read).
     pub async fn trusted(&self) -> Result<TrustedCas, PkiError> {
@@ -135,18 +150,42 @@ impl CaStore {
         self.watch_state("ca/", true, TrustedCas::decode)
     }
 
-    /// The keys of `slot` and their mod revisions, for a guarded move.
-    async fn slot_revisions(&self, slot: &str) -> Result<Vec<(String, i64)>, PkiError> {
-        let mut out = Vec::new();
-        for part in ["cert", "key", "crl"] {
-            let key = self.ns.key(&format!("{slot}/{part}"));
-            let response = self.ns.client().get(key.clone(), None).await?;
-            out.push((
-                key,
-                response.kvs().first().map_or(0, |kv| kv.mod_revision()),
-            ));
-        }
-        Ok(out)
+    /// The keys of `slot` (part, full key), each with its mod revision (0: absent) and
+    /// value, read in one transaction, for a guarded move.
+    async fn read_slot(&self, slot: &str) -> Result<Vec<SlotKey>, PkiError> {
+        let parts = ["cert", "key", "crl"];
+        let keys: Vec<String> = parts
+            .iter()
+            .map(|part| self.ns.key(&format!("{slot}/{part}")))
+            .collect();
+        let response = self
+            .ns
+            .client()
+            .txn(
+                Txn::new().and_then(
+                    keys.iter()
+                        .map(|k| TxnOp::get(k.clone(), None))
+                        .collect::<Vec<_>>(),
+                ),
+            )
+            .await?;
+        Ok(parts
+            .iter()
+            .zip(keys)
+            .zip(response.op_responses())
+            .map(|((part, key), op)| {
+                let kv = match op {
+                    etcd_client::TxnOpResponse::Get(g) => g.kvs().first().cloned(),
+                    _ => None,
+                };
+                SlotKey {
+                    part,
+                    key,
+                    revision: kv.as_ref().map_or(0, |kv| kv.mod_revision()),
+                    value: kv.map(|kv| kv.value().to_vec()),
+                }
+            })
+            .collect())
     }
 
     /// Introduces `successor` (trusted, not signing) unless a rotation runs already;
@@ -159,14 +198,11 @@ impl CaStore {
             if trusted.phase() != RotationPhase::Settled {
                 return Ok(false);
             }
-            let current = self.slot_revisions(CURRENT).await?;
+            let current = self.read_slot(CURRENT).await?;
             let listed = crl_serials(&trusted.current.crl)?;
             let crl = successor.crl(&listed, next_crl_number(0, unix_micros()))?;
             let serial = certificate_serial(&successor.cert_der)?;
-            let mut when: Vec<Compare> = current
-                .iter()
-                .map(|(key, rev)| Compare::mod_revision(key.clone(), CompareOp::Equal, *rev))
-                .collect();
+            let mut when: Vec<Compare> = current.iter().map(SlotKey::unchanged).collect();
             for slot in [PREVIOUS, NEXT] {
                 when.push(Compare::create_revision(
                     self.ns.key(&format!("{slot}/cert")),
@@ -235,15 +271,12 @@ impl CaStore {
             let mut puts = Vec::new();
             let mut deletes = Vec::new();
             for (from, to) in moves {
-                for (key, rev) in self.slot_revisions(from).await? {
-                    when.push(Compare::mod_revision(key.clone(), CompareOp::Equal, rev));
-                    let value = self.ns.client().get(key.clone(), None).await?;
-                    let value = value.kvs().first().map(|kv| kv.value().to_vec());
-                    let part = key.rsplit('/').next().unwrap_or_default().to_string();
-                    if let (false, Some(value)) = (to.is_empty(), value) {
-                        puts.push((self.ns.key(&format!("{to}/{part}")), value));
+                for slot_key in self.read_slot(from).await? {
+                    when.push(slot_key.unchanged());
+                    if let (false, Some(value)) = (to.is_empty(), slot_key.value) {
+                        puts.push((self.ns.key(&format!("{to}/{}", slot_key.part)), value));
                     }
-                    deletes.push(key);
+                    deletes.push(slot_key.key);
                 }
             }
             // A key both moved away and moved into (the current slot) is written, not
