@@ -61,6 +61,23 @@ fn check_status(status: &NodeStatus) -> Result<(), Status> {
             "the status version is longer than {MAX_VERSION_LEN} bytes"
         )));
     }
+    // What a CA rotation reads: bounded like the trust a node can hold, so that no node
+    // can grow its record (and every snapshot and watch event carrying it).
+    if status.trusted_ca_fingerprints.len() > rpc::tls::MAX_TRUSTED_CAS {
+        return Err(Status::invalid_argument(format!(
+            "the status names more than {} trusted CAs",
+            rpc::tls::MAX_TRUSTED_CAS
+        )));
+    }
+    let fingerprint = |f: &str| f.len() == 64 && f.bytes().all(|b| b.is_ascii_hexdigit());
+    if !status.trusted_ca_fingerprints.iter().all(|f| fingerprint(f))
+        || !(status.certificate_ca_fingerprint.is_empty()
+            || fingerprint(&status.certificate_ca_fingerprint))
+    {
+        return Err(Status::invalid_argument(
+            "a CA fingerprint in the status is not 64 hex digits (SHA-256)",
+        ));
+    }
     Ok(())
 }
 
@@ -581,6 +598,39 @@ impl api::curator_server::Curator for Services {
 #[cfg(test)]
 mod node_view_tests {
     use super::*;
+
+    #[test]
+    fn a_status_names_few_well_formed_ca_fingerprints_or_is_refused() {
+        let fp = "ab".repeat(32);
+        let ok = NodeStatus {
+            address: "127.0.0.2".into(),
+            trusted_ca_fingerprints: vec![fp.clone(); rpc::tls::MAX_TRUSTED_CAS],
+            certificate_ca_fingerprint: fp.clone(),
+            ..Default::default()
+        };
+        assert!(check_status(&ok).is_ok());
+        let too_many = NodeStatus {
+            trusted_ca_fingerprints: vec![fp.clone(); rpc::tls::MAX_TRUSTED_CAS + 1],
+            ..ok.clone()
+        };
+        assert!(check_status(&too_many).is_err());
+        let long = NodeStatus {
+            trusted_ca_fingerprints: vec!["a".repeat(10_000)],
+            ..ok.clone()
+        };
+        assert!(check_status(&long).is_err());
+        let junk_issuer = NodeStatus {
+            certificate_ca_fingerprint: "zz".repeat(32),
+            ..ok.clone()
+        };
+        assert!(check_status(&junk_issuer).is_err());
+        let none_yet = NodeStatus {
+            trusted_ca_fingerprints: vec![],
+            certificate_ca_fingerprint: String::new(),
+            ..ok
+        };
+        assert!(check_status(&none_yet).is_ok());
+    }
 
     #[test]
     fn an_update_that_only_moves_the_revision_is_not_sent_again() {
