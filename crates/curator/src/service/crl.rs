@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use super::shared::Shared;
+use super::shared::{Shared, WireTrust};
 use crate::layout;
 
 /// The `crl` runnable: feeds [`Shared::trusted`], [`Shared::crl`] and
@@ -69,13 +69,6 @@ fn take(shared: &Shared, trusted: pki::TrustedCas) {
     }));
     shared.trusted.set(Arc::new(trusted));
     shared.crl.set(crl.into());
-}
-
-/// The trusted CAs and their CRLs as WatchNode updates carry them: built once per
-/// change and shared (a reference count, not a copy) by every stream's every update.
-pub(super) struct WireTrust {
-    pub(super) cas: Vec<prost::bytes::Bytes>,
-    pub(super) crls: Vec<prost::bytes::Bytes>,
 }
 
 /// What the listener's authorization layer checks callers against: the cluster CAs

@@ -70,7 +70,10 @@ fn check_status(status: &NodeStatus) -> Result<(), Status> {
         )));
     }
     let fingerprint = |f: &str| f.len() == 64 && f.bytes().all(|b| b.is_ascii_hexdigit());
-    if !status.trusted_ca_fingerprints.iter().all(|f| fingerprint(f))
+    if !status
+        .trusted_ca_fingerprints
+        .iter()
+        .all(|f| fingerprint(f))
         || !(status.certificate_ca_fingerprint.is_empty()
             || fingerprint(&status.certificate_ca_fingerprint))
     {

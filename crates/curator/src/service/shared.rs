@@ -96,6 +96,14 @@ pub struct Snapshot {
 
 pub type NodeSnapshot = Arc<Snapshot>;
 
+/// The trusted CAs and their CRLs as WatchNode updates carry them: built once per
+/// change (the `crl` runnable) and shared (a reference count, not a copy) by every
+/// stream's every update.
+pub(super) struct WireTrust {
+    pub(super) cas: Vec<prost::bytes::Bytes>,
+    pub(super) crls: Vec<prost::bytes::Bytes>,
+}
+
 /// Node `id`'s record in `snapshot`, with its mod revision (`writes::Known`).
 pub(super) fn known_in(snapshot: &Snapshot, id: &str) -> Option<crate::writes::Known> {
     Some(crate::writes::Known {
@@ -133,7 +141,7 @@ pub struct Shared {
     /// of a caller's certificate and every WatchNode update.
     pub(super) trusted: event::Value<Arc<pki::TrustedCas>>,
     /// The same as WatchNode updates carry them (set with `trusted`, just before it).
-    pub(super) trusted_wire: event::Value<Arc<super::crl::WireTrust>>,
+    pub(super) trusted_wire: event::Value<Arc<WireTrust>>,
     /// The same CAs and CRLs for this curator's own calls to other curators
     /// (forwarding, quorum questions): a removed node cannot pose as one. Empty until
     /// the first read of the store: etcd, not a file, says which CAs are trusted.
