@@ -274,6 +274,12 @@ async fn step(shared: &Arc<Shared>, memory: &mut Memory) -> Result<bool, Status>
         }
         Step::Disarm => {
             for alarm in no_space {
+                // Logged before the call too: etcd may apply the disarm and this
+                // task be cancelled (a curator elected at once) before it answers.
+                tracing::info!(
+                    member = format!("{:x}", alarm.member_id),
+                    "disarming etcd's NOSPACE alarm: every member has room again"
+                );
                 maintenance::disarm(&mut client, alarm)
                     .await
                     .map_err(|e| etcd_status("disarming the NOSPACE alarm", e))?;
