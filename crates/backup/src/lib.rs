@@ -63,6 +63,11 @@ pub struct Header {
     /// SHA-256 of the cluster CA certificate (DER), lowercase hex: the fingerprint
     /// `polisctl takeownership` shows.
     pub ca_fingerprint: String,
+    /// SHA-256 fingerprints of every cluster CA trusted when the backup was taken, the
+    /// signing one (`ca_fingerprint`) first: two while a CA rotation ran. Empty in
+    /// backups taken before Polis recorded them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trusted_ca_fingerprints: Vec<String>,
     /// The etcd revision read from the member before its snapshot began: every change
     /// up to it is in the snapshot (a few later ones may be too).
     pub revision: i64,

@@ -5,6 +5,7 @@ use super::*;
 fn header() -> Header {
     Header {
         ca_fingerprint: "ab".repeat(32),
+        trusted_ca_fingerprints: vec!["ab".repeat(32), "cd".repeat(32)],
         revision: 42,
         quorum_read: true,
         taken_at_unix_ms: 1_700_000_000_000,
@@ -166,14 +167,17 @@ mod properties {
             (any::<String>(), any::<i64>(), any::<bool>(), any::<u64>()),
             (any::<String>(), any::<String>(), any::<String>()),
             (any::<String>(), any::<String>()),
+            proptest::collection::vec(any::<String>(), 0..4),
         )
             .prop_map(
                 |(
                     (ca_fingerprint, revision, quorum_read, taken_at_unix_ms),
                     (node_id, etcd_cluster_id, etcd_member_id),
                     (polis_version, etcd_version),
+                    trusted_ca_fingerprints,
                 )| Header {
                     ca_fingerprint,
+                    trusted_ca_fingerprints,
                     revision,
                     quorum_read,
                     taken_at_unix_ms,

@@ -67,6 +67,7 @@ fn refused(dir: &Path, what: &str, cmd: Command, why: &str) -> Result<String> {
 fn foreign_backup(path: &Path) -> Result<()> {
     let header = backup::Header {
         ca_fingerprint: "ab".repeat(32),
+        trusted_ca_fingerprints: Vec::new(),
         revision: 42,
         quorum_read: true,
         taken_at_unix_ms: 1_700_000_000_000,

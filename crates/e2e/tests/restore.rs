@@ -192,6 +192,7 @@ fn restore_from_a_backup_file_brings_the_cluster_back_on_a_new_root() -> Result<
     {
         let header = backup::Header {
             ca_fingerprint: "ab".repeat(32),
+            trusted_ca_fingerprints: Vec::new(),
             revision: 42,
             quorum_read: true,
             taken_at_unix_ms: 1_700_000_000_000,

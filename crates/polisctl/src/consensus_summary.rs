@@ -109,6 +109,26 @@ pub(crate) fn held_back(answers: &[api::GetConsensusStatusResponse]) -> Vec<Stri
         .collect()
 }
 
+/// A running cluster CA rotation, as the curators that answered follow it (pure): one
+/// line naming each phase seen (curators follow the stored phase within moments of each
+/// other), or none when every one says settled or nothing (answered without a curator).
+pub(crate) fn ca_rotation(answers: &[api::GetConsensusStatusResponse]) -> Option<String> {
+    let mut phases: Vec<&str> = answers
+        .iter()
+        .map(|a| a.ca_rotation_phase.as_str())
+        .filter(|p| !p.is_empty() && *p != "settled")
+        .collect();
+    phases.sort_unstable();
+    phases.dedup();
+    (!phases.is_empty()).then(|| {
+        format!(
+            "a cluster CA rotation is running (phase {}): `polisctl cluster ca` shows what it \
+             waits for; the nodes that hold it up carry a warning",
+            phases.join(" / ")
+        )
+    })
+}
+
 /// What the cluster status adds up to (pure): the members, and whether the voters that
 /// answered agree on a leader and are a majority of all voters.
 pub(crate) fn summarize(answers: &[api::GetConsensusStatusResponse]) -> (Vec<MemberStatus>, bool) {
@@ -183,6 +203,26 @@ mod tests {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_running_ca_rotation_is_named_with_every_phase_seen() {
+        let three = [(1, false), (2, false), (3, false)];
+        let mut answers = vec![
+            answer(1, 1, false, &three),
+            answer(2, 1, false, &three),
+            answer(3, 1, false, &three),
+        ];
+        assert_eq!(ca_rotation(&answers), None);
+        answers[0].ca_rotation_phase = "settled".into();
+        assert_eq!(ca_rotation(&answers), None);
+        answers[1].ca_rotation_phase = "reissuing".into();
+        answers[2].ca_rotation_phase = "introduced".into();
+        let line = ca_rotation(&answers).expect("a rotation runs");
+        assert!(line.contains("phase introduced / reissuing"), "{line}");
+        answers[2].ca_rotation_phase = "reissuing".into();
+        let line = ca_rotation(&answers).expect("a rotation runs");
+        assert!(line.contains("phase reissuing)"), "{line}");
     }
 
     #[test]

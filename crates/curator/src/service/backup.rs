@@ -98,11 +98,13 @@ impl api::backup_server::Backup for Services {
             .await
             .map_err(|e| Status::unavailable(format!("etcd refused a snapshot: {e}")))?;
         let header = status.header();
+        let trusted = self.0.trusted_cas();
         let mut start = api::BackupStart {
             node_id: self.0.config.node_id.clone(),
             revision,
             quorum_read,
-            ca_certificate: self.0.config.ca_certificate.clone(),
+            ca_certificate: trusted[0].clone(),
+            trusted_cas: trusted,
             taken_at_unix_ms,
             polis_version: env!("CARGO_PKG_VERSION").to_string(),
             etcd_version: status.version().to_string(),

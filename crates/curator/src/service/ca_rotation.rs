@@ -96,10 +96,35 @@ fn unable_to_follow<'a>(nodes: impl Iterator<Item = &'a Node>) -> Vec<String> {
         .collect()
 }
 
-/// What the rotation waits for, one line per node, in node ID order (pure):
-/// introduced — every counted node trusting the successor; reissuing — every counted
-/// node using a certificate of the signing CA, and every curator serving one
-/// (`curator_certificates`: each member's newest recorded curator certificate).
+/// What a rotation waits for from `node` itself, if anything, as a predicate ("does not
+/// trust the new CA yet") (pure): introduced — that it trusts the successor; reissuing
+/// — that it uses a certificate of the signing CA.
+/// Nodes that do not count (not UP) hold nothing up. Also a node warning in ListNodes
+/// (and so in `cluster status`) while a rotation runs.
+pub(super) fn node_holds_up(trusted: &pki::TrustedCas, node: &Node) -> Option<String> {
+    if !counted(node) {
+        return None;
+    }
+    let status = node.status.clone().unwrap_or_default();
+    match trusted.phase() {
+        pki::RotationPhase::Settled => None,
+        pki::RotationPhase::Introduced => {
+            let next = trusted.next.as_ref().map(|n| rpc::fingerprint(&n.cert));
+            (!next
+                .as_ref()
+                .is_some_and(|fp| status.trusted_ca_fingerprints.contains(fp)))
+            .then(|| "does not trust the new CA yet".to_string())
+        }
+        pki::RotationPhase::Reissuing => (status.certificate_ca_fingerprint
+            != rpc::fingerprint(&trusted.current.cert))
+        .then(|| "still uses a certificate of the old CA".to_string()),
+    }
+}
+
+/// What the rotation waits for, one line per node, in node ID order (pure): what
+/// [`node_holds_up`] says of each counted node, and while reissuing every curator
+/// serving a certificate of the signing CA (`curator_certificates`: each member's
+/// newest recorded curator certificate).
 fn waiting_for<'a>(
     trusted: &pki::TrustedCas,
     nodes: impl Iterator<Item = &'a Node>,
@@ -107,48 +132,25 @@ fn waiting_for<'a>(
 ) -> Vec<String> {
     let mut nodes: Vec<&Node> = nodes.filter(|n| counted(n)).collect();
     nodes.sort_by(|a, b| a.id.cmp(&b.id));
-    let status = |n: &Node| n.status.clone().unwrap_or_default();
-    match trusted.phase() {
-        pki::RotationPhase::Settled => Vec::new(),
-        pki::RotationPhase::Introduced => {
-            let next = trusted.next.as_ref().map(|n| rpc::fingerprint(&n.cert));
-            nodes
-                .into_iter()
-                .filter(|n| {
-                    !next
-                        .as_ref()
-                        .is_some_and(|fp| status(n).trusted_ca_fingerprints.contains(fp))
-                })
-                .map(|n| format!("node {} does not trust the new CA yet", n.id))
-                .collect()
-        }
-        pki::RotationPhase::Reissuing => {
-            let signing = rpc::fingerprint(&trusted.current.cert);
-            let mut waiting = Vec::new();
-            for n in nodes {
-                if status(n).certificate_ca_fingerprint != signing {
-                    waiting.push(format!(
-                        "node {} still uses a certificate of the old CA",
-                        n.id
-                    ));
-                }
-                let member = n
-                    .roles
-                    .as_ref()
-                    .is_some_and(|r| r.consensus_member.is_some());
-                if member
-                    && !curator_certificates(&n.id)
-                        .is_some_and(|der| pki::issued_by(&der, &trusted.current.cert))
-                {
-                    waiting.push(format!(
-                        "the curator of node {} serves a certificate of the old CA",
-                        n.id
-                    ));
-                }
-            }
-            waiting
+    let mut waiting = Vec::new();
+    for n in nodes {
+        waiting.extend(node_holds_up(trusted, n).map(|why| format!("node {} {why}", n.id)));
+        let member = n
+            .roles
+            .as_ref()
+            .is_some_and(|r| r.consensus_member.is_some());
+        if trusted.phase() == pki::RotationPhase::Reissuing
+            && member
+            && !curator_certificates(&n.id)
+                .is_some_and(|der| pki::issued_by(&der, &trusted.current.cert))
+        {
+            waiting.push(format!(
+                "the curator of node {} serves a certificate of the old CA",
+                n.id
+            ));
         }
     }
+    waiting
 }
 
 /// Each member's newest recorded curator certificate, by node ID.

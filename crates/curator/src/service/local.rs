@@ -85,9 +85,16 @@ impl api::curator_local_server::CuratorLocal for Services {
             .lock()
             .expect("scheduled outcome lock")
             .clone();
+        let ca_rotation_phase = self
+            .0
+            .trusted
+            .current()
+            .map(|t| t.phase().name().to_string())
+            .unwrap_or_default();
         Ok(Response::new(api::GetConsensusStatusResponse {
             snapshot_last_success_unix_ms: scheduled.last_success_unix_ms,
             snapshot_last_error: scheduled.last_error,
+            ca_rotation_phase,
             ..status
         }))
     }

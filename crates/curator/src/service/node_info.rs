@@ -1,8 +1,10 @@
 //! The API view of node records (`NodeInfo`, for ListNodes, DescribeNode and the
 //! answers of calls that change a node): the record with this tenure's health verdict,
-//! the decommission progress and the certificate expiry warnings.
+//! the decommission progress, the certificate expiry warnings and what a running CA
+//! rotation waits for from the node.
 //!
-//! Reads memory only (the heartbeat book, the certificate view): may not call etcd.
+//! Reads memory only (the heartbeat book, the certificate view, the trusted CAs): may
+//! not call etcd.
 
 use std::time::Instant;
 
@@ -11,7 +13,7 @@ use proto::state::{HealthVerdict, Node};
 
 use super::health_book::stored_verdict;
 use super::shared::Shared;
-use super::{certificates, decommission};
+use super::{ca_rotation, certificates, decommission};
 use crate::election::Leadership;
 use crate::health as rules;
 use crate::records;
@@ -27,6 +29,7 @@ impl Shared {
         let now = Instant::now();
         let unix_now = pki::unix_now();
         let certificates = self.certificates.current();
+        let trusted = self.trusted.current();
         let timing = self.config.heartbeat;
         let mut book = self.health.lock().expect("health lock poisoned");
         let book = book.tenure(leadership);
@@ -43,10 +46,16 @@ impl Shared {
                 };
                 let since = last.map(|l| now.saturating_duration_since(l));
                 let decommission_progress = decommission::progress(self, &node);
-                let warnings = match &certificates {
+                let mut warnings = match &certificates {
                     Some(view) => certificates::warnings(&node, view.nodes.get(&node.id), unix_now),
                     None => Vec::new(),
                 };
+                if let Some(trusted) = &trusted {
+                    warnings.extend(
+                        ca_rotation::node_holds_up(trusted, &node)
+                            .map(|why| format!("CA rotation: it {why}")),
+                    );
+                }
                 api::NodeInfo {
                     roles: records::role_names(&node),
                     health: if up {

@@ -248,8 +248,14 @@ async fn take(shared: &Shared, dir: &Path) -> Result<SnapshotName, String> {
         revision,
     };
     let etcd = status.header();
+    let trusted: Vec<String> = shared
+        .trusted_cas()
+        .iter()
+        .map(|c| rpc::fingerprint(c))
+        .collect();
     let header = backup::Header {
-        ca_fingerprint: rpc::fingerprint(&shared.config.ca_certificate),
+        ca_fingerprint: trusted[0].clone(),
+        trusted_ca_fingerprints: trusted,
         revision,
         quorum_read,
         taken_at_unix_ms,

@@ -237,6 +237,15 @@ impl Shared {
 
     /// Whether `id` is a curator's node: UP with the ConsensusMember role. Only such
     /// nodes may forward a caller's identity.
+    /// The cluster CAs trusted now (DER), the signing one first: as the `crl` runnable
+    /// follows them, or the CA this node joined under before it has read them.
+    pub(super) fn trusted_cas(&self) -> Vec<Vec<u8>> {
+        self.trusted
+            .current()
+            .map(|t| t.cas())
+            .unwrap_or_else(|| vec![self.config.ca_certificate.clone()])
+    }
+
     pub(super) fn is_curator_node(&self, id: &str) -> bool {
         self.nodes.current().is_some_and(|nodes| {
             nodes.nodes.get(id).is_some_and(|n| {

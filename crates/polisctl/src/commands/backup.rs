@@ -19,10 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use proto::api::{self, backup_chunk::Part};
 
-use crate::config_dir::{ca_path, read_pem};
 use crate::output::{Format, escape};
 use crate::render::backup::{print_inspected, print_saved};
-use crate::session::{call_error, owner_session};
+use crate::session::{OwnerSession, call_error, owner_session};
 
 /// How long the stream may pause before the backup is given up.
 const STALL: Duration = Duration::from_secs(60);
@@ -48,8 +47,6 @@ pub(crate) async fn save(
     let file = privatefs::AtomicFile::create(out)
         .with_context(|| format!("{}: cannot write the backup", out.display()))?;
     let session = owner_session(config, raw_endpoints).await?;
-    let pinned = read_pem(&ca_path(config), "CERTIFICATE", "pinned CA")?
-        .ok_or_else(|| anyhow!("no pinned cluster CA in {}", config.display()))?;
     let mut stream = None;
     let mut failures = Vec::new();
     for endpoint in session.endpoints() {
@@ -89,11 +86,15 @@ pub(crate) async fn save(
         _ => bail!("backup from {endpoint}: the stream did not begin with its header"),
     };
     let ca_fingerprint = rpc::fingerprint(&start.ca_certificate);
-    if ca_fingerprint != rpc::fingerprint(&pinned) {
-        bail!("backup from {endpoint}: its cluster CA is not the pinned one");
-    }
+    check_cluster_ca(&session, &ca_fingerprint)
+        .with_context(|| format!("backup from {endpoint}"))?;
     let header = backup::Header {
         ca_fingerprint,
+        trusted_ca_fingerprints: start
+            .trusted_cas
+            .iter()
+            .map(|c| rpc::fingerprint(c))
+            .collect(),
         revision: start.revision,
         quorum_read: start.quorum_read,
         taken_at_unix_ms: start.taken_at_unix_ms,
@@ -211,4 +212,28 @@ impl Progress {
             eprintln!("{}", self.line(done));
         }
     }
+}
+
+/// Refuses a backup whose header names a signing CA this session does not trust: one of
+/// another cluster, or of this one from before a CA rotation (restoring it would bring
+/// back the retired CA, which the nodes no longer trust).
+pub(crate) fn check_cluster_ca(session: &OwnerSession, ca_fingerprint: &str) -> Result<()> {
+    let trusted: Vec<String> = session
+        .cluster_cas()
+        .iter()
+        .map(|c| rpc::fingerprint(c))
+        .collect();
+    if !trusted.iter().any(|t| t == ca_fingerprint) {
+        bail!(
+            "its cluster CA SHA256:{} is none this configuration trusts ({}): a backup of \
+             another cluster, or of this one from before a CA rotation",
+            escape(ca_fingerprint),
+            trusted
+                .iter()
+                .map(|t| format!("SHA256:{t}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(())
 }

@@ -19,7 +19,6 @@ use anyhow::{Context, Result, anyhow, bail};
 use proto::api;
 use tonic::transport::Channel;
 
-use crate::config_dir::{ca_path, read_pem};
 use crate::output::Format;
 use crate::render::backup::print_saved;
 use crate::render::snapshots::{print_config, print_list};
@@ -73,8 +72,6 @@ pub(crate) async fn fetch(
     let mut file = privatefs::AtomicFile::create(out)
         .with_context(|| format!("{}: cannot write the backup", out.display()))?;
     let session = owner_session(config, raw_endpoints).await?;
-    let pinned = read_pem(&ca_path(config), "CERTIFICATE", "pinned CA")?
-        .ok_or_else(|| anyhow!("no pinned cluster CA in {}", config.display()))?;
     let request = api::FetchSnapshotRequest {
         node_id: node.to_string(),
         name: name.to_string(),
@@ -138,9 +135,8 @@ pub(crate) async fn fetch(
             fetched.header.node_id
         );
     }
-    if fetched.header.ca_fingerprint != rpc::fingerprint(&pinned) {
-        bail!("snapshot {name} of {node}: its cluster CA is not the pinned one; nothing written");
-    }
+    crate::commands::backup::check_cluster_ca(&session, &fetched.header.ca_fingerprint)
+        .with_context(|| format!("snapshot {name} of {node}: nothing written"))?;
     file.commit()
         .with_context(|| format!("{}: saving the backup", out.display()))?;
     print_saved(out, &fetched.header, &fetched.trailer, format);

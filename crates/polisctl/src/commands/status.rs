@@ -11,7 +11,7 @@ use anyhow::{Result, bail};
 use proto::api;
 
 use crate::commands::node::list_nodes;
-use crate::consensus_summary::{MemberStatus, alarms, held_back, split, summarize};
+use crate::consensus_summary::{MemberStatus, alarms, ca_rotation, held_back, split, summarize};
 use crate::output::{self, Format};
 use crate::render::snapshots::age;
 use crate::render::status::print_status;
@@ -171,6 +171,7 @@ pub(crate) async fn consensus_status(
     let split = split(&answers);
     let mut warnings = held_back(&answers);
     warnings.extend(split.clone());
+    warnings.extend(ca_rotation(&answers));
     let snapshots: Vec<String> = answers
         .iter()
         .filter(|a| !a.snapshot_last_error.is_empty())

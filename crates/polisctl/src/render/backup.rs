@@ -11,6 +11,7 @@ fn header_value(file: &Path, header: &backup::Header, trailer: &backup::Trailer)
     json!({
         "file": file.display().to_string(),
         "ca_fingerprint": header.ca_fingerprint,
+        "trusted_ca_fingerprints": header.trusted_ca_fingerprints,
         "node_id": header.node_id,
         "revision": header.revision,
         "quorum_read": header.quorum_read,
@@ -45,6 +46,12 @@ fn print_header(header: &backup::Header, trailer: &backup::Trailer) {
         "local state only: the member had no quorum"
     };
     println!("CA fingerprint:  SHA256:{}", escape(&header.ca_fingerprint));
+    // Listed only when a rotation was running (one CA: the line above says it all).
+    if header.trusted_ca_fingerprints.len() > 1 {
+        for fingerprint in &header.trusted_ca_fingerprints {
+            println!("Trusted CA:      SHA256:{}", escape(fingerprint));
+        }
+    }
     println!("Node:            {}", escape(&header.node_id));
     println!("etcd revision:   {} ({quorum})", header.revision);
     println!(

@@ -302,6 +302,11 @@ impl OwnerSession {
     pub(crate) fn pinned_ca(&self) -> Vec<u8> {
         self.crl.cas().into_iter().next().unwrap_or_default()
     }
+    /// Every cluster CA this session trusts (DER), the signing one first: two while a
+    /// rotation runs.
+    pub(crate) fn cluster_cas(&self) -> Vec<Vec<u8>> {
+        self.crl.cas()
+    }
     /// The newest CRL of that CA this session has (saved, or refreshed by its first
     /// call): it lists every revocation of the cluster.
     pub(crate) fn crl(&self) -> Option<Vec<u8>> {
