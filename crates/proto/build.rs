@@ -18,6 +18,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The same for the trusted CAs and their CRLs.
         .bytes(".polis.api.WatchNodeUpdate.cluster_cas")
         .bytes(".polis.api.WatchNodeUpdate.cluster_crls")
+        .bytes(".polis.api.WatchNodeUpdate.etcd_peer_cas")
         .compile_protos(&protos, &["proto"])?;
     Ok(())
 }

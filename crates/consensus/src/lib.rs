@@ -52,7 +52,7 @@ use std::time::Duration;
 
 pub use client::{Namespaced, bounded, connect_unix};
 pub use config::{EtcdConfig, InitialClusterState, PeerTlsFiles, RaftTiming, Readiness};
-pub use process::run;
+pub use process::{run, run_restartable};
 
 /// The published state of the local etcd member.
 #[derive(Clone, Debug)]
@@ -69,6 +69,9 @@ pub struct Running {
     pub cluster_id: u64,
     pub member_id: u64,
     pub client: etcd_client::Client,
+    /// The peer trust file (`--peer-trusted-ca-file`, PEM) as it was when this etcd
+    /// started: etcd 3.4 trusts exactly these CAs until it restarts.
+    pub peer_trust_loaded: Vec<u8>,
 }
 
 impl std::fmt::Debug for Running {

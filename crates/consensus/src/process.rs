@@ -66,47 +66,76 @@ pub async fn run(
     config: &EtcdConfig,
     status: &event::Value<Status>,
 ) -> Result<(), ConsensusError> {
+    run_restartable(ctx, config, status, &tokio::sync::Notify::new()).await
+}
+
+/// [`run`], and each time `restart` is notified: stops etcd (SIGTERM; a leader hands
+/// its leadership over first) and starts it again, so that it reads again what etcd
+/// 3.4 reads only at start (the peer trust file). The status goes Stopped in between.
+/// `--force-new-cluster` applies to the first start only.
+pub async fn run_restartable(
+    ctx: &supervisor::Context,
+    config: &EtcdConfig,
+    status: &event::Value<Status>,
+    restart: &tokio::sync::Notify,
+) -> Result<(), ConsensusError> {
     preflight(config)?;
-    prepare_run_dir(&config.run_dir)?;
-    let started = Instant::now();
-    let mut child = spawn(config)?;
-    tracing::info!(pid = child.id(), "started etcd");
+    let mut config = config.clone();
+    loop {
+        prepare_run_dir(&config.run_dir)?;
+        let peer_trust =
+            std::fs::read(&config.peer_tls.ca).map_err(|source| ConsensusError::Io {
+                context: format!("reading {}", config.peer_tls.ca.display()),
+                source,
+            })?;
+        let started = Instant::now();
+        let mut child = spawn(&config)?;
+        tracing::info!(pid = child.id(), "started etcd");
 
-    let ready = tokio::select! {
-        r = wait_ready(config, &mut child) => r,
-        _ = ctx.cancelled() => {
-            stop(&mut child).await;
-            return Ok(());
-        }
-    };
-    let running = match ready {
-        Ok(r) => r,
-        Err(e) => {
-            stop(&mut child).await;
-            return Err(e);
-        }
-    };
-    tracing::info!(
-        cluster_id = format!("{:x}", running.cluster_id),
-        member_id = format!("{:x}", running.member_id),
-        ms = started.elapsed().as_millis() as u64,
-        "etcd is ready"
-    );
-    status.set(Status::Running(Box::new(running)));
-    ctx.signal_healthy();
+        let ready = tokio::select! {
+            r = wait_ready(&config, &mut child) => r,
+            _ = ctx.cancelled() => {
+                stop(&mut child).await;
+                return Ok(());
+            }
+        };
+        let mut running = match ready {
+            Ok(r) => r,
+            Err(e) => {
+                stop(&mut child).await;
+                return Err(e);
+            }
+        };
+        running.peer_trust_loaded = peer_trust;
+        config.force_new_cluster = false;
+        tracing::info!(
+            cluster_id = format!("{:x}", running.cluster_id),
+            member_id = format!("{:x}", running.member_id),
+            ms = started.elapsed().as_millis() as u64,
+            "etcd is ready"
+        );
+        status.set(Status::Running(Box::new(running)));
+        ctx.signal_healthy();
 
-    let result = tokio::select! {
-        exit = child.wait() => Err(match exit {
-            Ok(status) => ConsensusError::Exited { status },
-            Err(source) => ConsensusError::Io { context: "waiting for etcd".into(), source },
-        }),
-        _ = ctx.cancelled() => {
-            stop(&mut child).await;
-            Ok(())
+        tokio::select! {
+            exit = child.wait() => {
+                status.set(Status::Stopped);
+                return Err(match exit {
+                    Ok(status) => ConsensusError::Exited { status },
+                    Err(source) => ConsensusError::Io { context: "waiting for etcd".into(), source },
+                });
+            }
+            _ = ctx.cancelled() => {
+                stop(&mut child).await;
+                status.set(Status::Stopped);
+                return Ok(());
+            }
+            _ = restart.notified() => {}
         }
-    };
-    status.set(Status::Stopped);
-    result
+        tracing::info!("restarting etcd: it reads its peer trust file only at start");
+        status.set(Status::Stopped);
+        stop(&mut child).await;
+    }
 }
 
 fn prepare_run_dir(run_dir: &Path) -> Result<(), ConsensusError> {
@@ -251,6 +280,7 @@ async fn probe(socket: &Path, readiness: Readiness) -> Result<crate::Running, Co
         cluster_id: header.cluster_id(),
         member_id: header.member_id(),
         client,
+        peer_trust_loaded: Vec::new(),
     })
 }
 

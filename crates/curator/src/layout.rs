@@ -213,6 +213,15 @@ pub fn curator_certificate_node(name: &str) -> Option<&str> {
 /// whether it is forced. Present only while one runs.
 pub const CA_ROTATION_KEY: &str = "cluster/ca-rotation";
 
+/// The running etcd peer CA rotation (`proto::state::CaRotationRecord`), present from
+/// its start until no member's etcd holds the retired CA in memory any more.
+pub const ETCD_PEER_CA_ROTATION_KEY: &str = "cluster/etcd-peer-ca-rotation";
+
+/// Held (put if absent, with a lease) by the one consensus member that restarts its etcd
+/// to load changed etcd peer CAs (`node::peertrust`): the value is its node ID. One
+/// member at a time keeps the quorum of the others.
+pub const ETCD_RESTART_KEY: &str = "cluster/etcd-restart";
+
 pub fn curator_certificate_name(node_id: &str, serial: &[u8]) -> String {
     format!(
         "{}{}",

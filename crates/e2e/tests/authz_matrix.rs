@@ -227,7 +227,7 @@ async fn allowed(
             .await
             .err(),
         "GetCaRotation" => management
-            .get_ca_rotation(api::GetCaRotationRequest {})
+            .get_ca_rotation(api::GetCaRotationRequest::default())
             .await
             .err(),
         // The node already is a voter: the handler refuses (FailedPrecondition).

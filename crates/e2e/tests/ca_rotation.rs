@@ -3,7 +3,8 @@
 //! cluster CA. The curator leader is killed while the new CA is introduced and comes
 //! back; the rotation waits for it and finishes. No call fails, no write is lost, no
 //! other process restarts, every certificate in use ends under the new CA, and a
-//! certificate of the old one is refused afterwards.
+//! certificate of the old one is refused afterwards. Then the etcd peer CA is rotated
+//! on the same cluster the same way (each member's etcd restarts, polis-node does not).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -338,6 +339,244 @@ fn the_cluster_ca_rotates_online_through_a_leader_failover() -> Result<()> {
     );
     println!("the old owner certificate: {refused:?}");
     let _ = (id1, id2);
+    rotate_the_etcd_peer_ca(&config, &mut nodes, &id3)
+}
+
+/// An HTTP/1.1 GET of etcd's `/version` on the peer port of `node`, presenting the peer
+/// certificate `cert` (DER) with `key` (PKCS#8): the answer, or why there was none (etcd
+/// closes a connection whose certificate is on its CRL right after the handshake).
+fn peer_version(
+    node: &Node,
+    cert: &[u8],
+    key: &[u8],
+) -> Result<std::result::Result<String, String>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let credentials = rpc::Credentials {
+        certificate: cert.to_vec(),
+        key_pkcs8: key.to_vec(),
+    };
+    let mut tls =
+        (*rpc::tls::client_config(&rpc::ServerTrust::FirstUse, Some(&credentials))?).clone();
+    // etcd's peer port speaks HTTP/1.1 to a client that offers no ALPN.
+    tls.alpn_protocols.clear();
+    runtime.block_on(async {
+        let address = SocketAddr::new(node.address, consensus::config::PEER_PORT);
+        let exchange = async {
+            let tcp = tokio::net::TcpStream::connect(address).await?;
+            let name = rustls::pki_types::ServerName::IpAddress(node.address.into());
+            let mut stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
+                .connect(name, tcp)
+                .await?;
+            stream
+                .write_all(b"GET /version HTTP/1.1\r\nHost: etcd\r\nConnection: close\r\n\r\n")
+                .await?;
+            let mut answer = Vec::new();
+            stream.read_to_end(&mut answer).await?;
+            Ok::<_, std::io::Error>(String::from_utf8_lossy(&answer).into_owned())
+        };
+        Ok(
+            match tokio::time::timeout(Duration::from_secs(10), exchange).await {
+                Ok(Ok(answer)) if answer.starts_with("HTTP/1.1 200") => Ok(answer),
+                Ok(Ok(answer)) => Err(format!("answered {answer:?}")),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("no answer within 10 s".to_string()),
+            },
+        )
+    })
+}
+
+/// The etcd peer CA replaced online on the same cluster, label writes going on: each
+/// member's etcd restarts to load the new CA and again to drop the old one, one member
+/// at a time, while every polis-node keeps running. Every member presents a peer
+/// certificate of the new CA at the end, and a peer certificate of the old CA is refused.
+fn rotate_the_etcd_peer_ca(
+    config: &std::path::Path,
+    nodes: &mut [(&str, &mut Node)],
+    labelled: &str,
+) -> Result<()> {
+    let peer_dir = |node: &Node| node.root.join("data/etcd/peer");
+    let old_peer_ca = pem_blocks(&peer_dir(nodes[0].1).join("ca.pem"))?.remove(0);
+    let old_peer_cert = pem_blocks(&peer_dir(nodes[1].1).join("cert.pem"))?.remove(0);
+    let peer_key = pem_blocks(&peer_dir(nodes[1].1).join("key.pem"))?.remove(0);
+    // The old certificate works before the rotation.
+    peer_version(nodes[0].1, &old_peer_cert, &peer_key)?
+        .map_err(|e| anyhow::anyhow!("the peer port refused a current peer certificate: {e}"))?;
+    let node_pids: Vec<i32> = nodes.iter_mut().map(|(_, n)| n.proc().pid()).collect();
+    let mut etcd_pids = Vec::new();
+    for (_, node) in nodes.iter_mut().take(3) {
+        etcd_pids.push(node.etcd_pid()?);
+    }
+    let before = ctl_retry_as(config, &["cluster", "ca", "--etcd-peer", "-o", "json"])?;
+    let before: serde_json::Value = serde_json::from_str(&before)?;
+    assert_eq!(before["phase"], "settled", "{before}");
+    assert_eq!(
+        before["trusted_ca_fingerprints"][0],
+        rpc::fingerprint(&old_peer_ca).as_str(),
+        "{before}"
+    );
+    let deadline = Instant::now() + TIMEOUT;
+    let (ok, out, err) = loop {
+        let answer = ctl_as(config, &["cluster", "rotate-ca", "--etcd-peer"])?;
+        if answer.0 || !answer.2.contains("has not reported") || Instant::now() > deadline {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(ok, "rotate-ca --etcd-peer: {err}");
+    assert!(out.contains("started"), "{out}");
+
+    let started = Instant::now();
+    let (mut writes, mut last_written) = (0u32, None);
+    let mut failures = Vec::new();
+    let mut phases: Vec<String> = Vec::new();
+    let mut saw_status_line = false;
+    loop {
+        let value = writes + 1;
+        let (ok, _, err) = ctl_as(
+            config,
+            &["node", "label", labelled, &format!("peer-rotation={value}")],
+        )?;
+        if ok {
+            writes = value;
+            last_written = Some(value);
+        } else {
+            failures.push(format!("label write {value}: {err}"));
+        }
+        if !saw_status_line {
+            let (_, out, _) = ctl_as(config, &["cluster", "status", "-o", "json"])?;
+            saw_status_line = out.contains("an etcd peer CA rotation is running");
+        }
+        match ctl_as(config, &["cluster", "ca", "--etcd-peer", "-o", "json"]) {
+            Ok((true, out, _)) => {
+                let state: serde_json::Value = serde_json::from_str(&out)?;
+                let phase = state["phase"].as_str().unwrap_or_default().to_string();
+                let waiting = state["waiting_for"].as_array().map_or(0, Vec::len);
+                let shown = format!("{phase} ({waiting} waiting)");
+                if phases.last() != Some(&shown) {
+                    println!(
+                        "{:?}: peer CA phase {phase}, waiting for {}",
+                        started.elapsed(),
+                        state["waiting_for"]
+                    );
+                    phases.push(shown);
+                }
+                if phase == "settled"
+                    && waiting == 0
+                    && phases.iter().any(|p| p.starts_with("reissuing"))
+                {
+                    break;
+                }
+            }
+            Ok((false, _, err)) => failures.push(format!("cluster ca --etcd-peer: {err}")),
+            Err(e) => failures.push(format!("cluster ca --etcd-peer: {e:#}")),
+        }
+        if started.elapsed() > ROTATION_BOUND {
+            for (name, node) in nodes.iter_mut() {
+                let log = node.proc().output();
+                let lines: Vec<&str> = log
+                    .lines()
+                    .filter(|l| {
+                        l.contains("peertrust") || l.contains("peer CA") || l.contains("restart")
+                    })
+                    .collect();
+                println!("{name}: {lines:#?}");
+            }
+            bail!(
+                "the etcd peer CA rotation did not finish within {ROTATION_BOUND:?}; phases \
+                 {phases:?}; failures {:#?}",
+                failures.iter().rev().take(5).collect::<Vec<_>>()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "etcd peer CA rotation done in {:?} with {writes} label writes; phases {phases:?}",
+        started.elapsed()
+    );
+    assert!(failures.is_empty(), "failed calls: {failures:#?}");
+    assert!(
+        saw_status_line,
+        "cluster status never named the etcd peer CA rotation"
+    );
+    let described = ctl_retry_as(config, &["node", "describe", labelled, "-o", "json"])?;
+    let described: serde_json::Value = serde_json::from_str(&described)?;
+    assert_eq!(
+        described["labels"]["peer-rotation"],
+        last_written
+            .context("no write was acknowledged")?
+            .to_string(),
+        "{described}"
+    );
+
+    // Every member trusts only the new peer CA and presents a certificate of it.
+    let after = ctl_retry_as(config, &["cluster", "ca", "--etcd-peer", "-o", "json"])?;
+    let after: serde_json::Value = serde_json::from_str(&after)?;
+    let trusted = after["trusted_ca_fingerprints"]
+        .as_array()
+        .context("fingerprints")?;
+    assert_eq!(trusted.len(), 1, "{after}");
+    let new_peer_ca = pem_blocks(&peer_dir(nodes[0].1).join("ca.pem"))?;
+    assert_eq!(
+        new_peer_ca.len(),
+        1,
+        "the trust file still names the old peer CA"
+    );
+    let new_peer_ca = new_peer_ca[0].clone();
+    assert_ne!(new_peer_ca, old_peer_ca);
+    assert_eq!(trusted[0], rpc::fingerprint(&new_peer_ca).as_str());
+    for (name, node) in nodes.iter().take(3) {
+        assert_eq!(
+            pem_blocks(&peer_dir(node).join("ca.pem"))?,
+            vec![new_peer_ca.clone()],
+            "{name}"
+        );
+        let cert = pem_blocks(&peer_dir(node).join("cert.pem"))?.remove(0);
+        assert!(
+            pki::issued_by(&cert, &new_peer_ca),
+            "{name} presents a peer certificate of the old CA"
+        );
+    }
+    let listed = ctl_retry_as(config, &["cluster", "certificates", "-o", "json"])?;
+    let listed: serde_json::Value = serde_json::from_str(&listed)?;
+    let current_peer: Vec<&serde_json::Value> = listed
+        .as_array()
+        .context("a list")?
+        .iter()
+        .filter(|c| c["current"] == true && c["kind"] == "etcd-peer")
+        .collect();
+    assert!(current_peer.len() >= 3, "{listed}");
+    for c in &current_peer {
+        assert!(
+            c["issuer"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("Polis etcd Peer CA (from"),
+            "{c}"
+        );
+    }
+    // The old peer certificate is refused, a new one is taken.
+    let new_peer_cert = pem_blocks(&peer_dir(nodes[1].1).join("cert.pem"))?.remove(0);
+    for (name, node) in nodes.iter().take(3) {
+        let refused = peer_version(node, &old_peer_cert, &peer_key)?;
+        assert!(
+            refused.is_err(),
+            "{name}'s etcd took the old peer certificate: {refused:?}"
+        );
+        peer_version(node, &new_peer_cert, &peer_key)?
+            .map_err(|e| anyhow::anyhow!("{name}'s etcd refused the new peer certificate: {e}"))?;
+    }
+    // Every polis-node kept running; each member's etcd was restarted (etcd 3.4 loads
+    // its peer CAs only at start).
+    for ((name, node), pid) in nodes.iter_mut().zip(&node_pids) {
+        assert_eq!(node.proc().pid(), *pid, "{name}");
+        assert!(e2e::process_alive(*pid), "{name}'s polis-node is gone");
+    }
+    for ((name, node), pid) in nodes.iter_mut().take(3).zip(&etcd_pids) {
+        assert_ne!(node.etcd_pid()?, *pid, "{name}'s etcd never restarted");
+    }
     Ok(())
 }
 

@@ -127,8 +127,14 @@ pub fn prepare(
         .context("issuing the etcd peer certificate")?;
     if !resumed_etcd {
         let crl = peer_ca.crl(&[], 1).context("creating the etcd peer CRL")?;
-        write_peer_files(root, &key, &peer_ca.cert_der, &peer_certificate.der, &crl)
-            .context("writing etcd peer TLS files")?;
+        write_peer_files(
+            root,
+            &key,
+            std::slice::from_ref(&peer_ca.cert_der),
+            &peer_certificate.der,
+            &crl,
+        )
+        .context("writing etcd peer TLS files")?;
     }
     crash_point("peer-files");
     Ok(BootstrapData {
@@ -241,7 +247,7 @@ pub async fn finish(
             write_peer_files(
                 root,
                 &b.key,
-                &peer_ca.cert_der,
+                std::slice::from_ref(&peer_ca.cert_der),
                 &b.peer_certificate.der,
                 &crl,
             )

@@ -129,10 +129,17 @@ async fn join_consensus(
         Answer::Refused(_) | Answer::Cancelled => return Ok(None),
     };
     let key = membership.key();
+    // Every peer CA trusted (older curators name only the signing one): during a
+    // rotation the other members may present certificates of either.
+    let peer_cas = if joined.peer_trusted_cas.is_empty() {
+        vec![joined.peer_ca_certificate.clone()]
+    } else {
+        joined.peer_trusted_cas.clone()
+    };
     write_peer_files(
         &settings.root,
         key,
-        &joined.peer_ca_certificate,
+        &peer_cas,
         &joined.peer_certificate,
         &joined.peer_crl,
     )
@@ -276,16 +283,24 @@ pub async fn run(
             superseded::SETTLE,
         ))
     });
-    let _services = ServicesStop(values.services.clone(), values.local_etcd.clone());
+    let _services = ServicesStop(
+        values.services.clone(),
+        values.local_etcd.clone(),
+        values.etcd_peer_trust_loaded.clone(),
+    );
     let status = event::Value::<Status>::new();
     let etcd_status = status.clone();
     let force = settings.force_new_cluster.clone();
+    // `peertrust` restarts etcd through it, to load changed peer CAs.
+    let restart_etcd = std::sync::Arc::new(tokio::sync::Notify::new());
+    let etcd_restart = restart_etcd.clone();
     let etcd = ctx.run_stoppable("consensus", move |ctx| {
         let (mut config, status) = (config.clone(), etcd_status.clone());
+        let restart = etcd_restart.clone();
         // Forced once: a restart after the recovered etcd answered runs it as usual.
         config.force_new_cluster &= force.is_armed();
         async move {
-            consensus::run(&ctx, &config, &status).await?;
+            consensus::run_restartable(&ctx, &config, &status, &restart).await?;
             Ok(())
         }
     })?;
@@ -362,6 +377,25 @@ pub async fn run(
         }
     }
 
+    // The peer CAs the running etcd loaded, for the node's status and `peertrust`.
+    let (loaded_values, loaded_status) = (values.clone(), status.clone());
+    ctx.run("peerloaded", move |ctx| {
+        let values = loaded_values.clone();
+        let mut watcher = loaded_status.watch();
+        async move {
+            ctx.signal_healthy();
+            loop {
+                tokio::select! {
+                    s = watcher.get() => match s? {
+                        Status::Running(r) => values.etcd_peer_trust_loaded.set(r.peer_trust_loaded.clone()),
+                        Status::Stopped => values.etcd_peer_trust_loaded.set(Vec::new()),
+                    },
+                    _ = ctx.cancelled() => return Ok(()),
+                }
+            }
+        }
+    })?;
+
     let crl_running = running.clone();
     let crl_path = settings.root.etcd_peer_dir().join("crl.pem");
     ctx.run("crlsync", move |ctx| {
@@ -403,6 +437,20 @@ pub async fn run(
         entry_rate: settings.entry_rate,
         serving: event::Value::new(),
     };
+    // The etcd peer CAs the cluster trusts, into etcd's trust file and (by a restart,
+    // one member at a time) into etcd.
+    let (trust_settings, trust_values, trust_client) =
+        (settings.clone(), values.clone(), running.client.clone());
+    ctx.run("peertrust", move |ctx| {
+        crate::peertrust::run(
+            ctx,
+            trust_settings.clone(),
+            trust_values.clone(),
+            trust_client.clone(),
+            restart_etcd.clone(),
+        )
+    })?;
+
     let mut serving = curator_config.serving.watch();
     let curator_ns = running.namespaced(curator::layout::NAMESPACE);
     ctx.run("curator", move |ctx| {
@@ -558,12 +606,14 @@ fn set_services(values: &NodeValues, etcd_member: bool, curator: bool) {
 struct ServicesStop(
     event::Value<RunningServices>,
     event::Value<Option<LocalEtcd>>,
+    event::Value<Vec<u8>>,
 );
 
 impl Drop for ServicesStop {
     fn drop(&mut self) {
         self.0.set(RunningServices::default());
         self.1.set(None);
+        self.2.set(Vec::new());
     }
 }
 

@@ -53,20 +53,27 @@ pub fn save_member_files(root: &Root, address: std::net::IpAddr) -> Result<()> {
     )
 }
 
-/// Writes the etcd peer TLS files; the CRL is replaced atomically like every file.
+/// Writes the etcd peer TLS files (`cas`: the peer CAs etcd trusts, DER); the CRL is
+/// replaced atomically like every file.
 pub fn write_peer_files(
     root: &Root,
     key: &NodeKey,
-    ca: &[u8],
+    cas: &[Vec<u8>],
     cert: &[u8],
     crl: &[u8],
 ) -> Result<()> {
     let dir = root.etcd_peer_dir();
     write_atomic(&dir.join("key.pem"), &pem("PRIVATE KEY", key.pkcs8_der()))?;
     write_atomic(&dir.join("cert.pem"), &pem("CERTIFICATE", cert))?;
-    write_atomic(&dir.join("ca.pem"), &pem("CERTIFICATE", ca))?;
+    write_atomic(&dir.join("ca.pem"), &peer_trust_pem(cas))?;
     write_atomic(&dir.join("crl.pem"), &pem("X509 CRL", crl))?;
     Ok(())
+}
+
+/// etcd's peer trust file (`--peer-trusted-ca-file`) for `cas` (DER): one PEM block
+/// each, in order.
+pub fn peer_trust_pem(cas: &[Vec<u8>]) -> Vec<u8> {
+    cas.iter().flat_map(|ca| pem("CERTIFICATE", ca)).collect()
 }
 
 /// The DER inside a PEM certificate file.

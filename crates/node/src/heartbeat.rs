@@ -141,6 +141,8 @@ fn node_status(settings: &Settings, values: &NodeValues) -> NodeStatus {
         .unwrap_or_default();
     let (trusted_ca_fingerprints, certificate_ca_fingerprint) =
         crate::curator_client::trust_report(values, &certificate);
+    let (etcd_loaded_peer_ca_fingerprints, etcd_peer_certificate_ca_fingerprint) =
+        crate::peertrust::report(settings, values);
     NodeStatus {
         address: settings.address.to_string(),
         version: crate::crash::reported_version(),
@@ -149,5 +151,7 @@ fn node_status(settings: &Settings, values: &NodeValues) -> NodeStatus {
         started_at_unix_ms: settings.started_at_unix_ms,
         trusted_ca_fingerprints,
         certificate_ca_fingerprint,
+        etcd_loaded_peer_ca_fingerprints,
+        etcd_peer_certificate_ca_fingerprint,
     }
 }

@@ -148,6 +148,7 @@ mod logfile;
 mod logring;
 mod memberbook;
 mod membership;
+mod peertrust;
 mod rejoin;
 mod retry;
 mod settings;
@@ -422,6 +423,8 @@ async fn run(start: Start) -> Result<()> {
         local_etcd: event::Value::new(),
         held_back: event::Value::new(),
         epoch_seen: crate::values::saved_epoch_seen(&root)?,
+        etcd_peer_cas: event::Value::new(),
+        etcd_peer_trust_loaded: event::Value::new(),
     };
     values.services.set(Default::default());
     values.cluster_state.set(ClusterState::Unknown);

@@ -101,13 +101,21 @@ pub async fn run(
         let node = Validity::of(&slot.credentials().certificate)
             .context("reading the node certificate's validity")?;
         let member = values.roles.current().is_some_and(|r| r.consensus_member);
-        let peer = if member {
-            read_pem_certificate(&peer_file)
-                .ok()
-                .and_then(|der| Validity::of(&der).ok())
+        let peer_der = if member {
+            read_pem_certificate(&peer_file).ok()
         } else {
             None
         };
+        let peer = peer_der.as_ref().and_then(|der| Validity::of(der).ok());
+        // An etcd peer CA rotation made another peer CA sign: the peer certificate is
+        // replaced at once too.
+        let peer_replaced = peer_der.as_ref().is_some_and(|der| {
+            values
+                .etcd_peer_cas
+                .current()
+                .and_then(|cas| cas.first().cloned())
+                .is_some_and(|signing| !pki::issued_by(der, &signing))
+        });
         let now = pki::unix_now();
         // A CA rotation made another CA sign (the first one trusted): the node
         // certificate is replaced at once, whatever its age.
@@ -117,8 +125,8 @@ pub async fn run(
             .first()
             .is_some_and(|signing| !pki::issued_by(&slot.credentials().certificate, signing));
         let peer = match plan(node, peer, now) {
-            Plan::Renew { peer } => peer,
-            Plan::Wait { .. } if replaced => false,
+            Plan::Renew { peer } => peer || peer_replaced,
+            Plan::Wait { .. } if replaced || peer_replaced => peer_replaced,
             Plan::Wait { until } => {
                 // Looked at again within ROTATION_CHECK: a rotation does not wait for
                 // the renewal a certificate's age calls for.
@@ -218,11 +226,19 @@ async fn renew(
         if pki::certificate_public_key(&answer.peer_certificate)? != own_key {
             bail!("the curator answered with an etcd peer certificate for another key");
         }
+        // Only a CA the cluster trusts for etcd peers now: etcd refuses (on the other
+        // members) a certificate of any other.
         let ca_file = peer_file.with_file_name("ca.pem");
-        let ca = read_pem_certificate(&ca_file)?;
-        if ca != answer.peer_ca_certificate {
+        let trusted = values
+            .etcd_peer_cas
+            .current()
+            .filter(|cas| !cas.is_empty())
+            .map_or_else(|| read_pem_certificate(&ca_file).map(|ca| vec![ca]), Ok)?;
+        if !trusted.contains(&answer.peer_ca_certificate) {
             return Err(anyhow!(
-                "the etcd peer CA changed; a new peer CA cannot be applied without a restart"
+                "the curator answered with an etcd peer certificate of a CA this member's etcd \
+                 is not told to trust (SHA256:{})",
+                rpc::fingerprint(&answer.peer_ca_certificate)
             ));
         }
         // Only while the node still is a member (its peer files are there): the control

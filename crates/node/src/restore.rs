@@ -223,8 +223,14 @@ pub async fn serve_backup<T>(
         &key.public_key(),
     )?;
     let crl = throwaway.crl(&[], 1)?;
-    write_peer_files(root, key, &throwaway.cert_der, &cert.der, &crl)
-        .context("writing temporary etcd peer files")?;
+    write_peer_files(
+        root,
+        key,
+        std::slice::from_ref(&throwaway.cert_der),
+        &cert.der,
+        &crl,
+    )
+    .context("writing temporary etcd peer files")?;
 
     let config = etcd_config(root, flags, &node_id);
     let status = event::Value::<Status>::new();
@@ -395,8 +401,14 @@ async fn write_cluster_state(
         .await
         .context("issuing the etcd peer certificate")?;
     let crl = etcd_pki.crl().await.context("loading the etcd peer CRL")?;
-    write_peer_files(root, key, &peer_ca.cert_der, &peer_certificate, &crl)
-        .context("writing etcd peer TLS files")?;
+    write_peer_files(
+        root,
+        key,
+        std::slice::from_ref(&peer_ca.cert_der),
+        &peer_certificate,
+        &crl,
+    )
+    .context("writing etcd peer TLS files")?;
     crate::bootstrap::save_node_certificate(
         root,
         &cluster_pki,

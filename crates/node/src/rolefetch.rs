@@ -191,6 +191,10 @@ pub async fn run(
             if !update.cluster_crl.is_empty() {
                 offer_crl(&settings, &values, &update.cluster_crl, true)?;
             }
+            let peer_cas: Vec<Vec<u8>> = update.etcd_peer_cas.iter().map(|c| c.to_vec()).collect();
+            if !peer_cas.is_empty() && values.etcd_peer_cas.current().as_ref() != Some(&peer_cas) {
+                values.etcd_peer_cas.set(peer_cas);
+            }
             match proto::api::NodeState::try_from(update.state) {
                 Ok(proto::api::NodeState::Decommissioning) => enter_disowning(&settings, &values)?,
                 Ok(proto::api::NodeState::Decommissioned) => {

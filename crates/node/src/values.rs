@@ -47,6 +47,13 @@ pub struct NodeValues {
     /// The newest cluster epoch this node's curator clients have seen (saved in
     /// `data/node/epoch-seen`): answers of curators of an older one are refused.
     pub epoch_seen: rpc::epoch::EpochSlot,
+    /// The etcd peer CAs trusted now (DER), the signing one first, as the newest WatchNode
+    /// update named them (consensus members; empty until one did): `crate::peertrust`
+    /// keeps etcd's trust file equal to them.
+    pub etcd_peer_cas: event::Value<Vec<Vec<u8>>>,
+    /// The peer trust file (PEM) as this node's running etcd loaded it at its start (set
+    /// by the control plane; empty while no etcd runs): etcd trusts exactly these.
+    pub etcd_peer_trust_loaded: event::Value<Vec<u8>>,
 }
 
 /// The epoch slot of a node, holding what `root` saved, saving every newer epoch.

@@ -288,9 +288,25 @@ impl CaStore {
     /// refused anyway; leaving it out keeps the CRL short); returns how many that were.
     /// Revoking an already revoked certificate changes nothing.
     pub async fn revoke_issued(&self, prefix: &str) -> Result<usize, PkiError> {
+        self.revoke_issued_where(prefix, |_| true).await
+    }
+
+    /// [`CaStore::revoke_issued`] for the certificates `issuer` (a CA certificate, DER)
+    /// issued: a CA rotation revokes what the CA it retires issued, for verifiers that
+    /// keep trusting that CA until they restart (etcd 3.4's peer TLS).
+    pub async fn revoke_issued_by(&self, prefix: &str, issuer: &[u8]) -> Result<usize, PkiError> {
+        self.revoke_issued_where(prefix, |der| crate::issued_by(der, issuer))
+            .await
+    }
+
+    async fn revoke_issued_where(
+        &self,
+        prefix: &str,
+        wanted: impl Fn(&[u8]) -> bool,
+    ) -> Result<usize, PkiError> {
         let mut serials = Vec::new();
         for (_, der) in self.list_issued(prefix).await? {
-            if time_to_expiry(&der)?.is_some() {
+            if wanted(&der) && time_to_expiry(&der)?.is_some() {
                 serials.push(certificate_serial(&der)?);
             }
         }

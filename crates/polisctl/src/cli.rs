@@ -180,10 +180,18 @@ pub(crate) enum ClusterCommand {
         /// running rotation on.
         #[arg(long)]
         force: bool,
+        /// Rotate the etcd peer CA (etcd's member-to-member TLS) instead: each member
+        /// restarts its etcd twice, one member at a time, while polis-node runs on.
+        #[arg(long)]
+        etcd_peer: bool,
     },
     /// The cluster CAs trusted (the signing one first) and, during a rotation, its phase
     /// and what it waits for.
-    Ca,
+    Ca {
+        /// The etcd peer CAs and their rotation instead.
+        #[arg(long)]
+        etcd_peer: bool,
+    },
     /// Revoke every register ticket. Node parameters made so far stop working for nodes
     /// that have not registered yet; registered nodes can still be approved. New
     /// parameters (`params register`) carry a new ticket.

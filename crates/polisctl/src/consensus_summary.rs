@@ -112,21 +112,31 @@ pub(crate) fn held_back(answers: &[api::GetConsensusStatusResponse]) -> Vec<Stri
 /// A running cluster CA rotation, as the curators that answered follow it (pure): one
 /// line naming each phase seen (curators follow the stored phase within moments of each
 /// other), or none when every one says settled or nothing (answered without a curator).
-pub(crate) fn ca_rotation(answers: &[api::GetConsensusStatusResponse]) -> Option<String> {
-    let mut phases: Vec<&str> = answers
-        .iter()
-        .map(|a| a.ca_rotation_phase.as_str())
-        .filter(|p| !p.is_empty() && *p != "settled")
-        .collect();
-    phases.sort_unstable();
-    phases.dedup();
-    (!phases.is_empty()).then(|| {
-        format!(
-            "a cluster CA rotation is running (phase {}): `polisctl cluster ca` shows what it \
-             waits for; the nodes that hold it up carry a warning",
-            phases.join(" / ")
-        )
-    })
+pub(crate) fn ca_rotation(answers: &[api::GetConsensusStatusResponse]) -> Vec<String> {
+    let line = |phase: fn(&api::GetConsensusStatusResponse) -> &str, what: &str, flag: &str| {
+        let mut phases: Vec<&str> = answers
+            .iter()
+            .map(phase)
+            .filter(|p| !p.is_empty() && *p != "settled")
+            .collect();
+        phases.sort_unstable();
+        phases.dedup();
+        (!phases.is_empty()).then(|| {
+            format!(
+                "{what} rotation is running (phase {}): `polisctl cluster ca{flag}` shows what \
+                 it waits for; the nodes that hold it up carry a warning",
+                phases.join(" / ")
+            )
+        })
+    };
+    line(|a| &a.ca_rotation_phase, "a cluster CA", "")
+        .into_iter()
+        .chain(line(
+            |a| &a.etcd_peer_ca_rotation_phase,
+            "an etcd peer CA",
+            " --etcd-peer",
+        ))
+        .collect()
 }
 
 /// What the cluster status adds up to (pure): the members, and whether the voters that
@@ -213,16 +223,24 @@ mod tests {
             answer(2, 1, false, &three),
             answer(3, 1, false, &three),
         ];
-        assert_eq!(ca_rotation(&answers), None);
+        assert!(ca_rotation(&answers).is_empty());
         answers[0].ca_rotation_phase = "settled".into();
-        assert_eq!(ca_rotation(&answers), None);
+        assert!(ca_rotation(&answers).is_empty());
         answers[1].ca_rotation_phase = "reissuing".into();
         answers[2].ca_rotation_phase = "introduced".into();
-        let line = ca_rotation(&answers).expect("a rotation runs");
-        assert!(line.contains("phase introduced / reissuing"), "{line}");
+        let lines = ca_rotation(&answers);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].contains("phase introduced / reissuing"),
+            "{lines:?}"
+        );
         answers[2].ca_rotation_phase = "reissuing".into();
-        let line = ca_rotation(&answers).expect("a rotation runs");
-        assert!(line.contains("phase reissuing)"), "{line}");
+        answers[0].etcd_peer_ca_rotation_phase = "introduced".into();
+        let lines = ca_rotation(&answers);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].contains("phase reissuing)"), "{lines:?}");
+        assert!(lines[1].starts_with("an etcd peer CA"), "{lines:?}");
+        assert!(lines[1].contains("cluster ca --etcd-peer"), "{lines:?}");
     }
 
     #[test]

@@ -145,13 +145,13 @@ async fn run(cli: Cli) -> Result<()> {
             let config = cli.config_dir()?;
             status::cluster_status(&config, &cli.endpoints, cli.output).await
         }
-        Command::Cluster(ClusterCommand::RotateCa { force }) => {
+        Command::Cluster(ClusterCommand::RotateCa { force, etcd_peer }) => {
             let config = cli.config_dir()?;
-            ca::rotate(&config, &cli.endpoints, *force, cli.output).await
+            ca::rotate(&config, &cli.endpoints, *force, *etcd_peer, cli.output).await
         }
-        Command::Cluster(ClusterCommand::Ca) => {
+        Command::Cluster(ClusterCommand::Ca { etcd_peer }) => {
             let config = cli.config_dir()?;
-            ca::show(&config, &cli.endpoints, cli.output).await
+            ca::show(&config, &cli.endpoints, *etcd_peer, cli.output).await
         }
         Command::Cluster(ClusterCommand::Certificates) => {
             let config = cli.config_dir()?;

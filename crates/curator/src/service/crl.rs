@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use super::shared::{Shared, WireTrust};
+use super::shared::{PeerTrust, Shared, WireTrust};
 use crate::layout;
 
 /// The `crl` runnable: feeds [`Shared::trusted`], [`Shared::crl`] and
@@ -37,6 +37,36 @@ pub(super) async fn run(
                     ctx.signal_healthy();
                 }
                 None => return Err("the watch of the cluster CAs stopped".into()),
+            },
+            _ = ctx.cancelled() => return Ok(()),
+        }
+    }
+}
+
+/// The `peer-trust` runnable: feeds [`Shared::peer_trusted`] from the watch of the etcd
+/// peer CAs (nothing here checks a peer certificate: etcd does, from its files).
+pub(super) async fn run_peer(
+    ctx: supervisor::Context,
+    shared: Arc<Shared>,
+) -> supervisor::RunnableResult {
+    let mut watched = layout::etcd_pki(shared.curator.client()).watch_trusted();
+    loop {
+        tokio::select! {
+            trusted = watched.recv() => match trusted {
+                Some(trusted) => {
+                    let previous = shared.peer_trusted.current();
+                    if previous.as_ref().map(|p| p.trusted.phase()) != Some(trusted.phase()) {
+                        tracing::info!(
+                            phase = trusted.phase().name(),
+                            signing = rpc::fingerprint(&trusted.current.cert),
+                            "etcd peer CAs"
+                        );
+                    }
+                    let wire = trusted.cas().into_iter().map(Into::into).collect();
+                    shared.peer_trusted.set(Arc::new(PeerTrust { trusted, wire }));
+                    ctx.signal_healthy();
+                }
+                None => return Err("the watch of the etcd peer CAs stopped".into()),
             },
             _ = ctx.cancelled() => return Ok(()),
         }

@@ -91,10 +91,17 @@ impl api::curator_local_server::CuratorLocal for Services {
             .current()
             .map(|t| t.phase().name().to_string())
             .unwrap_or_default();
+        let etcd_peer_ca_rotation_phase = self
+            .0
+            .peer_trusted
+            .current()
+            .map(|t| t.trusted.phase().name().to_string())
+            .unwrap_or_default();
         Ok(Response::new(api::GetConsensusStatusResponse {
             snapshot_last_success_unix_ms: scheduled.last_success_unix_ms,
             snapshot_last_error: scheduled.last_error,
             ca_rotation_phase,
+            etcd_peer_ca_rotation_phase,
             ..status
         }))
     }

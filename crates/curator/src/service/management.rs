@@ -394,10 +394,11 @@ impl api::management_server::Management for Services {
 
     async fn get_ca_rotation(
         &self,
-        _: Request<api::GetCaRotationRequest>,
+        request: Request<api::GetCaRotationRequest>,
     ) -> Result<Response<api::CaRotation>, Status> {
         self.0.leadership().await?;
-        Ok(Response::new(ca_rotation::status(&self.0).await?))
+        let which = ca_rotation::Rotated::from_request(request.get_ref().etcd_peer);
+        Ok(Response::new(ca_rotation::status(&self.0, which).await?))
     }
 
     async fn set_snapshot_schedule(

@@ -215,10 +215,18 @@ pub(super) async fn join(
     record_member_id(shared, leadership, &node.id, member.id).await?;
     let (certificate, peer_ca_certificate) =
         issuance::join_peer_certificate(shared, &client, node, member.id).await?;
-    let crl = layout::etcd_pki(client.clone())
+    let peer_pki = layout::etcd_pki(client.clone());
+    let crl = peer_pki
         .crl()
         .await
         .map_err(|e| etcd_status("reading the etcd peer CRL", e))?;
+    // Read after the certificate was issued: a rotation's promotion in between leaves
+    // the issuing CA trusted (as the previous one).
+    let peer_trusted_cas = peer_pki
+        .trusted()
+        .await
+        .map_err(|e| etcd_status("reading the etcd peer CAs", e))?
+        .cas();
     let mut initial_cluster = Vec::new();
     for m in &members {
         let name = if m.id == member.id {
@@ -261,6 +269,7 @@ pub(super) async fn join(
         peer_certificate: certificate,
         peer_ca_certificate,
         peer_crl: crl,
+        peer_trusted_cas,
         initial_cluster,
         member_id: member.id,
         etcd_quota_bytes,

@@ -146,6 +146,7 @@ pub async fn run(
         crl: event::Value::new(),
         trusted: event::Value::new(),
         trusted_wire: event::Value::new(),
+        peer_trusted: event::Value::new(),
         trust: rpc::TrustSlot::empty(),
         decommission_problems: Mutex::new(HashMap::new()),
         certificates: event::Value::new(),
@@ -187,6 +188,11 @@ pub async fn run(
 
     let crl_shared = shared.clone();
     ctx.run("crl", move |ctx| crl::run(ctx, crl_shared.clone()))?;
+
+    let peer_trust_shared = shared.clone();
+    ctx.run("peer-trust", move |ctx| {
+        crl::run_peer(ctx, peer_trust_shared.clone())
+    })?;
 
     let decommission_shared = shared.clone();
     ctx.run("decommission", move |ctx| {

@@ -11,9 +11,10 @@ use std::time::Instant;
 use proto::api::{self, NodeHealth};
 use proto::state::{HealthVerdict, Node};
 
+use super::ca_rotation::{self, Rotated};
 use super::health_book::stored_verdict;
 use super::shared::Shared;
-use super::{ca_rotation, certificates, decommission};
+use super::{certificates, decommission};
 use crate::election::Leadership;
 use crate::health as rules;
 use crate::records;
@@ -30,6 +31,7 @@ impl Shared {
         let unix_now = pki::unix_now();
         let certificates = self.certificates.current();
         let trusted = self.trusted.current();
+        let peer_trusted = self.peer_trusted.current();
         let timing = self.config.heartbeat;
         let mut book = self.health.lock().expect("health lock poisoned");
         let book = book.tenure(leadership);
@@ -52,8 +54,14 @@ impl Shared {
                 };
                 if let Some(trusted) = &trusted {
                     warnings.extend(
-                        ca_rotation::node_holds_up(trusted, &node)
+                        ca_rotation::node_holds_up(Rotated::Cluster, trusted, &node)
                             .map(|why| format!("CA rotation: it {why}")),
+                    );
+                }
+                if let Some(peer) = &peer_trusted {
+                    warnings.extend(
+                        ca_rotation::node_holds_up(Rotated::EtcdPeer, &peer.trusted, &node)
+                            .map(|why| format!("etcd peer CA rotation: it {why}")),
                     );
                 }
                 api::NodeInfo {

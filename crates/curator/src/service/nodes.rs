@@ -63,19 +63,23 @@ fn check_status(status: &NodeStatus) -> Result<(), Status> {
     }
     // What a CA rotation reads: bounded like the trust a node can hold, so that no node
     // can grow its record (and every snapshot and watch event carrying it).
-    if status.trusted_ca_fingerprints.len() > rpc::tls::MAX_TRUSTED_CAS {
+    if status.trusted_ca_fingerprints.len() > rpc::tls::MAX_TRUSTED_CAS
+        || status.etcd_loaded_peer_ca_fingerprints.len() > rpc::tls::MAX_TRUSTED_CAS
+    {
         return Err(Status::invalid_argument(format!(
             "the status names more than {} trusted CAs",
             rpc::tls::MAX_TRUSTED_CAS
         )));
     }
     let fingerprint = |f: &str| f.len() == 64 && f.bytes().all(|b| b.is_ascii_hexdigit());
+    let issuer = |f: &str| f.is_empty() || fingerprint(f);
     if !status
         .trusted_ca_fingerprints
         .iter()
+        .chain(&status.etcd_loaded_peer_ca_fingerprints)
         .all(|f| fingerprint(f))
-        || !(status.certificate_ca_fingerprint.is_empty()
-            || fingerprint(&status.certificate_ca_fingerprint))
+        || !issuer(&status.certificate_ca_fingerprint)
+        || !issuer(&status.etcd_peer_certificate_ca_fingerprint)
     {
         return Err(Status::invalid_argument(
             "a CA fingerprint in the status is not 64 hex digits (SHA-256)",
@@ -136,6 +140,7 @@ where
     let mut live = shared.nodes_live.watch();
     let mut crls = shared.crl.watch();
     let mut trusted = shared.trusted.watch();
+    let mut peer_trusted = shared.peer_trusted.watch();
     let (tx, rx) = tokio::sync::mpsc::channel(4);
     tokio::spawn(async move {
         if let Some(first) = &first
@@ -167,8 +172,13 @@ where
                     (Ok(_), None) => continue,
                     (Err(_), _) => return,
                 },
-                // And the CAs trusted (a rotation's step).
+                // And the CAs trusted (a rotation's step), the etcd peer CAs too.
                 t = trusted.get() => match (t, current.clone()) {
+                    (Ok(_), Some(s)) => s,
+                    (Ok(_), None) => continue,
+                    (Err(_), _) => return,
+                },
+                t = peer_trusted.get() => match (t, current.clone()) {
                     (Ok(_), Some(s)) => s,
                     (Ok(_), None) => continue,
                     (Err(_), _) => return,
@@ -220,6 +230,7 @@ impl PartialEq for NodeView {
             cluster_crl,
             cluster_cas,
             cluster_crls,
+            etcd_peer_cas,
         } = &self.0;
         let b = &other.0;
         *record_etcd_cluster == b.record_etcd_cluster
@@ -229,6 +240,7 @@ impl PartialEq for NodeView {
             && *cluster_crl == b.cluster_crl
             && *cluster_cas == b.cluster_cas
             && *cluster_crls == b.cluster_crls
+            && *etcd_peer_cas == b.etcd_peer_cas
     }
 }
 
@@ -523,8 +535,19 @@ impl api::curator_server::Curator for Services {
             .and_then(|der| pki::certificate_serial(der).ok());
         let crl = self.0.crl.clone();
         let trusted = self.0.trusted_wire.clone();
+        let peer_trusted = self.0.peer_trusted.clone();
         let stream = snapshot_stream(&self.0, serial, move |nodes| {
             let trusted = trusted.current();
+            let member = nodes
+                .nodes
+                .get(&id)
+                .and_then(|n| n.roles.as_ref())
+                .is_some_and(|r| r.consensus_member.is_some());
+            // Only members run an etcd that needs them.
+            let etcd_peer_cas = match peer_trusted.current() {
+                Some(p) if member => p.wire.clone(),
+                _ => Vec::new(),
+            };
             let node = nodes.nodes.get(&id)?;
             Some(NodeView(api::WatchNodeUpdate {
                 record_revision: nodes
@@ -540,6 +563,7 @@ impl api::curator_server::Curator for Services {
                 cluster_crl: crl.current().unwrap_or_default(),
                 cluster_cas: trusted.as_ref().map(|t| t.cas.clone()).unwrap_or_default(),
                 cluster_crls: trusted.as_ref().map(|t| t.crls.clone()).unwrap_or_default(),
+                etcd_peer_cas,
             }))
         });
         Ok(Response::new(Box::pin(
@@ -627,6 +651,29 @@ mod node_view_tests {
             ..ok.clone()
         };
         assert!(check_status(&junk_issuer).is_err());
+        // The same bounds for what a member's etcd loaded and presents.
+        let peer = NodeStatus {
+            etcd_loaded_peer_ca_fingerprints: vec![fp.clone(); rpc::tls::MAX_TRUSTED_CAS],
+            etcd_peer_certificate_ca_fingerprint: fp.clone(),
+            ..ok.clone()
+        };
+        assert!(check_status(&peer).is_ok());
+        for bad in [
+            NodeStatus {
+                etcd_loaded_peer_ca_fingerprints: vec![fp.clone(); rpc::tls::MAX_TRUSTED_CAS + 1],
+                ..peer.clone()
+            },
+            NodeStatus {
+                etcd_loaded_peer_ca_fingerprints: vec!["a".repeat(10_000)],
+                ..peer.clone()
+            },
+            NodeStatus {
+                etcd_peer_certificate_ca_fingerprint: "zz".repeat(32),
+                ..peer.clone()
+            },
+        ] {
+            assert!(check_status(&bad).is_err(), "{bad:?}");
+        }
         let none_yet = NodeStatus {
             trusted_ca_fingerprints: vec![],
             certificate_ca_fingerprint: String::new(),
@@ -646,6 +693,7 @@ mod node_view_tests {
             cluster_crl: vec![1, 2, 3].into(),
             cluster_cas: vec![vec![4].into()],
             cluster_crls: vec![vec![1, 2, 3].into()],
+            etcd_peer_cas: vec![vec![6].into()],
         };
         let moved = api::WatchNodeUpdate {
             record_revision: 11,
@@ -679,6 +727,10 @@ mod node_view_tests {
             },
             api::WatchNodeUpdate {
                 cluster_crls: vec![vec![9].into()],
+                ..update.clone()
+            },
+            api::WatchNodeUpdate {
+                etcd_peer_cas: vec![vec![6].into(), vec![7].into()],
                 ..update.clone()
             },
         ];

@@ -104,6 +104,13 @@ pub(super) struct WireTrust {
     pub(super) crls: Vec<prost::bytes::Bytes>,
 }
 
+/// The etcd peer CAs trusted, and their certificates as WatchNode updates carry them
+/// (built once per change, shared by every update).
+pub(super) struct PeerTrust {
+    pub(super) trusted: pki::TrustedCas,
+    pub(super) wire: Vec<prost::bytes::Bytes>,
+}
+
 /// Node `id`'s record in `snapshot`, with its mod revision (`writes::Known`).
 pub(super) fn known_in(snapshot: &Snapshot, id: &str) -> Option<crate::writes::Known> {
     Some(crate::writes::Known {
@@ -142,6 +149,10 @@ pub struct Shared {
     pub(super) trusted: event::Value<Arc<pki::TrustedCas>>,
     /// The same as WatchNode updates carry them (set with `trusted`, just before it).
     pub(super) trusted_wire: event::Value<Arc<WireTrust>>,
+    /// The etcd peer CAs trusted (the `peer-trust` runnable), for WatchNode updates
+    /// (consensus members keep their etcd's trust file equal to them) and the peer CA
+    /// rotation.
+    pub(super) peer_trusted: event::Value<Arc<PeerTrust>>,
     /// The same CAs and CRLs for this curator's own calls to other curators
     /// (forwarding, quorum questions): a removed node cannot pose as one. Empty until
     /// the first read of the store: etcd, not a file, says which CAs are trusted.

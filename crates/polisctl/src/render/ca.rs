@@ -13,6 +13,7 @@ fn rotation_json(r: &api::CaRotation) -> Value {
         "waiting_for": r.waiting_for,
         "forced": r.forced,
         "started": r.started,
+        "etcd_peer": r.etcd_peer,
     })
 }
 
@@ -23,11 +24,18 @@ pub(crate) fn print_rotation(r: &api::CaRotation, format: Format) {
         Format::Json => println!("{}", rotation_json(r)),
         Format::Yaml => print!("{}", output::yaml(&rotation_json(r))),
         Format::Table => {
+            let what = if r.etcd_peer {
+                "etcd peer CA"
+            } else {
+                "cluster CA"
+            };
             if r.started {
-                println!("CA rotation started: the new CA is trusted everywhere before it signs.");
+                println!(
+                    "{what} rotation started: the new CA is trusted everywhere before it signs."
+                );
             }
             let forced = if r.forced { " (forced)" } else { "" };
-            println!("phase: {}{forced}", escape_text(&r.phase));
+            println!("{what} phase: {}{forced}", escape_text(&r.phase));
             for (i, fingerprint) in r.trusted_ca_fingerprints.iter().enumerate() {
                 let role = if i == 0 { "signing" } else { "trusted" };
                 println!("{role}: SHA256:{}", escape_text(fingerprint));

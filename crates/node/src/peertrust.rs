@@ -1,0 +1,286 @@
+//! A consensus member's etcd trusts the etcd peer CAs the cluster trusts: the
+//! `root.role.controlplane.peertrust` runnable.
+//!
+//! ```text
+//!   WatchNode etcd_peer_cas (NodeValues::etcd_peer_cas, the signing CA first)
+//!     └─▶ data/etcd/peer/ca.pem, written atomically (etcd's --peer-trusted-ca-file)
+//!   the running etcd loaded other CAs (NodeValues::etcd_peer_trust_loaded)?
+//!     └─▶ take /cluster/etcd-restart (put if absent, with a lease: one member at a time)
+//!         ─▶ every other voter reachable (etcd's own metrics)? ─▶ restart the local etcd
+//!         ─▶ it runs again with the file's CAs and answers a linearizable read
+//!         ─▶ lease revoked (the key goes with it; a crashed holder's lease expires)
+//! ```
+//! etcd 3.4 reads its peer trust file only when it starts, while it reads its
+//! certificate, key and CRL files on every handshake: a renewal or a revocation needs no
+//! restart, a change of the CAs does. A CA rotation (curator `ca_rotation`) waits for
+//! what each member's etcd loaded and which CA issued the peer certificate it presents,
+//! both reported with the node's heartbeats ([`report`]).
+//!
+//! May write only ca.pem, restart only the local etcd, and only while it holds the
+//! restart key; never touches the peer certificate (`renew` does).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+
+use crate::files::{peer_trust_pem, read_pem_certificate};
+use crate::retry::{ProblemLog, pause};
+use crate::settings::Settings;
+use crate::storage::write_atomic;
+use crate::values::NodeValues;
+
+/// How often the runnable compares what etcd loaded with what the cluster trusts.
+const CHECK: Duration = Duration::from_secs(1);
+
+/// The restart key's lease: longer than etcd may take to come back
+/// (`consensus::process::READY_TIMEOUT`), so that a slow start does not let a second
+/// member restart meanwhile; a holder that crashed blocks the others this long.
+const RESTART_LEASE_TTL: i64 = 150;
+
+/// How long a restarted etcd gets to run again with the new CAs and answer a
+/// linearizable read.
+const RESTART_PATIENCE: Duration = Duration::from_secs(120);
+
+/// The CA certificates (DER) of a PEM trust file; unreadable blocks are left out.
+fn certificates(pem_text: &[u8]) -> Vec<Vec<u8>> {
+    pem::parse_many(pem_text)
+        .map(|blocks| {
+            blocks
+                .into_iter()
+                .filter(|b| b.tag() == "CERTIFICATE")
+                .map(|b| b.into_contents())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether an etcd that loaded `loaded` (PEM) trusts exactly `cas` (order aside). Pure.
+pub fn loaded_exactly(loaded: &[u8], cas: &[Vec<u8>]) -> bool {
+    let loaded: BTreeSet<Vec<u8>> = certificates(loaded).into_iter().collect();
+    let wanted: BTreeSet<Vec<u8>> = cas.iter().cloned().collect();
+    loaded == wanted
+}
+
+/// What the node reports of its etcd's peer TLS with each heartbeat: the fingerprints
+/// of the peer CAs its running etcd loaded (none while none runs), and of the CA that
+/// issued the peer certificate it presents.
+pub fn report(settings: &Settings, values: &NodeValues) -> (Vec<String>, String) {
+    let loaded = certificates(&values.etcd_peer_trust_loaded.current().unwrap_or_default());
+    if loaded.is_empty() {
+        return (Vec::new(), String::new());
+    }
+    let known = values.etcd_peer_cas.current().unwrap_or_default();
+    let issuer = read_pem_certificate(&settings.root.etcd_peer_dir().join("cert.pem"))
+        .ok()
+        .and_then(|cert| {
+            loaded
+                .iter()
+                .chain(known.iter())
+                .find(|ca| pki::issued_by(&cert, ca))
+                .map(|ca| rpc::fingerprint(ca))
+        })
+        .unwrap_or_default();
+    (
+        loaded.iter().map(|ca| rpc::fingerprint(ca)).collect(),
+        issuer,
+    )
+}
+
+/// The `peertrust` runnable (see the module documentation).
+pub async fn run(
+    ctx: supervisor::Context,
+    settings: Settings,
+    values: NodeValues,
+    client: etcd_client::Client,
+    restart: Arc<tokio::sync::Notify>,
+) -> supervisor::RunnableResult {
+    ctx.signal_healthy();
+    let mut problems = ProblemLog::default();
+    loop {
+        if !pause(&ctx, CHECK).await {
+            return Ok(());
+        }
+        let cas = values.etcd_peer_cas.current().unwrap_or_default();
+        if cas.is_empty() {
+            continue;
+        }
+        match follow(&ctx, &settings, &values, client.clone(), &restart, &cas).await {
+            Ok(None) => problems.resolved("etcd trusts the cluster's etcd peer CAs again"),
+            Ok(Some(waiting)) => problems.problem(waiting),
+            Err(e) => problems.problem(format!(
+                "bringing etcd to the cluster's etcd peer CAs: {}",
+                supervisor::error_chain(e.as_ref())
+            )),
+        }
+    }
+}
+
+/// One look: the trust file follows `cas`; etcd is restarted when it loaded others and
+/// this member may. `Some(why)` when it has to wait.
+async fn follow(
+    ctx: &supervisor::Context,
+    settings: &Settings,
+    values: &NodeValues,
+    mut client: etcd_client::Client,
+    restart: &tokio::sync::Notify,
+    cas: &[Vec<u8>],
+) -> Result<Option<String>> {
+    let file = settings.root.etcd_peer_dir().join("ca.pem");
+    let wanted = peer_trust_pem(cas);
+    let on_disk = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+    if !loaded_exactly(&on_disk, cas) {
+        write_atomic(&file, &wanted).with_context(|| format!("writing {}", file.display()))?;
+        tracing::info!(
+            cas = cas.len(),
+            signing = rpc::fingerprint(&cas[0]),
+            "etcd peer trust file updated"
+        );
+    }
+    let loaded = values.etcd_peer_trust_loaded.current().unwrap_or_default();
+    if loaded.is_empty() || loaded_exactly(&loaded, cas) {
+        // No etcd runs (it loads the file when it starts), or it trusts these already.
+        return Ok(None);
+    }
+    let node_id = node_id(values)?;
+    let ns = consensus::Namespaced::new(client.clone(), curator::layout::NAMESPACE);
+    let key = ns.key(curator::layout::ETCD_RESTART_KEY);
+    let lease = client
+        .lease_grant(RESTART_LEASE_TTL, None)
+        .await
+        .context("granting the etcd restart lease")?
+        .id();
+    let taken = client
+        .txn(
+            Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    node_id.clone(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )])
+                .or_else([TxnOp::get(key.clone(), None)]),
+        )
+        .await
+        .context("taking the etcd restart key")?;
+    if !taken.succeeded() {
+        let _ = client.lease_revoke(lease).await;
+        let holder = consensus::client::txn_get_value(taken.op_responses().first())
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_default();
+        return Ok(Some(format!(
+            "etcd must restart to load changed etcd peer CAs; node {holder} restarts its etcd \
+             first (one member at a time)"
+        )));
+    }
+    let outcome = restart_when_safe(ctx, settings, values, &mut client, restart, cas).await;
+    // The key goes with the lease; an unanswered revoke lets the lease expire.
+    if let Err(e) = client.lease_revoke(lease).await {
+        tracing::warn!("releasing the etcd restart key: {e}; it expires with its lease");
+    }
+    outcome
+}
+
+/// With the restart key held: restarts etcd unless another voter is unreachable, and
+/// waits until it runs with `cas` and answers a linearizable read.
+async fn restart_when_safe(
+    ctx: &supervisor::Context,
+    settings: &Settings,
+    values: &NodeValues,
+    client: &mut etcd_client::Client,
+    restart: &tokio::sync::Notify,
+    cas: &[Vec<u8>],
+) -> Result<Option<String>> {
+    let own = client
+        .status()
+        .await
+        .context("asking the local etcd member for its status")?
+        .header()
+        .map(|h| h.member_id())
+        .unwrap_or_default();
+    let members = consensus::membership::members(client)
+        .await
+        .context("listing the etcd members")?;
+    let report = consensus::selfreport::self_report(&settings.root.consensus_run_dir())
+        .await
+        .context("reading etcd's metrics")?;
+    let voters: Vec<&consensus::membership::Member> =
+        members.iter().filter(|m| !m.is_learner).collect();
+    let unreachable: Vec<String> = consensus::selfreport::peer_view(&report, own, &members)
+        .into_iter()
+        .filter(|p| !p.reachable && voters.iter().any(|v| v.id == p.id))
+        .map(|p| {
+            if p.name.is_empty() {
+                format!("{:x}", p.id)
+            } else {
+                p.name
+            }
+        })
+        .collect();
+    if !unreachable.is_empty() {
+        return Ok(Some(format!(
+            "etcd must restart to load changed etcd peer CAs, but voters {} do not answer \
+             it: a restart now could cost the quorum",
+            unreachable.join(", ")
+        )));
+    }
+    tracing::warn!(
+        cas = cas.len(),
+        signing = rpc::fingerprint(&cas[0]),
+        "restarting etcd: it loads changed etcd peer CAs only at start"
+    );
+    restart.notify_one();
+    let mut loaded = values.etcd_peer_trust_loaded.watch();
+    let back = async {
+        loaded
+            .get_matching(|l| !l.is_empty() && loaded_exactly(l, cas))
+            .await
+            .map_err(|_| anyhow!("the control plane stopped"))?;
+        loop {
+            // Caught up with a leader: a linearizable read through it succeeds.
+            if client.get("\0polis-readiness-probe", None).await.is_ok() {
+                return Ok::<(), anyhow::Error>(());
+            }
+            if !pause(ctx, Duration::from_millis(100)).await {
+                return Err(anyhow!("cancelled"));
+            }
+        }
+    };
+    tokio::time::timeout(RESTART_PATIENCE, back)
+        .await
+        .map_err(|_| anyhow!("etcd did not come back within {RESTART_PATIENCE:?}"))??;
+    tracing::info!("etcd restarted with the cluster's etcd peer CAs");
+    Ok(None)
+}
+
+/// This node's ID, from its membership (known once the control plane runs).
+fn node_id(values: &NodeValues) -> Result<String> {
+    values
+        .membership
+        .current()
+        .map(|m| m.key().node_id())
+        .ok_or_else(|| anyhow!("the node's membership is not known yet"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_etcd_trusts_exactly_the_cas_of_its_file_in_any_order() {
+        let a = pki::Ca::generate("a", pki::CA_LIFETIME).unwrap().cert_der;
+        let b = pki::Ca::generate("b", pki::CA_LIFETIME).unwrap().cert_der;
+        let both = peer_trust_pem(&[a.clone(), b.clone()]);
+        assert!(loaded_exactly(&both, &[b.clone(), a.clone()]));
+        assert!(loaded_exactly(&both, &[a.clone(), b.clone()]));
+        assert!(!loaded_exactly(&both, std::slice::from_ref(&b)));
+        assert!(!loaded_exactly(
+            &peer_trust_pem(std::slice::from_ref(&a)),
+            &[a.clone(), b]
+        ));
+        assert!(!loaded_exactly(b"", &[a]));
+        assert_eq!(certificates(b"not pem"), Vec::<Vec<u8>>::new());
+    }
+}
