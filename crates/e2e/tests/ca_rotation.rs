@@ -404,11 +404,6 @@ fn rotate_the_etcd_peer_ca(
     // The old certificate works before the rotation.
     peer_version(nodes[0].1, &old_peer_cert, &peer_key)?
         .map_err(|e| anyhow::anyhow!("the peer port refused a current peer certificate: {e}"))?;
-    let node_pids: Vec<i32> = nodes.iter_mut().map(|(_, n)| n.proc().pid()).collect();
-    let mut etcd_pids = Vec::new();
-    for (_, node) in nodes.iter_mut().take(3) {
-        etcd_pids.push(node.etcd_pid()?);
-    }
     let before = ctl_retry_as(config, &["cluster", "ca", "--etcd-peer", "-o", "json"])?;
     let before: serde_json::Value = serde_json::from_str(&before)?;
     assert_eq!(before["phase"], "settled", "{before}");
@@ -417,23 +412,81 @@ fn rotate_the_etcd_peer_ca(
         rpc::fingerprint(&old_peer_ca).as_str(),
         "{before}"
     );
+
+    // A member that does not answer: refused (every other member's etcd restarts, which
+    // would cost the quorum), and never forced.
+    let leader = nodes[0].1.curator_leader_address()?;
+    let victim = (0..3)
+        .find(|&i| nodes[i].1.address != leader)
+        .context("a member that does not lead")?;
+    nodes[victim].1.proc = None; // SIGKILL; its etcd follows
+    let victim_curator = SocketAddr::new(nodes[victim].1.address, rpc::CURATOR_PORT).to_string();
+    e2e::wait_until("cluster status to miss the stopped member", TIMEOUT, || {
+        ctl_as(config, &["cluster", "status", "-o", "json"]).is_ok_and(|(_, out, _)| {
+            serde_json::from_str::<serde_json::Value>(&out).is_ok_and(|s| {
+                s["unreachable"].as_array().is_some_and(|u| {
+                    u.iter()
+                        .any(|e| e.as_str().unwrap_or_default().contains(&victim_curator))
+                })
+            })
+        })
+    })?;
+    let (ok, _, refusal) = ctl_as(config, &["cluster", "rotate-ca", "--etcd-peer"])?;
+    assert!(!ok, "rotate-ca --etcd-peer started with a member down");
+    assert!(
+        refusal.contains("does not answer") && refusal.contains("cost the quorum"),
+        "{refusal}"
+    );
+    let (ok, _, err) = ctl_as(config, &["cluster", "rotate-ca", "--etcd-peer", "--force"])?;
+    assert!(!ok && err.contains("--force"), "{err}");
+    nodes[victim].1.start(&[])?;
+    nodes[victim].1.wait_for_curator()?;
+
+    let node_pids: Vec<i32> = nodes.iter_mut().map(|(_, n)| n.proc().pid()).collect();
+    let mut etcd_pids = Vec::new();
+    for (_, node) in nodes.iter_mut().take(3) {
+        etcd_pids.push(node.etcd_pid()?);
+    }
     let deadline = Instant::now() + TIMEOUT;
     let (ok, out, err) = loop {
         let answer = ctl_as(config, &["cluster", "rotate-ca", "--etcd-peer"])?;
-        if answer.0 || !answer.2.contains("has not reported") || Instant::now() > deadline {
+        if answer.0 || Instant::now() > deadline {
             break answer;
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(200));
     };
     assert!(ok, "rotate-ca --etcd-peer: {err}");
     assert!(out.contains("started"), "{out}");
 
+    // The same member stops once the rotation has restarted a first etcd, and comes
+    // back 5 s later: the rotation waits for it and finishes.
+    let mut stopped_at: Option<Instant> = None;
+    let mut came_back = false;
     let started = Instant::now();
     let (mut writes, mut last_written) = (0u32, None);
     let mut failures = Vec::new();
     let mut phases: Vec<String> = Vec::new();
     let mut saw_status_line = false;
     loop {
+        if stopped_at.is_none() && phases.len() > 1 {
+            nodes[victim].1.proc = None;
+            stopped_at = Some(Instant::now());
+            println!(
+                "{:?}: member {} stopped",
+                started.elapsed(),
+                nodes[victim].0
+            );
+        }
+        if !came_back && stopped_at.is_some_and(|t| t.elapsed() > Duration::from_secs(5)) {
+            nodes[victim].1.start(&[])?;
+            nodes[victim].1.wait_for_curator()?;
+            came_back = true;
+            println!(
+                "{:?}: member {} is back",
+                started.elapsed(),
+                nodes[victim].0
+            );
+        }
         let value = writes + 1;
         let (ok, _, err) = ctl_as(
             config,
@@ -465,6 +518,7 @@ fn rotate_the_etcd_peer_ca(
                 }
                 if phase == "settled"
                     && waiting == 0
+                    && came_back
                     && phases.iter().any(|p| p.starts_with("reissuing"))
                 {
                     break;
@@ -568,11 +622,13 @@ fn rotate_the_etcd_peer_ca(
         peer_version(node, &new_peer_cert, &peer_key)?
             .map_err(|e| anyhow::anyhow!("{name}'s etcd refused the new peer certificate: {e}"))?;
     }
-    // Every polis-node kept running; each member's etcd was restarted (etcd 3.4 loads
-    // its peer CAs only at start).
-    for ((name, node), pid) in nodes.iter_mut().zip(&node_pids) {
-        assert_eq!(node.proc().pid(), *pid, "{name}");
-        assert!(e2e::process_alive(*pid), "{name}'s polis-node is gone");
+    // Every other polis-node kept running; each member's etcd was restarted (etcd 3.4
+    // loads its peer CAs only at start).
+    for (i, ((name, node), pid)) in nodes.iter_mut().zip(&node_pids).enumerate() {
+        if i != victim {
+            assert_eq!(node.proc().pid(), *pid, "{name}");
+            assert!(e2e::process_alive(*pid), "{name}'s polis-node is gone");
+        }
     }
     for ((name, node), pid) in nodes.iter_mut().take(3).zip(&etcd_pids) {
         assert_ne!(node.etcd_pid()?, *pid, "{name}'s etcd never restarted");

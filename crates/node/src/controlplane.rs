@@ -350,6 +350,39 @@ pub async fn run(
         client: running.client.clone(),
         quota_backend_bytes: quota,
     }));
+    // The peer CAs the running etcd loaded, for the node's status and `peertrust`.
+    let (loaded_values, loaded_status) = (values.clone(), status.clone());
+    ctx.run("peerloaded", move |ctx| {
+        let values = loaded_values.clone();
+        let mut watcher = loaded_status.watch();
+        async move {
+            ctx.signal_healthy();
+            loop {
+                tokio::select! {
+                    s = watcher.get() => match s? {
+                        Status::Running(r) => values.etcd_peer_trust_loaded.set(r.peer_trust_loaded.clone()),
+                        Status::Stopped => values.etcd_peer_trust_loaded.set(Vec::new()),
+                    },
+                    _ = ctx.cancelled() => return Ok(()),
+                }
+            }
+        }
+    })?;
+
+    // The etcd peer CAs the cluster trusts, into etcd's trust file and (by a restart,
+    // one member at a time) into etcd; before the member is a voter, since one that
+    // missed a rotation gets there only with them.
+    let (trust_settings, trust_values, trust_client) =
+        (settings.clone(), values.clone(), running.client.clone());
+    ctx.run("peertrust", move |ctx| {
+        crate::peertrust::run(
+            ctx,
+            trust_settings.clone(),
+            trust_values.clone(),
+            trust_client.clone(),
+            restart_etcd.clone(),
+        )
+    })?;
     if !matches!(start, EtcdStart::Bootstrap) {
         match wait_voter(&ctx, &running, &settings, &values).await? {
             VoterWait::Voter => {}
@@ -376,25 +409,6 @@ pub async fn run(
             return Ok(());
         }
     }
-
-    // The peer CAs the running etcd loaded, for the node's status and `peertrust`.
-    let (loaded_values, loaded_status) = (values.clone(), status.clone());
-    ctx.run("peerloaded", move |ctx| {
-        let values = loaded_values.clone();
-        let mut watcher = loaded_status.watch();
-        async move {
-            ctx.signal_healthy();
-            loop {
-                tokio::select! {
-                    s = watcher.get() => match s? {
-                        Status::Running(r) => values.etcd_peer_trust_loaded.set(r.peer_trust_loaded.clone()),
-                        Status::Stopped => values.etcd_peer_trust_loaded.set(Vec::new()),
-                    },
-                    _ = ctx.cancelled() => return Ok(()),
-                }
-            }
-        }
-    })?;
 
     let crl_running = running.clone();
     let crl_path = settings.root.etcd_peer_dir().join("crl.pem");
@@ -437,20 +451,6 @@ pub async fn run(
         entry_rate: settings.entry_rate,
         serving: event::Value::new(),
     };
-    // The etcd peer CAs the cluster trusts, into etcd's trust file and (by a restart,
-    // one member at a time) into etcd.
-    let (trust_settings, trust_values, trust_client) =
-        (settings.clone(), values.clone(), running.client.clone());
-    ctx.run("peertrust", move |ctx| {
-        crate::peertrust::run(
-            ctx,
-            trust_settings.clone(),
-            trust_values.clone(),
-            trust_client.clone(),
-            restart_etcd.clone(),
-        )
-    })?;
-
     let mut serving = curator_config.serving.watch();
     let curator_ns = running.namespaced(curator::layout::NAMESPACE);
     ctx.run("curator", move |ctx| {

@@ -9,7 +9,12 @@
 //!         ─▶ every other voter reachable (etcd's own metrics)? ─▶ restart the local etcd
 //!         ─▶ it runs again with the file's CAs and answers a linearizable read
 //!         ─▶ lease revoked (the key goes with it; a crashed holder's lease expires)
+//!     └─▶ or, its etcd cut off from every leader for CUT_OFF_GRACE (it missed a
+//!         rotation: the others refuse it and it them): restart without the key
 //! ```
+//! Runs from the moment the local etcd serves, before it is a voter: a member that
+//! missed a rotation comes back through it (its peer certificate is renewed by `renew`,
+//! which asks a curator, not etcd).
 //! etcd 3.4 reads its peer trust file only when it starts, while it reads its
 //! certificate, key and CRL files on every handshake: a renewal or a revocation needs no
 //! restart, a change of the CAs does. A CA rotation (curator `ca_rotation`) waits for
@@ -43,6 +48,11 @@ const RESTART_LEASE_TTL: i64 = 150;
 /// How long a restarted etcd gets to run again with the new CAs and answer a
 /// linearizable read.
 const RESTART_PATIENCE: Duration = Duration::from_secs(120);
+
+/// How long the local etcd must have known no leader before it is restarted without the
+/// restart key (which takes a quorum to write): longer than an election, so that a
+/// member does not take a leader change for being cut off.
+const CUT_OFF_GRACE: Duration = Duration::from_secs(15);
 
 /// The CA certificates (DER) of a PEM trust file; unreadable blocks are left out.
 fn certificates(pem_text: &[u8]) -> Vec<Vec<u8>> {
@@ -99,6 +109,7 @@ pub async fn run(
 ) -> supervisor::RunnableResult {
     ctx.signal_healthy();
     let mut problems = ProblemLog::default();
+    let mut leaderless_since = None;
     loop {
         if !pause(&ctx, CHECK).await {
             return Ok(());
@@ -107,7 +118,14 @@ pub async fn run(
         if cas.is_empty() {
             continue;
         }
-        match follow(&ctx, &settings, &values, client.clone(), &restart, &cas).await {
+        let look = Look {
+            ctx: &ctx,
+            settings: &settings,
+            values: &values,
+            restart: &restart,
+            cas: &cas,
+        };
+        match follow(&look, client.clone(), &mut leaderless_since).await {
             Ok(None) => problems.resolved("etcd trusts the cluster's etcd peer CAs again"),
             Ok(Some(waiting)) => problems.problem(waiting),
             Err(e) => problems.problem(format!(
@@ -118,21 +136,37 @@ pub async fn run(
     }
 }
 
-/// One look: the trust file follows `cas`; etcd is restarted when it loaded others and
-/// this member may. `Some(why)` when it has to wait.
+/// What one look works with.
+struct Look<'a> {
+    ctx: &'a supervisor::Context,
+    settings: &'a Settings,
+    values: &'a NodeValues,
+    restart: &'a tokio::sync::Notify,
+    /// The peer CAs the cluster trusts, the signing one first.
+    cas: &'a [Vec<u8>],
+}
+
+/// One look: the trust file follows the cluster's CAs; etcd is restarted when it loaded
+/// others and this member may: holding the restart key, or cut off from every leader
+/// for [`CUT_OFF_GRACE`] (a member that missed a rotation: the others refuse its
+/// certificate and it theirs, so it cannot reach the key, and restarting it costs no
+/// one a quorum). `Some(why)` when it has to wait.
 async fn follow(
-    ctx: &supervisor::Context,
-    settings: &Settings,
-    values: &NodeValues,
+    look: &Look<'_>,
     mut client: etcd_client::Client,
-    restart: &tokio::sync::Notify,
-    cas: &[Vec<u8>],
+    leaderless_since: &mut Option<std::time::Instant>,
 ) -> Result<Option<String>> {
+    let Look {
+        settings,
+        values,
+        cas,
+        ..
+    } = *look;
     let file = settings.root.etcd_peer_dir().join("ca.pem");
-    let wanted = peer_trust_pem(cas);
     let on_disk = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
     if !loaded_exactly(&on_disk, cas) {
-        write_atomic(&file, &wanted).with_context(|| format!("writing {}", file.display()))?;
+        write_atomic(&file, &peer_trust_pem(cas))
+            .with_context(|| format!("writing {}", file.display()))?;
         tracing::info!(
             cas = cas.len(),
             signing = rpc::fingerprint(&cas[0]),
@@ -142,8 +176,31 @@ async fn follow(
     let loaded = values.etcd_peer_trust_loaded.current().unwrap_or_default();
     if loaded.is_empty() || loaded_exactly(&loaded, cas) {
         // No etcd runs (it loads the file when it starts), or it trusts these already.
+        *leaderless_since = None;
         return Ok(None);
     }
+    let own = client
+        .status()
+        .await
+        .context("asking the local etcd member for its status")?;
+    if own.leader() == 0 {
+        let since = *leaderless_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < CUT_OFF_GRACE {
+            return Ok(Some(
+                "etcd must restart to load changed etcd peer CAs; it knows no leader (waiting \
+                 whether it is cut off)"
+                    .to_string(),
+            ));
+        }
+        tracing::warn!(
+            "etcd knows no leader since {:?} and loaded other etcd peer CAs than the cluster \
+             trusts: restarting it without the restart key",
+            since.elapsed()
+        );
+        *leaderless_since = None;
+        return restart_and_wait(look, &mut client, false).await;
+    }
+    *leaderless_since = None;
     let node_id = node_id(values)?;
     let ns = consensus::Namespaced::new(client.clone(), curator::layout::NAMESPACE);
     let key = ns.key(curator::layout::ETCD_RESTART_KEY);
@@ -170,12 +227,29 @@ async fn follow(
         let holder = consensus::client::txn_get_value(taken.op_responses().first())
             .map(|v| String::from_utf8_lossy(&v).into_owned())
             .unwrap_or_default();
+        if holder == node_id {
+            // Held by this node before it restarted (its lease has not expired yet):
+            // nothing of this process restarts, so it is given back now.
+            client
+                .txn(
+                    Txn::new()
+                        .when([Compare::value(key.clone(), CompareOp::Equal, node_id)])
+                        .and_then([TxnOp::delete(key, None)]),
+                )
+                .await
+                .context("giving back the etcd restart key an earlier run of this node held")?;
+            return Ok(Some(
+                "etcd must restart to load changed etcd peer CAs; the restart key an earlier \
+                 run of this node held was given back"
+                    .to_string(),
+            ));
+        }
         return Ok(Some(format!(
             "etcd must restart to load changed etcd peer CAs; node {holder} restarts its etcd \
              first (one member at a time)"
         )));
     }
-    let outcome = restart_when_safe(ctx, settings, values, &mut client, restart, cas).await;
+    let outcome = restart_when_safe(look, &mut client, own.header().map(|h| h.member_id())).await;
     // The key goes with the lease; an unanswered revoke lets the lease expire.
     if let Err(e) = client.lease_revoke(lease).await {
         tracing::warn!("releasing the etcd restart key: {e}; it expires with its lease");
@@ -183,42 +257,32 @@ async fn follow(
     outcome
 }
 
-/// With the restart key held: restarts etcd unless another voter is unreachable, and
-/// waits until it runs with `cas` and answers a linearizable read.
+/// With the restart key held: restarts etcd unless another voter is unreachable.
 async fn restart_when_safe(
-    ctx: &supervisor::Context,
-    settings: &Settings,
-    values: &NodeValues,
+    look: &Look<'_>,
     client: &mut etcd_client::Client,
-    restart: &tokio::sync::Notify,
-    cas: &[Vec<u8>],
+    own: Option<u64>,
 ) -> Result<Option<String>> {
-    let own = client
-        .status()
-        .await
-        .context("asking the local etcd member for its status")?
-        .header()
-        .map(|h| h.member_id())
-        .unwrap_or_default();
     let members = consensus::membership::members(client)
         .await
         .context("listing the etcd members")?;
-    let report = consensus::selfreport::self_report(&settings.root.consensus_run_dir())
+    let report = consensus::selfreport::self_report(&look.settings.root.consensus_run_dir())
         .await
         .context("reading etcd's metrics")?;
     let voters: Vec<&consensus::membership::Member> =
         members.iter().filter(|m| !m.is_learner).collect();
-    let unreachable: Vec<String> = consensus::selfreport::peer_view(&report, own, &members)
-        .into_iter()
-        .filter(|p| !p.reachable && voters.iter().any(|v| v.id == p.id))
-        .map(|p| {
-            if p.name.is_empty() {
-                format!("{:x}", p.id)
-            } else {
-                p.name
-            }
-        })
-        .collect();
+    let unreachable: Vec<String> =
+        consensus::selfreport::peer_view(&report, own.unwrap_or_default(), &members)
+            .into_iter()
+            .filter(|p| !p.reachable && voters.iter().any(|v| v.id == p.id))
+            .map(|p| {
+                if p.name.is_empty() {
+                    format!("{:x}", p.id)
+                } else {
+                    p.name
+                }
+            })
+            .collect();
     if !unreachable.is_empty() {
         return Ok(Some(format!(
             "etcd must restart to load changed etcd peer CAs, but voters {} do not answer \
@@ -226,27 +290,39 @@ async fn restart_when_safe(
             unreachable.join(", ")
         )));
     }
+    restart_and_wait(look, client, true).await
+}
+
+/// Restarts etcd and waits until it runs with the cluster's CAs and, when `quorum`,
+/// answers a linearizable read.
+async fn restart_and_wait(
+    look: &Look<'_>,
+    client: &mut etcd_client::Client,
+    quorum: bool,
+) -> Result<Option<String>> {
+    let cas = look.cas;
     tracing::warn!(
         cas = cas.len(),
         signing = rpc::fingerprint(&cas[0]),
         "restarting etcd: it loads changed etcd peer CAs only at start"
     );
-    restart.notify_one();
-    let mut loaded = values.etcd_peer_trust_loaded.watch();
+    look.restart.notify_one();
+    let mut loaded = look.values.etcd_peer_trust_loaded.watch();
     let back = async {
         loaded
             .get_matching(|l| !l.is_empty() && loaded_exactly(l, cas))
             .await
             .map_err(|_| anyhow!("the control plane stopped"))?;
-        loop {
+        while quorum {
             // Caught up with a leader: a linearizable read through it succeeds.
             if client.get("\0polis-readiness-probe", None).await.is_ok() {
-                return Ok::<(), anyhow::Error>(());
+                break;
             }
-            if !pause(ctx, Duration::from_millis(100)).await {
+            if !pause(look.ctx, Duration::from_millis(100)).await {
                 return Err(anyhow!("cancelled"));
             }
         }
+        Ok::<(), anyhow::Error>(())
     };
     tokio::time::timeout(RESTART_PATIENCE, back)
         .await

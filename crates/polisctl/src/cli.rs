@@ -182,7 +182,8 @@ pub(crate) enum ClusterCommand {
         force: bool,
         /// Rotate the etcd peer CA (etcd's member-to-member TLS) instead: each member
         /// restarts its etcd twice, one member at a time, while polis-node runs on.
-        #[arg(long)]
+        /// Refused while a member is down, and never forced.
+        #[arg(long, conflicts_with = "force")]
         etcd_peer: bool,
     },
     /// The cluster CAs trusted (the signing one first) and, during a rotation, its phase

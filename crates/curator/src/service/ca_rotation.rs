@@ -267,6 +267,38 @@ fn waiting_for<'a>(
     waiting
 }
 
+/// The etcd voters this curator's own etcd member cannot reach now (from its metrics;
+/// none when they cannot be read): an etcd peer CA rotation restarts the members' etcds
+/// one at a time, which with one of these down would cost the quorum. Seen before the
+/// heartbeats time out, and also when only etcd is down.
+async fn unreachable_voters(shared: &Shared) -> Result<Vec<String>, Status> {
+    let mut client = shared.curator.client();
+    let own = super::member_status(
+        &mut client,
+        &shared.config.node_id,
+        shared.config.etcd_quota_bytes,
+    )
+    .await?;
+    let answer = super::with_peer_view(own, shared.config.etcd_run_dir.as_deref()).await;
+    let voters: std::collections::HashSet<u64> = answer
+        .members
+        .iter()
+        .filter(|m| !m.is_learner)
+        .map(|m| m.id)
+        .collect();
+    Ok(answer
+        .peers
+        .iter()
+        .filter(|p| answer.peers_known && !p.reachable && voters.contains(&p.member_id))
+        .map(|p| {
+            format!(
+                "etcd member {:x} (node {}) does not answer this curator's etcd",
+                p.member_id, p.node_id
+            )
+        })
+        .collect())
+}
+
 /// Each member's newest recorded curator certificate, by node ID.
 async fn newest_curator_certificates(
     store: &pki::CaStore,
@@ -332,6 +364,15 @@ pub(super) async fn rotate(
 ) -> Result<api::CaRotation, Status> {
     let which = Rotated::from_request(request.etcd_peer);
     let force = request.force;
+    if force && which == Rotated::EtcdPeer {
+        // Passing over a member would not lock it out alone: every other member's etcd
+        // restarts, which a member down turns into a lost quorum.
+        return Err(Status::invalid_argument(
+            "an etcd peer CA rotation cannot be forced: it restarts every member's etcd, one \
+             at a time, which with a member down would cost the quorum; bring the member \
+             back, or take its ConsensusMember role first (polisctl node remove-role)",
+        ));
+    }
     if request.signing_ca_fingerprint.is_empty() {
         return Err(Status::invalid_argument(format!(
             "name the signing {} to rotate away from (its SHA-256 fingerprint)",
@@ -362,12 +403,25 @@ pub(super) async fn rotate(
             .nodes
             .current()
             .ok_or_else(|| Status::unavailable("the node records are not loaded yet"))?;
-        let unable = unable_to_follow(which, nodes.nodes.values());
+        let mut unable = unable_to_follow(which, nodes.nodes.values());
+        if which == Rotated::EtcdPeer {
+            unable.extend(unreachable_voters(shared).await?);
+        }
         if !unable.is_empty() && !force {
+            let remedy = match which {
+                Rotated::Cluster => {
+                    "a rotation would wait for them, or lock them out if forced once the old \
+                     CA is retired; bring them back (or upgrade them), or rotate with --force \
+                     and re-register them afterwards"
+                }
+                Rotated::EtcdPeer => {
+                    "an etcd peer CA rotation restarts every member's etcd, one at a time, \
+                     which with a member down would cost the quorum; bring them back (or \
+                     upgrade them), or take their ConsensusMember role first"
+                }
+            };
             return Err(Status::failed_precondition(format!(
-                "{}: a rotation would wait for them, or lock them out if forced once the old \
-                 CA is retired; bring them back (or upgrade them), or rotate with --force and \
-                 re-register them afterwards",
+                "{}: {remedy}",
                 unable.join("; ")
             )));
         }
