@@ -19,6 +19,10 @@
 //!   always exists (etcd rejects every peer when it is missing).
 //! - A stale socket is removed before start; etcd dies with polis-node
 //!   (`PR_SET_PDEATHSIG`); stopping sends SIGTERM and, after a timeout, SIGKILL.
+//! - etcd 3.4 reads its peer certificate, key and CRL on every handshake but its
+//!   trusted peer CAs only at start: [`run_restartable`] restarts it on request (the
+//!   node's `peertrust`, one member at a time), and [`Running::peer_trust_loaded`] says
+//!   what the running etcd trusts. `--force-new-cluster` applies to the first start only.
 //! - "Ready" means a linearizable read through the socket succeeded, each attempt with
 //!   its own timeout.
 //! - Maintenance (`maintenance`): the local member's sizes, alarms, compaction,

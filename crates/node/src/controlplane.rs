@@ -353,20 +353,7 @@ pub async fn run(
     // The peer CAs the running etcd loaded, for the node's status and `peertrust`.
     let (loaded_values, loaded_status) = (values.clone(), status.clone());
     ctx.run("peerloaded", move |ctx| {
-        let values = loaded_values.clone();
-        let mut watcher = loaded_status.watch();
-        async move {
-            ctx.signal_healthy();
-            loop {
-                tokio::select! {
-                    s = watcher.get() => match s? {
-                        Status::Running(r) => values.etcd_peer_trust_loaded.set(r.peer_trust_loaded.clone()),
-                        Status::Stopped => values.etcd_peer_trust_loaded.set(Vec::new()),
-                    },
-                    _ = ctx.cancelled() => return Ok(()),
-                }
-            }
-        }
+        crate::peertrust::publish_loaded(ctx, loaded_status.clone(), loaded_values.clone())
     })?;
 
     // The etcd peer CAs the cluster trusts, into etcd's trust file and (by a restart,

@@ -99,6 +99,28 @@ pub fn report(settings: &Settings, values: &NodeValues) -> (Vec<String>, String)
     )
 }
 
+/// The `peerloaded` runnable: publishes what each start of the local etcd loaded
+/// (`NodeValues::etcd_peer_trust_loaded`; empty while it is stopped).
+pub async fn publish_loaded(
+    ctx: supervisor::Context,
+    status: event::Value<consensus::Status>,
+    values: NodeValues,
+) -> supervisor::RunnableResult {
+    ctx.signal_healthy();
+    let mut watcher = status.watch();
+    loop {
+        tokio::select! {
+            s = watcher.get() => match s? {
+                consensus::Status::Running(r) => {
+                    values.etcd_peer_trust_loaded.set(r.peer_trust_loaded.clone())
+                }
+                consensus::Status::Stopped => values.etcd_peer_trust_loaded.set(Vec::new()),
+            },
+            _ = ctx.cancelled() => return Ok(()),
+        }
+    }
+}
+
 /// The `peertrust` runnable (see the module documentation).
 pub async fn run(
     ctx: supervisor::Context,
@@ -313,13 +335,12 @@ async fn restart_and_wait(
             .get_matching(|l| !l.is_empty() && loaded_exactly(l, cas))
             .await
             .map_err(|_| anyhow!("the control plane stopped"))?;
-        while quorum {
+        if quorum {
             // Caught up with a leader: a linearizable read through it succeeds.
-            if client.get("\0polis-readiness-probe", None).await.is_ok() {
-                break;
-            }
-            if !pause(look.ctx, Duration::from_millis(100)).await {
-                return Err(anyhow!("cancelled"));
+            while client.get("\0polis-readiness-probe", None).await.is_err() {
+                if !pause(look.ctx, Duration::from_millis(100)).await {
+                    return Err(anyhow!("cancelled"));
+                }
             }
         }
         Ok::<(), anyhow::Error>(())
