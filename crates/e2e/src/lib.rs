@@ -33,6 +33,8 @@
 //!      net       unique_loopback(), NetNs (deleted on drop)
 //!      wait      TIMEOUT, wait_until()
 //!      certs     pem_der(), peer_accepts()
+//!      sim       simulated nodes: sim_address(), enrol_at() (the real enrolment flow
+//!                for a key of the bench's own)
 //!      bench     median(), seconds_and_rounds(), timed_calls() (the API benches'
 //!                client loop) → Calls
 //!      datadev   fscrypt_usable(), data_image(), Mounts (unmounts on drop)
@@ -57,6 +59,7 @@ mod partitioned;
 mod process;
 mod scrape;
 mod scrape_bench;
+mod sim;
 mod wait;
 
 pub use bench::{Calls, cpu_time, median, seconds_and_rounds, timed_calls};
@@ -73,4 +76,5 @@ pub use partitioned::{MEMBERS, PartitionedCluster};
 pub use process::{Proc, bin, bin_dir, process_alive};
 pub use scrape::{METRICS_PORT, Prometheus, http_get, promtool_check, scrape};
 pub use scrape_bench::scrape_members;
+pub use sim::{Enrolment, enrol_at, sim_address};
 pub use wait::{TIMEOUT, wait_until};

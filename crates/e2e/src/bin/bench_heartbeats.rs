@@ -107,13 +107,20 @@ impl Setup {
 async fn enrol(setup: &Setup, n: usize) -> Result<SimNode> {
     let key = identity::NodeKey::generate()?;
     let id = key.node_id();
-    let address = format!("127.{}.{}.{}", 100 + n / 65_536, (n / 256) % 256, n % 256);
+    let address = e2e::sim_address(n);
     let preference = rpc::spread::by_preference(address.as_bytes(), &setup.curators);
-    let self_signed = rpc::self_signed(&key)?;
+    let enrolment = e2e::Enrolment {
+        trust: &setup.trust,
+        owner: &setup.owner,
+        ticket: &setup.ticket,
+    };
     let mut last_error = None;
     for endpoint in &preference {
-        match enrol_at(setup, *endpoint, &self_signed, &id, &address).await {
-            Ok(certificate) => {
+        match e2e::enrol_at(&enrolment, *endpoint, &key, &address).await {
+            Ok((certificate, laps)) => {
+                for (sum, lap) in setup.enrol_us.iter().zip(laps) {
+                    sum.fetch_add(lap.as_micros() as u64, Ordering::Relaxed);
+                }
                 return Ok(SimNode {
                     id,
                     address,
@@ -131,61 +138,6 @@ async fn enrol(setup: &Setup, n: usize) -> Result<SimNode> {
         }
     }
     Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no curators")))
-}
-
-/// Register, approve, commit at `endpoint`: the node certificate.
-async fn enrol_at(
-    setup: &Setup,
-    endpoint: SocketAddr,
-    self_signed: &rpc::Credentials,
-    id: &str,
-    address: &str,
-) -> Result<Vec<u8>> {
-    let started = Instant::now();
-    // From the node's own address, as a real node on its own machine: the curator caps
-    // connections and streams per source.
-    let slot = rpc::CredentialSlot::new(self_signed.clone())?;
-    let channel =
-        rpc::connect_from(endpoint, &setup.trust, Some(&slot), Some(address.parse()?)).await?;
-    let mut curator = api::curator_client::CuratorClient::new(channel);
-    let mut updates = curator
-        .register_node(api::RegisterNodeRequest {
-            register_ticket: setup.ticket.clone(),
-            address: address.to_string(),
-            labels: Default::default(),
-            ..Default::default()
-        })
-        .await
-        .context("RegisterNode")?
-        .into_inner();
-    updates.message().await.context("RegisterNode stream")?;
-    drop(updates);
-    let mut t = started;
-    let mut lap = |i: usize| {
-        setup.enrol_us[i].fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
-        t = Instant::now();
-    };
-    lap(0);
-    setup
-        .owner
-        .call(|c| {
-            let id = id.to_string();
-            async move {
-                api::management_client::ManagementClient::new(c)
-                    .approve_node(api::ApproveNodeRequest { id })
-                    .await
-            }
-        })
-        .await
-        .context("ApproveNode")?;
-    lap(1);
-    let committed = curator
-        .commit_node(api::CommitNodeRequest {})
-        .await
-        .context("CommitNode")?
-        .into_inner();
-    lap(2);
-    Ok(committed.node_certificate)
 }
 
 fn unix_ms() -> u64 {
