@@ -377,3 +377,53 @@ async fn a_rotation_introduces_promotes_and_retires_keeping_every_revocation() -
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_long_expired_and_superseded_are_forgotten() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_etcd, store) = store(dir.path()).await?;
+    let (ca, _) = store.ensure_ca(|| Ca::generate("CA", CA_LIFETIME)).await?;
+    let key = identity::NodeKey::generate()?;
+    // Three renewals of one node's certificate, a day apart, and another node's one.
+    let day = time::Duration::days(1);
+    let start = time::OffsetDateTime::now_utc() - day * 3;
+    let mut names = Vec::new();
+    for (i, cn) in ["polis-x", "polis-x", "polis-x", "polis-y"]
+        .iter()
+        .enumerate()
+    {
+        let name = format!("node-{cn}-{i}");
+        let template = Template {
+            common_name: cn.to_string(),
+            ..template()
+        };
+        let issued = start + day * i as i32;
+        store
+            .ensure_certificate(&name, || ca.issue_at(&template, &key.public_key(), issued))
+            .await?;
+        names.push(name);
+    }
+    let validity = |der: &[u8]| pki::Validity::of(der);
+    let listed = store.list_issued("node-").await?;
+    // Each superseded one goes an hour after its end; each subject's newest stays.
+    let (first_ends, second_ends) = (
+        validity(&listed[0].1)?.not_after,
+        validity(&listed[1].1)?.not_after,
+    );
+    let keep = Duration::from_secs(3600);
+    assert_eq!(store.prune_superseded(first_ends + 3600, keep).await?, 0);
+    assert_eq!(store.prune_superseded(first_ends + 3601, keep).await?, 1);
+    assert_eq!(store.prune_superseded(second_ends + 3601, keep).await?, 1);
+    let left: Vec<String> = store
+        .list_issued("node-")
+        .await?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(left, vec![names[2].clone(), names[3].clone()]);
+    // Nothing more to forget, and the CA and its CRL are untouched.
+    assert_eq!(store.prune_superseded(u64::MAX / 2, keep).await?, 0);
+    assert_eq!(store.load_ca().await?.as_ref(), Some(&ca));
+    assert!(pki::crl_serials(&store.crl().await?)?.is_empty());
+    Ok(())
+}

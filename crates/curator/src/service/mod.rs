@@ -8,7 +8,11 @@
 //!   ├── nodes        one etcd watch on nodes/ → Shared::nodes (snapshot per change)
 //!   ├── quorum       the local etcd member's leader, looked at every 200 ms →
 //!   │                Shared::etcd_leader (without one: calls refused, `quorum`)
-//!   ├── crl          one etcd watch on the cluster CRL → Shared::crl (see `crl`)
+//!   ├── crl          one etcd watch on the cluster CAs and CRLs → Shared::trusted,
+//!   │                Shared::crl (see `crl`)
+//!   ├── peer-trust   one etcd watch on the etcd peer CAs → Shared::peer_trusted
+//!   ├── ca-rotation  leader: moves a running CA rotation on (`ca_rotation`)
+//!   ├── pki-prune    leader: forgets certificates long expired and superseded
 //!   ├── decommission leader: finishes DECOMMISSIONING nodes (see `decommission`)
 //!   ├── membership   leader: carries out recorded role removals (resumed after a
 //!   │                failover), removes learners no record stands for (`reconciler`)
@@ -102,6 +106,7 @@ mod node_info;
 mod node_status;
 mod nodes;
 mod operators;
+mod pki_prune;
 mod quorum;
 mod reconciler;
 mod removal;
@@ -224,6 +229,11 @@ pub async fn run(
     let rotation_shared = shared.clone();
     ctx.run("ca-rotation", move |ctx| {
         ca_rotation::run(ctx, rotation_shared.clone())
+    })?;
+
+    let prune_shared = shared.clone();
+    ctx.run("pki-prune", move |ctx| {
+        pki_prune::run(ctx, prune_shared.clone())
     })?;
 
     let upkeep_shared = shared.clone();
