@@ -33,8 +33,8 @@
 //!      net       unique_loopback(), NetNs (deleted on drop)
 //!      wait      TIMEOUT, wait_until()
 //!      certs     pem_der(), peer_accepts()
-//!      sim       simulated nodes: sim_address(), enrol_at() (the real enrolment flow
-//!                for a key of the bench's own)
+//!      sim       simulated nodes: sim_address(), register_ticket(), enrol_at() (the
+//!                real enrolment flow for a key of the bench's own)
 //!      bench     median(), seconds_and_rounds(), timed_calls() (the API benches'
 //!                client loop) → Calls
 //!      datadev   fscrypt_usable(), data_image(), Mounts (unmounts on drop)
@@ -76,5 +76,5 @@ pub use partitioned::{MEMBERS, PartitionedCluster};
 pub use process::{Proc, bin, bin_dir, process_alive};
 pub use scrape::{METRICS_PORT, Prometheus, http_get, promtool_check, scrape};
 pub use scrape_bench::scrape_members;
-pub use sim::{Enrolment, enrol_at, sim_address};
+pub use sim::{Enrolment, enrol_at, register_ticket, sim_address};
 pub use wait::{TIMEOUT, wait_until};

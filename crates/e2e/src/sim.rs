@@ -83,3 +83,16 @@ pub async fn enrol_at(
     lap(2);
     Ok((committed.node_certificate, laps))
 }
+
+/// A register ticket, as the owner gets it.
+pub async fn register_ticket(owner: &rpc::CuratorClient) -> Result<Vec<u8>> {
+    Ok(owner
+        .call(|c| async move {
+            api::management_client::ManagementClient::new(c)
+                .get_register_ticket(api::GetRegisterTicketRequest {})
+                .await
+        })
+        .await
+        .context("GetRegisterTicket")?
+        .ticket)
+}

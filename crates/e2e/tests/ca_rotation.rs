@@ -190,16 +190,7 @@ fn the_cluster_ca_rotates_online_through_a_leader_failover() -> Result<()> {
             Err(e) => failures.push(format!("cluster ca: {e:#}")),
         }
         if started.elapsed() > ROTATION_BOUND {
-            for (name, node) in nodes.iter_mut() {
-                let log = node.proc().output();
-                let lines: Vec<&str> = log
-                    .lines()
-                    .filter(|l| {
-                        l.contains("cluster CAs") || l.contains("rotation") || l.contains("Issuer")
-                    })
-                    .collect();
-                println!("{name}: {lines:#?}");
-            }
+            print_log_lines(&mut nodes, &["cluster CAs", "rotation", "Issuer"]);
             bail!(
                 "the rotation did not finish within {ROTATION_BOUND:?}; phases {phases:?}; \
                  failures {:#?}; during the failover {:#?}",
@@ -503,16 +494,7 @@ fn rotate_the_etcd_peer_ca(
             Err(e) => failures.push(format!("cluster ca --etcd-peer: {e:#}")),
         }
         if started.elapsed() > ROTATION_BOUND {
-            for (name, node) in nodes.iter_mut() {
-                let log = node.proc().output();
-                let lines: Vec<&str> = log
-                    .lines()
-                    .filter(|l| {
-                        l.contains("peertrust") || l.contains("peer CA") || l.contains("restart")
-                    })
-                    .collect();
-                println!("{name}: {lines:#?}");
-            }
+            print_log_lines(nodes, &["peertrust", "peer CA", "restart"]);
             bail!(
                 "the etcd peer CA rotation did not finish within {ROTATION_BOUND:?}; phases \
                  {phases:?}; failures {:#?}",
@@ -610,6 +592,18 @@ fn rotate_the_etcd_peer_ca(
         assert_ne!(node.etcd_pid()?, *pid, "{name}'s etcd never restarted");
     }
     Ok(())
+}
+
+/// Prints each node's log lines that contain one of `needles` (a rotation overran).
+fn print_log_lines(nodes: &mut [(&str, &mut Node)], needles: &[&str]) {
+    for (name, node) in nodes.iter_mut() {
+        let log = node.proc().output();
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| needles.iter().any(|n| l.contains(n)))
+            .collect();
+        println!("{name}: {lines:#?}");
+    }
 }
 
 /// Failures a client sees while the killed leader's successor is being elected (a few

@@ -64,6 +64,16 @@ pub fn verified_crl_number(crl_der: &[u8], ca_der: &[u8]) -> Result<u64, PkiErro
     }
 }
 
+/// The first common name of `name` (a certificate's subject or issuer), empty when it
+/// has none.
+pub fn common_name(name: &x509_parser::x509::X509Name<'_>) -> String {
+    name.iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// The serial numbers a DER CRL lists.
 pub fn crl_serials(crl_der: &[u8]) -> Result<Vec<Vec<u8>>, PkiError> {
     let (_, crl) = x509_parser::parse_x509_crl(crl_der).map_err(|e| PkiError::Invalid {

@@ -57,7 +57,8 @@ mod lifetime;
 mod store;
 
 pub use inspect::{
-    certificate_public_key, crl_serials, issued_by, time_to_expiry, verified_crl_number,
+    certificate_public_key, common_name, crl_serials, issued_by, time_to_expiry,
+    verified_crl_number,
 };
 pub use issue::{Ca, Issued, Template, Usage, random_serial};
 pub use kind::{CertificateKind, OperatorRole};

@@ -76,13 +76,7 @@ struct Recorded<'a> {
 impl<'a> Recorded<'a> {
     fn parse(name: &'a str, der: &'a [u8]) -> Option<Recorded<'a>> {
         let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-        let common_name = cert
-            .subject()
-            .iter_common_name()
-            .next()
-            .and_then(|cn| cn.as_str().ok())
-            .unwrap_or_default()
-            .to_string();
+        let common_name = crate::common_name(cert.subject());
         let kind = crate::CertificateKind::of(&cert).map_or("", |k| k.mark());
         Some(Recorded {
             name,

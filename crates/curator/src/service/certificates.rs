@@ -92,13 +92,7 @@ fn describe(name: &str, der: &[u8], revoked: &[Vec<u8>]) -> Option<CertificateIn
             | pki::CertificateKind::EtcdPeer
             | pki::CertificateKind::Curator
             | pki::CertificateKind::Operator(_),
-        ) => cert
-            .subject()
-            .iter_common_name()
-            .next()
-            .and_then(|cn| cn.as_str().ok())
-            .unwrap_or_default()
-            .to_string(),
+        ) => pki::common_name(cert.subject()),
         _ => String::new(),
     };
     let validity = pki::Validity::of(der).ok()?;
@@ -114,13 +108,7 @@ fn describe(name: &str, der: &[u8], revoked: &[Vec<u8>]) -> Option<CertificateIn
         not_after_unix: validity.not_after,
         revoked: revoked.contains(&serial),
         current: false,
-        issuer: cert
-            .issuer()
-            .iter_common_name()
-            .next()
-            .and_then(|cn| cn.as_str().ok())
-            .unwrap_or_default()
-            .to_string(),
+        issuer: pki::common_name(cert.issuer()),
     })
 }
 

@@ -713,14 +713,7 @@ fn main() -> Result<()> {
         .collect();
     owner.set_endpoints(curators.clone());
     runtime.block_on(async {
-        let ticket = owner
-            .call(|c| async move {
-                api::management_client::ManagementClient::new(c)
-                    .get_register_ticket(api::GetRegisterTicketRequest {})
-                    .await
-            })
-            .await?
-            .ticket;
+        let ticket = e2e::register_ticket(&owner).await?;
         let setup = Arc::new(Setup {
             sessions: curators.iter().map(|_| AtomicUsize::new(0)).collect(),
             curators: curators.clone(),

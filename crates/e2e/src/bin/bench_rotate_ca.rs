@@ -273,14 +273,7 @@ fn start_simulated(
     let crl = e2e::pem_der(&cluster.config.join("crl.pem"))?;
     let period = curator::health::Timing::DEFAULT.period();
     runtime.block_on(async {
-        let ticket = owner
-            .call(|c| async move {
-                api::management_client::ManagementClient::new(c)
-                    .get_register_ticket(api::GetRegisterTicketRequest {})
-                    .await
-            })
-            .await?
-            .ticket;
+        let ticket = e2e::register_ticket(&owner).await?;
         let pinned = rpc::ServerTrust::PinnedCa(ca.clone());
         let enrolment = e2e::Enrolment {
             trust: &pinned,

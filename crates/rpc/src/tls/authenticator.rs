@@ -193,13 +193,7 @@ impl Authenticator {
         };
         match verifier.verify_client_cert(leaf, &[], now) {
             Ok(_) => {
-                let cn = parsed
-                    .subject()
-                    .iter_common_name()
-                    .next()
-                    .and_then(|cn| cn.as_str().ok())
-                    .unwrap_or_default()
-                    .to_string();
+                let cn = pki::common_name(parsed.subject());
                 let identity =
                     classify_cluster_certificate(pki::CertificateKind::of(&parsed), cn, public_key);
                 // Only what verified: a verdict that rests on the clock or a missing
