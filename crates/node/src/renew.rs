@@ -15,8 +15,10 @@
 //!                        every new peer handshake (both directions), so the file is all
 //! ```
 //! A node certificate the signing CA did not issue (a CA rotation promoted another,
-//! the first of the CAs the node trusts) is renewed at once, whatever its age: the
-//! runnable looks every ROTATION_CHECK.
+//! the first of the CAs the node trusts) is renewed at once, whatever its age, and so
+//! is a peer certificate the signing etcd peer CA did not issue (the first of
+//! `NodeValues::etcd_peer_cas`): the runnable looks every ROTATION_CHECK. A renewed
+//! peer certificate must come from a peer CA the member was told to trust.
 //! A failed renewal is retried with backoff (never waiting past a quarter of the time
 //! left) and logged once per problem. The runnable wakes at least every 1/12 of the
 //! shortest lifetime (capped at a minute), so a peer certificate that appeared since
