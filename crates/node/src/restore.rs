@@ -20,7 +20,8 @@
 //! themselves when the address is a former member's; a former member's etcd belongs to
 //! another etcd cluster and rejoins as a learner (see `rejoin`), recording its new ID.
 //!
-//! The cluster CA found in the snapshot must be the one the backup's header names.
+//! The cluster CA found in the snapshot must be one the backup's header names (the
+//! signing one, or during a rotation one of those trusted).
 //! Any failure after the root was touched removes what this run created (the root itself
 //! when it was absent), so a refused restore leaves nothing behind. A start path: may not
 //! start runnables or touch shared values.
@@ -258,8 +259,8 @@ pub async fn serve_backup<T>(
     outcome.map_err(|_| anyhow!("the restored etcd did not serve within 60 s"))?
 }
 
-/// The cluster CA in a restored snapshot, which must be the one the backup's header
-/// names.
+/// The cluster CA in a restored snapshot, which must be one the backup's header names
+/// (the signing CA, or one trusted during a rotation).
 pub async fn backup_cluster_ca(
     curator_ns: &consensus::Namespaced,
     flags: &RestoreFlags,
@@ -276,12 +277,17 @@ pub async fn backup_cluster_ca(
             )
         })?;
     let fingerprint = rpc::fingerprint(&cluster_ca.cert_der);
-    if fingerprint != backup.header.ca_fingerprint {
+    // The header names the signing CA as the serving curator followed it, and every CA
+    // trusted then: a snapshot taken as a rotation promoted its new CA may hold either.
+    let named = fingerprint == backup.header.ca_fingerprint
+        || backup.header.trusted_ca_fingerprints.contains(&fingerprint);
+    if !named {
         bail!(
-            "backup {}: the snapshot's cluster CA ({fingerprint}) is not the one its header \
-             names ({})",
+            "backup {}: the snapshot's cluster CA ({fingerprint}) is none its header names \
+             (signing {}, trusted {:?})",
             flags.backup.display(),
-            backup.header.ca_fingerprint
+            backup.header.ca_fingerprint,
+            backup.header.trusted_ca_fingerprints
         );
     }
     Ok(cluster_ca)
