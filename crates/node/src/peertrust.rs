@@ -74,6 +74,34 @@ pub fn loaded_exactly(loaded: &[u8], cas: &[Vec<u8>]) -> bool {
     loaded == wanted
 }
 
+/// Why `cas` (a WatchNode update's peer CAs) must not become etcd's trust (pure): none
+/// or more than `rpc::tls::MAX_TRUSTED_CAS`, one that is no certificate, or a set without
+/// the CA that issued the peer certificate this member presents (`presented`): an
+/// update older than one applied (a curator whose view lags) would lock it out.
+pub fn refusal(cas: &[Vec<u8>], presented: Option<&[u8]>) -> Option<String> {
+    if cas.is_empty() || cas.len() > rpc::tls::MAX_TRUSTED_CAS {
+        return Some(format!(
+            "{} CAs (1 to {} are trusted)",
+            cas.len(),
+            rpc::tls::MAX_TRUSTED_CAS
+        ));
+    }
+    if cas
+        .iter()
+        .any(|ca| pki::certificate_public_key(ca).is_err())
+    {
+        return Some("one is no certificate".to_string());
+    }
+    match presented {
+        Some(cert) if !cas.iter().any(|ca| pki::issued_by(cert, ca)) => Some(
+            "none of them issued the peer certificate this member presents (renewed first, \
+             or a stale update)"
+                .to_string(),
+        ),
+        _ => None,
+    }
+}
+
 /// What the node reports of its etcd's peer TLS with each heartbeat: the fingerprints
 /// of the peer CAs its running etcd loaded (none while none runs), and of the CA that
 /// issued the peer certificate it presents.
@@ -185,6 +213,12 @@ async fn follow(
         ..
     } = *look;
     let file = settings.root.etcd_peer_dir().join("ca.pem");
+    let presented = read_pem_certificate(&settings.root.etcd_peer_dir().join("cert.pem")).ok();
+    if let Some(why) = refusal(cas, presented.as_deref()) {
+        return Ok(Some(format!(
+            "not taking the etcd peer CAs a curator named: {why}"
+        )));
+    }
     let on_disk = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
     if !loaded_exactly(&on_disk, cas) {
         write_atomic(&file, &peer_trust_pem(cas))
@@ -223,9 +257,31 @@ async fn follow(
         return restart_and_wait(look, &mut client, false).await;
     }
     *leaderless_since = None;
+    if own.is_learner() {
+        // etcd refuses a learner leases and transactions, and a learner's restart costs
+        // no one a quorum.
+        return restart_and_wait(look, &mut client, false).await;
+    }
     let node_id = node_id(values)?;
     let ns = consensus::Namespaced::new(client.clone(), curator::layout::NAMESPACE);
     let key = ns.key(curator::layout::ETCD_RESTART_KEY);
+    // Held by another member: waiting costs no write (a local read).
+    let held = client
+        .get(
+            key.clone(),
+            Some(etcd_client::GetOptions::new().with_serializable()),
+        )
+        .await
+        .context("reading the etcd restart key")?;
+    if let Some(kv) = held.kvs().first()
+        && kv.value() != node_id.as_bytes()
+    {
+        return Ok(Some(format!(
+            "etcd must restart to load changed etcd peer CAs; node {} restarts its etcd \
+             first (one member at a time)",
+            String::from_utf8_lossy(kv.value())
+        )));
+    }
     let lease = client
         .lease_grant(RESTART_LEASE_TTL, None)
         .await
@@ -328,7 +384,9 @@ async fn restart_and_wait(
         signing = rpc::fingerprint(&cas[0]),
         "restarting etcd: it loads changed etcd peer CAs only at start"
     );
-    look.restart.notify_one();
+    // Only a start that is running now restarts: a request stored for a later start
+    // would restart that one without the key.
+    look.restart.notify_waiters();
     let mut loaded = look.values.etcd_peer_trust_loaded.watch();
     let back = async {
         loaded
@@ -379,5 +437,29 @@ mod tests {
         ));
         assert!(!loaded_exactly(b"", &[a]));
         assert_eq!(certificates(b"not pem"), Vec::<Vec<u8>>::new());
+    }
+
+    #[test]
+    fn peer_cas_that_would_lock_the_member_out_are_refused() {
+        let old = pki::Ca::generate("old", pki::CA_LIFETIME).unwrap();
+        let new = pki::Ca::generate("new", pki::CA_LIFETIME).unwrap();
+        let template = pki::Template {
+            common_name: "polis-x".into(),
+            dns_names: vec![],
+            ip_addresses: vec![],
+            usage: pki::Usage::ServerAndClient,
+            lifetime: Duration::from_secs(3600),
+            kind: pki::CertificateKind::EtcdPeer,
+        };
+        let presented = new.issue(&template, &[7; 32]).unwrap().der;
+        let both = [new.cert_der.clone(), old.cert_der.clone()];
+        assert_eq!(refusal(&both, Some(&presented)), None);
+        assert_eq!(refusal(&both[..1], Some(&presented)), None);
+        assert_eq!(refusal(&both, None), None);
+        // A stale set without the issuer of what the member presents.
+        assert!(refusal(&both[1..], Some(&presented)).is_some());
+        assert!(refusal(&[], None).is_some());
+        assert!(refusal(&vec![old.cert_der.clone(); 5], None).is_some());
+        assert!(refusal(&[vec![1, 2, 3]], None).is_some());
     }
 }

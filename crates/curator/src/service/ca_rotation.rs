@@ -99,14 +99,21 @@ impl Rotated {
 
     /// The nodes whose state counts: committed ones (a NEW or STANDBY node holds no
     /// certificate yet; a decommissioned one needs none); for the etcd peer CA only
-    /// consensus members (only they run an etcd).
+    /// consensus members (only they run an etcd), DECOMMISSIONING ones too while they
+    /// hold the role (their etcd may still vote: locking it out could cost the quorum).
     fn counts(self, node: &Node) -> bool {
-        node.state == NodeState::Up as i32
-            && (self == Rotated::Cluster
-                || node
-                    .roles
-                    .as_ref()
-                    .is_some_and(|r| r.consensus_member.is_some()))
+        let member = node
+            .roles
+            .as_ref()
+            .is_some_and(|r| r.consensus_member.is_some());
+        match self {
+            Rotated::Cluster => node.state == NodeState::Up as i32,
+            Rotated::EtcdPeer => {
+                member
+                    && (node.state == NodeState::Up as i32
+                        || node.state == NodeState::Decommissioning as i32)
+            }
+        }
     }
 
     /// The CAs of this kind the leader follows in memory.
@@ -268,7 +275,7 @@ fn waiting_for<'a>(
 }
 
 /// The etcd voters this curator's own etcd member cannot reach now (from its metrics;
-/// none when they cannot be read): an etcd peer CA rotation restarts the members' etcds
+/// one line saying so when they cannot be read): an etcd peer CA rotation restarts the members' etcds
 /// one at a time, which with one of these down would cost the quorum. Seen before the
 /// heartbeats time out, and also when only etcd is down.
 async fn unreachable_voters(shared: &Shared) -> Result<Vec<String>, Status> {
@@ -280,6 +287,12 @@ async fn unreachable_voters(shared: &Shared) -> Result<Vec<String>, Status> {
     )
     .await?;
     let answer = super::with_peer_view(own, shared.config.etcd_run_dir.as_deref()).await;
+    if !answer.peers_known {
+        return Ok(vec![
+            "this curator cannot read its etcd's view of the other members (its metrics)"
+                .to_string(),
+        ]);
+    }
     let voters: std::collections::HashSet<u64> = answer
         .members
         .iter()
@@ -289,7 +302,7 @@ async fn unreachable_voters(shared: &Shared) -> Result<Vec<String>, Status> {
     Ok(answer
         .peers
         .iter()
-        .filter(|p| answer.peers_known && !p.reachable && voters.contains(&p.member_id))
+        .filter(|p| !p.reachable && voters.contains(&p.member_id))
         .map(|p| {
             format!(
                 "etcd member {:x} (node {}) does not answer this curator's etcd",
@@ -757,6 +770,15 @@ mod tests {
         assert!(unable[0].starts_with("node c (version"), "{unable:?}");
         // The cluster CA's rotation does not look at etcd.
         assert!(waiting_for(Rotated::Cluster, &t, nodes.iter(), &none).is_empty());
+        // A member being decommissioned still runs a voting etcd until its role goes.
+        let leaving = Node {
+            state: NodeState::Decommissioning as i32,
+            ..member("d", &[&old, &new], &new)
+        };
+        assert!(peer.counts(&leaving));
+        assert!(!Rotated::Cluster.counts(&leaving));
+        let waiting = waiting_for(peer, &t, std::iter::once(&leaving), &none);
+        assert_eq!(waiting.len(), 1, "{waiting:?}");
     }
 
     #[test]
