@@ -424,9 +424,11 @@ fn rotate_the_etcd_peer_ca(
     assert!(ok, "rotate-ca --etcd-peer: {err}");
     assert!(out.contains("started"), "{out}");
 
-    // The same member stops once the rotation has restarted a first etcd, and comes
-    // back 5 s later: the rotation waits for it and finishes.
+    // The same member is killed as it restarts its own etcd, holding the restart key,
+    // and comes back 5 s later: it gives the key back at once (the others do not wait
+    // for the key's lease), the rotation waits for it and finishes.
     let mut stopped_at: Option<Instant> = None;
+    let mut killed_holding_key = false;
     let mut came_back = false;
     let started = Instant::now();
     let (mut writes, mut last_written) = (0u32, None);
@@ -434,11 +436,23 @@ fn rotate_the_etcd_peer_ca(
     let mut phases: Vec<String> = Vec::new();
     let mut saw_status_line = false;
     loop {
-        if stopped_at.is_none() && phases.len() > 1 {
+        if stopped_at.is_none()
+            && nodes[victim]
+                .1
+                .proc()
+                .output()
+                .contains("restarting etcd: it loads changed etcd peer CAs only at start")
+        {
+            // Holding the key for sure when its restart had not finished.
+            killed_holding_key = !nodes[victim]
+                .1
+                .proc()
+                .output()
+                .contains("etcd restarted with the cluster's etcd peer CAs");
             nodes[victim].1.proc = None;
             stopped_at = Some(Instant::now());
             println!(
-                "{:?}: member {} stopped",
+                "{:?}: member {} stopped (holding the restart key: {killed_holding_key})",
                 started.elapsed(),
                 nodes[victim].0
             );
@@ -447,6 +461,22 @@ fn rotate_the_etcd_peer_ca(
             nodes[victim].1.start(&[])?;
             nodes[victim].1.wait_for_curator()?;
             came_back = true;
+            let log = nodes[victim].1.proc().output();
+            let deadline = Instant::now() + TIMEOUT;
+            while killed_holding_key
+                && !nodes[victim]
+                    .1
+                    .proc()
+                    .output()
+                    .contains("gave back the etcd restart key an earlier run held")
+            {
+                if Instant::now() > deadline {
+                    bail!(
+                        "the member killed while restarting its etcd never gave the key back: {log}"
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
             println!(
                 "{:?}: member {} is back",
                 started.elapsed(),

@@ -160,9 +160,25 @@ pub async fn run(
     ctx.signal_healthy();
     let mut problems = ProblemLog::default();
     let mut leaderless_since = None;
+    // A key this node held before this runnable started (it was killed, or its control
+    // plane restarted, mid-restart) is given back first, whether or not its etcd needs
+    // a restart now: otherwise the others wait for its lease (RESTART_LEASE_TTL).
+    let mut stale_key_checked = false;
     loop {
         if !pause(&ctx, CHECK).await {
             return Ok(());
+        }
+        if !stale_key_checked {
+            // No quorum yet (a member coming back, or one cut off, which must still get
+            // to its restart below): tried again next look. This run's own key is always
+            // released before `follow` returns, so a later give-back never takes a key
+            // this run holds.
+            if let Ok(gave_back) = give_back_stale_key(&values, client.clone()).await {
+                stale_key_checked = true;
+                if gave_back {
+                    tracing::info!("gave back the etcd restart key an earlier run held");
+                }
+            }
         }
         let cas = values.etcd_peer_cas.current().unwrap_or_default();
         if cas.is_empty() {
@@ -305,23 +321,6 @@ async fn follow(
         let holder = consensus::client::txn_get_value(taken.op_responses().first())
             .map(|v| String::from_utf8_lossy(&v).into_owned())
             .unwrap_or_default();
-        if holder == node_id {
-            // Held by this node before it restarted (its lease has not expired yet):
-            // nothing of this process restarts, so it is given back now.
-            client
-                .txn(
-                    Txn::new()
-                        .when([Compare::value(key.clone(), CompareOp::Equal, node_id)])
-                        .and_then([TxnOp::delete(key, None)]),
-                )
-                .await
-                .context("giving back the etcd restart key an earlier run of this node held")?;
-            return Ok(Some(
-                "etcd must restart to load changed etcd peer CAs; the restart key an earlier \
-                 run of this node held was given back"
-                    .to_string(),
-            ));
-        }
         return Ok(Some(format!(
             "etcd must restart to load changed etcd peer CAs; node {holder} restarts its etcd \
              first (one member at a time)"
@@ -333,6 +332,22 @@ async fn follow(
         tracing::warn!("releasing the etcd restart key: {e}; it expires with its lease");
     }
     outcome
+}
+
+/// Deletes the restart key when it names this node (held by an earlier run: this one
+/// has not taken it yet); whether it did.
+async fn give_back_stale_key(values: &NodeValues, mut client: etcd_client::Client) -> Result<bool> {
+    let node_id = node_id(values)?;
+    let ns = consensus::Namespaced::new(client.clone(), curator::layout::NAMESPACE);
+    let key = ns.key(curator::layout::ETCD_RESTART_KEY);
+    let txn = Txn::new()
+        .when([Compare::value(key.clone(), CompareOp::Equal, node_id)])
+        .and_then([TxnOp::delete(key, None)]);
+    Ok(client
+        .txn(txn)
+        .await
+        .context("giving back the etcd restart key an earlier run of this node held")?
+        .succeeded())
 }
 
 /// With the restart key held: restarts etcd unless another voter is unreachable.
