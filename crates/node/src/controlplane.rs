@@ -400,7 +400,7 @@ pub async fn run(
     let crl_running = running.clone();
     let crl_path = settings.root.etcd_peer_dir().join("crl.pem");
     ctx.run("crlsync", move |ctx| {
-        crl_sync(ctx, crl_running.client.clone(), crl_path.clone())
+        crate::peertrust::crl_sync(ctx, crl_running.client.clone(), crl_path.clone())
     })?;
 
     // The member list, recorded for a later start without a quorum (`memberbook`).
@@ -686,29 +686,4 @@ async fn check_member(
         );
     }
     Ok(())
-}
-
-/// Keeps `--peer-crl-file` equal to the etcd peer CRL in etcd: etcd re-reads the file on
-/// every inbound peer connection, so a revoked peer is refused without a restart.
-async fn crl_sync(
-    ctx: supervisor::Context,
-    client: etcd_client::Client,
-    path: std::path::PathBuf,
-) -> supervisor::RunnableResult {
-    let mut crls = curator::layout::etcd_pki(client).watch_crl();
-    ctx.signal_healthy();
-    loop {
-        let crl = tokio::select! {
-            c = crls.recv() => c.ok_or("the etcd peer CRL watch ended")?,
-            _ = ctx.cancelled() => return Ok(()),
-        };
-        let pem = crate::storage::pem("X509 CRL", &crl);
-        if std::fs::read(&path).ok().as_deref() != Some(pem.as_slice()) {
-            crate::storage::write_atomic(&path, &pem)?;
-            tracing::info!(
-                revoked = pki::crl_serials(&crl).map(|s| s.len()).unwrap_or_default(),
-                "etcd peer CRL file updated"
-            );
-        }
-    }
 }

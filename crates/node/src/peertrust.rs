@@ -21,8 +21,12 @@
 //! what each member's etcd loaded and which CA issued the peer certificate it presents,
 //! both reported with the node's heartbeats ([`report`]).
 //!
-//! May write only ca.pem, restart only the local etcd, and only while it holds the
-//! restart key; never touches the peer certificate (`renew` does).
+//! Also here: `crlsync` ([`crl_sync`]), which keeps `crl.pem` equal to the etcd peer
+//! CRL (read per connection: no restart).
+//!
+//! May write only ca.pem and crl.pem, restart only the local etcd, and only while it
+//! holds the restart key (or is cut off, or a learner); never touches the peer
+//! certificate (`renew` does).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -432,6 +436,31 @@ fn node_id(values: &NodeValues) -> Result<String> {
         .current()
         .map(|m| m.key().node_id())
         .ok_or_else(|| anyhow!("the node's membership is not known yet"))
+}
+
+/// Keeps `--peer-crl-file` equal to the etcd peer CRL in etcd: etcd re-reads the file on
+/// every inbound peer connection, so a revoked peer is refused without a restart.
+pub async fn crl_sync(
+    ctx: supervisor::Context,
+    client: etcd_client::Client,
+    path: std::path::PathBuf,
+) -> supervisor::RunnableResult {
+    let mut crls = curator::layout::etcd_pki(client).watch_crl();
+    ctx.signal_healthy();
+    loop {
+        let crl = tokio::select! {
+            c = crls.recv() => c.ok_or("the etcd peer CRL watch ended")?,
+            _ = ctx.cancelled() => return Ok(()),
+        };
+        let pem = crate::storage::pem("X509 CRL", &crl);
+        if std::fs::read(&path).ok().as_deref() != Some(pem.as_slice()) {
+            crate::storage::write_atomic(&path, &pem)?;
+            tracing::info!(
+                revoked = pki::crl_serials(&crl).map(|s| s.len()).unwrap_or_default(),
+                "etcd peer CRL file updated"
+            );
+        }
+    }
 }
 
 #[cfg(test)]
