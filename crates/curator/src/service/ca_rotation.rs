@@ -200,10 +200,15 @@ pub(super) fn node_holds_up(
     trusted: &pki::TrustedCas,
     node: &Node,
 ) -> Option<String> {
-    if !which.counts(node) {
+    // Asked for every node of every ListNodes: the common case (no cluster CA rotation)
+    // costs no copy and no hash.
+    if !which.counts(node)
+        || (which == Rotated::Cluster && trusted.phase() == pki::RotationPhase::Settled)
+    {
         return None;
     }
-    let status = node.status.clone().unwrap_or_default();
+    let unreported = proto::state::NodeStatus::default();
+    let status = node.status.as_ref().unwrap_or(&unreported);
     let signing = rpc::fingerprint(&trusted.current.cert);
     let next = trusted.next.as_ref().map(|n| rpc::fingerprint(&n.cert));
     let holds = |fingerprints: &[String]| next.as_ref().is_some_and(|fp| fingerprints.contains(fp));
