@@ -59,11 +59,16 @@ fn check_every_node(cluster: &Cluster, workers: &[&Node]) -> Result<()> {
             .and_then(|t| sample(&t, heartbeats))
             .is_some_and(|v| v >= 2.0)
     })?;
+    // Polled, not read once: on a loaded machine the only member's curator may lose its
+    // 3 s lease and campaign again, and reads 0 until it leads again.
+    wait_until("the curator node's leader gauge reads 1", TIMEOUT, || {
+        scrape(cluster.first.address)
+            .ok()
+            .and_then(|t| sample(&t, "polis_curator_leader "))
+            == Some(1.0)
+    })
+    .with_context(|| leadership_lines(&cluster.first))?;
     let text = scrape(cluster.first.address)?;
-    ensure!(
-        sample(&text, "polis_curator_leader ") == Some(1.0),
-        "leader gauge:\n{text}"
-    );
     ensure!(
         sample(&text, "polis_curator_rpc_duration_seconds_count{service=\"polis.api.Curator\",method=\"Heartbeat\"} ")
             .is_some_and(|v| v >= 2.0),
@@ -85,6 +90,16 @@ fn check_every_node(cluster: &Cluster, workers: &[&Node]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The log lines of `node` that tell of its curator's leadership, for a failure message.
+fn leadership_lines(node: &Node) -> String {
+    let output = node.proc.as_ref().map(|p| p.output()).unwrap_or_default();
+    output
+        .lines()
+        .filter(|l| l.contains("leader") || l.contains("lease"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn only_get_metrics(node: &Node) -> Result<()> {
