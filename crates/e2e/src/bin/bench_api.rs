@@ -41,6 +41,11 @@ fn p99_ms(latencies: &mut [Duration]) -> f64 {
     latencies[i.clamp(1, latencies.len()) - 1].as_secs_f64() * 1000.0
 }
 
+fn mean_ms(latencies: &[Duration]) -> f64 {
+    let total: Duration = latencies.iter().sum();
+    total.as_secs_f64() * 1000.0 / latencies.len().max(1) as f64
+}
+
 /// Milliseconds of `cpu` per one of `calls`, to 3 digits.
 fn per_call_ms(cpu: Duration, calls: usize) -> f64 {
     round(cpu.as_secs_f64() * 1000.0 / calls.max(1) as f64, 3)
@@ -51,10 +56,42 @@ fn round(x: f64, digits: i32) -> f64 {
     (x * f).round() / f
 }
 
+/// The key standing for the curator's election key in [`curator_shaped_txn`].
+const GUARD_KEY: &str = "bench/guard";
+/// About the size of a label write's audit entry as stored.
+const AUDIT_ENTRY_BYTES: usize = 400;
+
+/// A raw etcd transaction shaped like the curator's label write: guarded by a key's
+/// revision (its election key) and the record's existence, putting the record and an
+/// audit entry of its own. What etcd alone costs for the curator's write; the curator's
+/// ratio to it is what the curator adds.
+fn curator_shaped_txn(
+    guard_revision: i64,
+    record: &[u8],
+    entry: &[u8],
+    worker: usize,
+    call: usize,
+) -> etcd_client::Txn {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    let record_key = format!("bench/txn-record/{worker}");
+    Txn::new()
+        .when([
+            Compare::mod_revision(GUARD_KEY, CompareOp::Equal, guard_revision),
+            Compare::mod_revision(record_key.clone(), CompareOp::NotEqual, -1),
+        ])
+        .and_then([
+            TxnOp::put(record_key, record, None),
+            TxnOp::put(format!("bench/audit/{worker}-{call}"), entry, None),
+        ])
+}
+
 #[derive(Default)]
 struct Totals {
     curator: Calls,
     etcd: Calls,
+    /// Writes only: raw etcd transactions of the curator's write shape (see
+    /// [`curator_shaped_txn`]).
+    etcd_txn: Calls,
     /// etcd KV calls made while the curator calls ran (every KV call of the member,
     /// background work included).
     kv_calls: u64,
@@ -63,6 +100,27 @@ struct Totals {
     curator_cpu: Duration,
     etcd_cpu_under_curator: Duration,
     etcd_cpu_raw: Duration,
+    /// Seconds the curator's handlers took (its RPC histogram: sum, count) while the
+    /// curator calls ran.
+    server_seconds: f64,
+    server_calls: f64,
+}
+
+/// (sum, count) of the curator's RPC latency histogram for `method` on `node`.
+fn server_latency(node: std::net::IpAddr, method: &str) -> Result<(f64, f64)> {
+    let text = e2e::scrape(node)?;
+    let series = format!("{{service=\"polis.api.Management\",method=\"{method}\"}} ");
+    let value = |family: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!(
+                    "polis_curator_rpc_duration_seconds_{family}{series}"
+                ))
+            })
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_default()
+    };
+    Ok((value("sum"), value("count")))
 }
 
 /// CPU time of (polis-node, etcd) so far.
@@ -101,6 +159,10 @@ fn main() -> Result<()> {
             .first
             .etcd_get(&record_key)?
             .context("the node record")?;
+        let guard_revision = {
+            let mut c = consensus::client::connect_unix(&cluster.first.socket()).await?;
+            c.put(GUARD_KEY, "leader", None).await?.header().map_or(0, |h| h.revision())
+        };
         let mut results: HashMap<(usize, &str), Totals> = HashMap::new();
         for clients in [1usize, 16] {
             let curators: Vec<_> = (0..clients)
@@ -122,6 +184,7 @@ fn main() -> Result<()> {
             for _ in 0..rounds {
                 for &kind in &kinds {
                     let kv_before = cluster.first.etcd_kv_calls()?;
+                    let server_before = server_latency(cluster.first.address, kind)?;
                     let cpu_before = cpu_pair(pids)?;
                     let curator = match kind {
                         "ListNodes" => {
@@ -168,6 +231,7 @@ fn main() -> Result<()> {
                         }
                     };
                     let cpu_between = cpu_pair(pids)?;
+                    let server_after = server_latency(cluster.first.address, kind)?;
                     let kv_calls = cluster.first.etcd_kv_calls()? - kv_before;
                     let etcd = match kind {
                         "ListNodes" => {
@@ -203,7 +267,21 @@ fn main() -> Result<()> {
                         }
                     };
                     let cpu_after = cpu_pair(pids)?;
+                    let etcd_txn = if kind == "UpdateNodeLabels" {
+                        let (value, entry) = (record.clone(), vec![b'e'; AUDIT_ENTRY_BYTES]);
+                        let guard = guard_revision;
+                        timed_calls(&etcds, duration, MAX_CALLS, move |mut c, w, i| {
+                            let txn = curator_shaped_txn(guard, &value, &entry, w, i);
+                            async move { c.txn(txn).await.map(drop) }
+                        })
+                        .await
+                    } else {
+                        Calls::default()
+                    };
                     let totals = results.entry((clients, kind)).or_default();
+                    totals.etcd_txn.merge(etcd_txn);
+                    totals.server_seconds += server_after.0 - server_before.0;
+                    totals.server_calls += server_after.1 - server_before.1;
                     totals.kv_calls += kv_calls;
                     totals.curator_cpu += cpu_between.0 - cpu_before.0;
                     totals.etcd_cpu_under_curator += cpu_between.1 - cpu_before.1;
@@ -242,12 +320,21 @@ fn main() -> Result<()> {
                     "curator_cpu_ms_per_call": per_call_ms(t.curator_cpu, t.curator.ok),
                     "etcd_cpu_ms_per_call": per_call_ms(t.etcd_cpu_under_curator, t.curator.ok),
                     "raw_etcd_cpu_ms_per_call": per_call_ms(t.etcd_cpu_raw, t.etcd.ok),
+                    "curator_server_mean_ms": round(t.server_seconds * 1000.0 / t.server_calls.max(1.0), 3),
+                    "curator_client_mean_ms": round(mean_ms(&t.curator.latencies), 3),
                     "target_ratio": match (bench, clients) {
                         ("api_write", 1) => 0.7,
                         ("api_write", _) => 1.0,
                         _ => 1.1,
                     },
                 });
+                if kind == "UpdateNodeLabels" {
+                    let txn = per_s(&t.etcd_txn);
+                    line["etcd_txn_per_s"] = txn.round().into();
+                    line["etcd_txn_ratio"] = round(txn / e.max(1e-9), 2).into();
+                    line["ratio_to_txn"] = round(c / txn.max(1e-9), 2).into();
+                    line["etcd_txn_failed"] = t.etcd_txn.failed.into();
+                }
                 if let Some(e) = &t.curator.first_error {
                     line["first_error"] = e.clone().into();
                 }
