@@ -598,6 +598,20 @@ fn rotate_the_etcd_peer_ca(
             "{c}"
         );
     }
+    // The old peer certificate was revoked when its CA retired: what keeps it out of a
+    // member's etcd that still holds the old CA in memory until its second restart (the
+    // refusal below would hold without it once every etcd dropped the old CA).
+    let old_serial: String = pki::certificate_serial(&pem_blocks(&old_peer_cert)?[0])?
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let old_listed = listed
+        .as_array()
+        .context("a list")?
+        .iter()
+        .find(|c| c["serial"] == old_serial.as_str())
+        .with_context(|| format!("old peer certificate {old_serial} not listed: {listed}"))?;
+    assert_eq!(old_listed["revoked"], true, "{old_listed}");
     // The old peer certificate is refused, a new one is taken.
     let new_peer_cert = peer_dir(nodes[1].1).join("cert.pem");
     for (name, node) in nodes.iter().take(3) {
