@@ -84,6 +84,16 @@ fn the_cluster_ca_rotates_online_through_a_leader_failover() -> Result<()> {
     };
     let before = rotation_json(&config)?;
     assert_eq!(before["phase"], "settled", "{before}");
+    // A copy of the configuration that is not used during the whole rotation.
+    let idle = dir.path().join("idle-config");
+    std::fs::create_dir(&idle)?;
+    std::fs::set_permissions(&idle, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    for entry in std::fs::read_dir(&config)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), idle.join(entry.file_name()))?;
+        }
+    }
 
     let mut first = cluster.first;
     let leader_address = first.curator_leader_address()?;
@@ -306,6 +316,23 @@ fn the_cluster_ca_rotates_online_through_a_leader_failover() -> Result<()> {
             "backup from {name}: {inspected}"
         );
     }
+    // The idle configuration is refused with what to do, and doing it brings it back.
+    let (ok, _, err) = ctl_as(&idle, &["cluster", "info"])?;
+    assert!(
+        !ok,
+        "the idle configuration pinning the retired CA was served"
+    );
+    assert!(
+        err.contains("rotated while this configuration was not used")
+            && err.contains("takeownership"),
+        "{err}"
+    );
+    std::fs::remove_file(idle.join("ca.pem"))?;
+    std::fs::remove_file(idle.join("crl.pem"))?;
+    let fingerprint = rpc::fingerprint(&new_ca);
+    ctl_retry_as(&idle, &["takeownership", "--ca-fingerprint", &fingerprint])?;
+    ctl_retry_as(&idle, &["cluster", "info"])?;
+    assert_eq!(pem_blocks(&idle.join("ca.pem"))?, vec![new_ca.clone()]);
     // Nothing else restarted.
     for pid in &pids {
         assert!(e2e::process_alive(*pid), "process {pid} is gone");

@@ -19,6 +19,16 @@ pub(crate) fn call_error(what: &str, status: tonic::Status) -> anyhow::Error {
     anyhow!("{what}: {kind}: {}", status.message())
 }
 
+/// Why every curator refused the pinned CA, and what to do: the operator cannot tell
+/// from here whether these are another cluster's curators or this cluster's after a CA
+/// rotation this configuration missed (nothing the curators present proves the latter).
+const PINNED_CA_UNKNOWN: &str = "the curators' certificates do not chain to the pinned CA \
+     (ca.pem of the configuration directory): these endpoints are another cluster's, or \
+     this cluster's CA was rotated while this configuration was not used; then remove ca.pem \
+     and crl.pem from the configuration directory and run `polisctl takeownership \
+     --ca-fingerprint HEX` with the fingerprint `polisctl cluster ca` shows on a current \
+     configuration";
+
 /// One-line description of a failed call through the curator client.
 pub(crate) fn call_failure(what: &str, failure: rpc::CallError) -> anyhow::Error {
     match failure {
@@ -26,9 +36,9 @@ pub(crate) fn call_failure(what: &str, failure: rpc::CallError) -> anyhow::Error
             "{what}: {failure}; a revoked certificate belongs to a node removed from the cluster: \
              name the cluster's current curators with --endpoints"
         ),
-        rpc::CallError::Unreachable(_) if failure.all_untrusted() => anyhow!(
-            "{what}: {failure}; the pinned CA is not this cluster's (another cluster at these endpoints?)"
-        ),
+        rpc::CallError::Unreachable(_) if failure.all_untrusted() => {
+            anyhow!("{what}: {failure}; {PINNED_CA_UNKNOWN}")
+        }
         rpc::CallError::Unreachable(_) => anyhow!("{what}: {failure}"),
         rpc::CallError::Status(s) => call_error(what, s),
     }
