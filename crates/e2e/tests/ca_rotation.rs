@@ -95,6 +95,8 @@ fn the_cluster_ca_rotates_online_through_a_leader_failover() -> Result<()> {
         }
     }
 
+    // A node that registers after the rotation with parameters made before it.
+    let mut late = cluster.new_node("late")?;
     let mut first = cluster.first;
     let leader_address = first.curator_leader_address()?;
     let mut nodes: Vec<(&str, &mut Node)> = vec![
@@ -333,6 +335,16 @@ fn the_cluster_ca_rotates_online_through_a_leader_failover() -> Result<()> {
     ctl_retry_as(&idle, &["takeownership", "--ca-fingerprint", &fingerprint])?;
     ctl_retry_as(&idle, &["cluster", "info"])?;
     assert_eq!(pem_blocks(&idle.join("ca.pem"))?, vec![new_ca.clone()]);
+    // Register parameters made before the rotation pin the retired CA: the node stops
+    // saying what to do.
+    late.start(&["--params", params.to_str().context("utf-8 path")?])?;
+    let status = late.proc().wait_exit(TIMEOUT)?;
+    assert_eq!(status.code(), Some(1));
+    let output = late.proc().output();
+    assert!(
+        output.contains("parameters made before a CA rotation"),
+        "{output}"
+    );
     // Nothing else restarted.
     for pid in &pids {
         assert!(e2e::process_alive(*pid), "process {pid} is gone");

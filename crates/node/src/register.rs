@@ -62,7 +62,8 @@ fn refusal(e: rpc::CallError, params_what: &str) -> anyhow::Error {
     } else if e.all_untrusted() {
         anyhow!(
             "no curator named in {params_what} presents a certificate of the cluster CA pinned there \
-             (wrong CA in the parameters, or the endpoints belong to another cluster): {e}"
+             (wrong CA in the parameters, parameters made before a CA rotation: make new ones \
+             with `polisctl params register`, or the endpoints belong to another cluster): {e}"
         )
     } else {
         anyhow!("the cluster refused this node's registration: {e}")
