@@ -107,7 +107,7 @@ async fn allowed(
             .await
             .err(),
         "GetCACertificate" => local
-            .get_ca_certificate(api::GetCaCertificateRequest {})
+            .get_ca_certificate(api::GetCaCertificateRequest::default())
             .await
             .err(),
         "Escrow" => aaa

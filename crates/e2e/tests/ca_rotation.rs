@@ -318,23 +318,39 @@ fn the_cluster_ca_rotates_online_through_a_leader_failover() -> Result<()> {
             "backup from {name}: {inspected}"
         );
     }
-    // The idle configuration is refused with what to do, and doing it brings it back.
+    // The idle configuration follows the old CA's handover to the new one by itself:
+    // pinned anew, its owner certificate renewed under the new CA, the command served.
     let (ok, _, err) = ctl_as(&idle, &["cluster", "info"])?;
-    assert!(
-        !ok,
-        "the idle configuration pinning the retired CA was served"
-    );
+    assert!(ok, "the idle configuration: {err}");
+    assert!(err.contains("handed over to SHA256:"), "{err}");
+    assert_eq!(pem_blocks(&idle.join("ca.pem"))?, vec![new_ca.clone()]);
+    assert!(pki::issued_by(
+        &pem_blocks(&idle.join("owner.pem"))?[0],
+        &new_ca
+    ));
+    // A configuration pinning a CA that handed over to nothing here (another
+    // cluster's) is refused, saying what to do.
+    let foreign = dir.path().join("foreign-config");
+    std::fs::create_dir(&foreign)?;
+    std::fs::set_permissions(
+        &foreign,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )?;
+    for name in ["endpoints", "owner-key.pem", "owner.pem"] {
+        std::fs::copy(idle.join(name), foreign.join(name))?;
+    }
+    let stranger = pki::Ca::generate("Polis Cluster CA", pki::CA_LIFETIME)?;
+    std::fs::write(
+        foreign.join("ca.pem"),
+        pem::encode(&pem::Pem::new("CERTIFICATE", stranger.cert_der.clone())),
+    )?;
+    let (ok, _, err) = ctl_as(&foreign, &["cluster", "info"])?;
+    assert!(!ok, "a configuration pinning another CA was served");
     assert!(
         err.contains("rotated while this configuration was not used")
             && err.contains("takeownership"),
         "{err}"
     );
-    std::fs::remove_file(idle.join("ca.pem"))?;
-    std::fs::remove_file(idle.join("crl.pem"))?;
-    let fingerprint = rpc::fingerprint(&new_ca);
-    ctl_retry_as(&idle, &["takeownership", "--ca-fingerprint", &fingerprint])?;
-    ctl_retry_as(&idle, &["cluster", "info"])?;
-    assert_eq!(pem_blocks(&idle.join("ca.pem"))?, vec![new_ca.clone()]);
     // Register parameters made before the rotation pin the retired CA: the node stops
     // saying what to do.
     late.start(&["--params", params.to_str().context("utf-8 path")?])?;

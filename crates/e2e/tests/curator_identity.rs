@@ -198,7 +198,7 @@ async fn a_node_certificate_is_not_a_curator_and_a_curator_certificate_goes_with
     let answer = current
         .call(|c| async move {
             api::curator_local_client::CuratorLocalClient::new(c)
-                .get_ca_certificate(api::GetCaCertificateRequest {})
+                .get_ca_certificate(api::GetCaCertificateRequest::default())
                 .await
         })
         .await?;

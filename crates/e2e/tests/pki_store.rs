@@ -357,6 +357,15 @@ async fn a_rotation_introduces_promotes_and_retires_keeping_every_revocation() -
 
     assert!(store.retire_previous().await?);
     assert!(!store.retire_previous().await?);
+    // One handover, from the retired CA to its successor, and only that one: the
+    // refused introductions left none.
+    let handovers = store.handovers().await?;
+    assert_eq!(handovers.len(), 1);
+    assert!(pki::handed_over(
+        std::slice::from_ref(&old.cert_der),
+        &handovers,
+        &successor.cert
+    ));
     let settled = store.trusted().await?;
     assert_eq!(settled.phase(), pki::RotationPhase::Settled);
     assert_eq!(settled.cas(), vec![successor.cert.clone()]);

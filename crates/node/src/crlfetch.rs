@@ -83,7 +83,7 @@ pub async fn gather(slot: &rpc::TrustSlot, endpoints: &[SocketAddr]) {
             .await
             .map_err(|e| e.to_string())?;
         api::curator_local_client::CuratorLocalClient::new(channel)
-            .get_ca_certificate(api::GetCaCertificateRequest {})
+            .get_ca_certificate(api::GetCaCertificateRequest::default())
             .await
             .map(|r| r.into_inner().crl)
             .map_err(|s| s.message().to_string())

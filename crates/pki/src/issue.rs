@@ -58,7 +58,7 @@ impl std::fmt::Debug for Ca {
 }
 
 /// A raw Ed25519 public key, as rcgen wants it for signing someone else's key.
-struct Ed25519PublicKey<'a>(&'a [u8; 32]);
+pub(crate) struct Ed25519PublicKey<'a>(pub(crate) &'a [u8; 32]);
 
 impl PublicKeyData for Ed25519PublicKey<'_> {
     fn der_bytes(&self) -> &[u8] {
@@ -86,7 +86,10 @@ pub fn random_serial() -> Vec<u8> {
 
 /// `(not_before, not_after)` for a certificate issued at `issued`: the whole lifetime
 /// from `issued` on, plus the clock-skew allowance before it.
-fn validity(issued: OffsetDateTime, lifetime: Duration) -> (OffsetDateTime, OffsetDateTime) {
+pub(crate) fn validity(
+    issued: OffsetDateTime,
+    lifetime: Duration,
+) -> (OffsetDateTime, OffsetDateTime) {
     (issued - BACKDATE, issued + lifetime)
 }
 
@@ -138,7 +141,7 @@ impl Ca {
         &self.key_pkcs8
     }
 
-    fn issuer(&self) -> Result<Issuer<'static, KeyPair>, PkiError> {
+    pub(crate) fn issuer(&self) -> Result<Issuer<'static, KeyPair>, PkiError> {
         let key = KeyPair::try_from(self.key_pkcs8.as_slice())?;
         Ok(Issuer::from_ca_cert_der(
             &self.cert_der.clone().into(),

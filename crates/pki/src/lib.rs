@@ -50,12 +50,14 @@
 //! - A store trusts one CA, or two while its CA is rotated (`store::rotation`); only the
 //!   current one signs, and its CRL lists every revocation of the store.
 
+mod handover;
 mod inspect;
 mod issue;
 mod kind;
 mod lifetime;
 mod store;
 
+pub use handover::{MAX_HANDOVERS, handed_over};
 pub use inspect::{
     certificate_public_key, common_name, crl_serials, issued_by, time_to_expiry,
     verified_crl_number,

@@ -76,7 +76,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run_following_handovers(&cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // The error may quote a server's message: shown, never obeyed.
@@ -86,7 +86,32 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<()> {
+/// [`run`]; when every curator refused the pinned CA and the CA pinned handed over to
+/// the one they present (a rotation this configuration missed), pinned anew and run
+/// again: nothing reached a curator the first time (every TLS handshake failed).
+async fn run_following_handovers(cli: &Cli) -> Result<()> {
+    let failure = match run(cli).await {
+        Err(e) if session::pinned_ca_unknown(&e) => e,
+        other => return other,
+    };
+    let followed = match cli.config_dir() {
+        Ok(config) => trust::follow_handover(&config, &cli.endpoints).await,
+        Err(e) => Err(e),
+    };
+    match followed {
+        Ok(true) => run(cli).await,
+        Ok(false) => Err(failure),
+        Err(e) => {
+            eprintln!(
+                "polisctl: looking for a CA handover: {}",
+                output::escape_text(&format!("{e:#}"))
+            );
+            Err(failure)
+        }
+    }
+}
+
+async fn run(cli: &Cli) -> Result<()> {
     match &cli.command {
         Command::Takeownership {
             accept_ca,

@@ -1,6 +1,8 @@
 //! Taking ownership of a cluster: the first contact, the operator's approval of the
 //! cluster CA (pinned from then on), and the first owner certificate (or, for an
 //! operator's key, the first operator certificate: the same flow, the same files).
+//! Also here: following a CA's handovers to the CA that replaced it
+//! ([`follow_handover`]), the one way a pin changes without the operator.
 //! May not print anything but its own prompt and result; built on `session`.
 
 use std::io::{BufRead, IsTerminal, Write};
@@ -108,7 +110,7 @@ pub(crate) async fn take_ownership(
     // First contact: fetch the CA over TLS without trusting the server yet.
     let channel = connect(&endpoints, &rpc::ServerTrust::FirstUse, None).await?;
     let ca = api::curator_local_client::CuratorLocalClient::new(channel)
-        .get_ca_certificate(api::GetCaCertificateRequest {})
+        .get_ca_certificate(api::GetCaCertificateRequest::default())
         .await
         .map_err(|s| call_error("fetching the cluster CA", s))?
         .into_inner()
@@ -190,6 +192,39 @@ pub(crate) async fn take_ownership(
         }
     }
     Ok(())
+}
+
+/// After CA rotations this configuration missed (no curator presents a CA it pins):
+/// follows the handovers from the CA it pins to the CA the curators present
+/// (`pki::handed_over`) and, when they lead there, pins that CA instead (and drops the
+/// old CA's CRL). Returns whether it did; the next owner session renews the owner
+/// certificate of the old CA under the new one (AAA.Escrow with the same key).
+pub(crate) async fn follow_handover(config: &Path, raw_endpoints: &[String]) -> Result<bool> {
+    let endpoints = endpoints(config, raw_endpoints)?;
+    let pinned = crate::config_dir::pinned_cas(config)?;
+    // Unverified on purpose: what it answers is checked against the pinned CA below,
+    // and every later call checks the curators against the CA pinned then.
+    let channel = connect(&endpoints, &rpc::ServerTrust::FirstUse, None).await?;
+    let answer = api::curator_local_client::CuratorLocalClient::new(channel)
+        .get_ca_certificate(api::GetCaCertificateRequest {
+            with_handovers: true,
+        })
+        .await
+        .map_err(|s| call_error("fetching the cluster CA's handovers", s))?
+        .into_inner();
+    let presented = answer.ca_certificate;
+    if pinned.contains(&presented) || !pki::handed_over(&pinned, &answer.handovers, &presented) {
+        return Ok(false);
+    }
+    write_pem(&ca_path(config), "CERTIFICATE", &presented)?;
+    drop_foreign_crl(config, &presented)?;
+    eprintln!(
+        "polisctl: the cluster CA was rotated since this configuration was last used: the CA \
+         it pinned (SHA256:{}) handed over to SHA256:{}, pinned now",
+        rpc::fingerprint(&pinned[0]),
+        rpc::fingerprint(&presented)
+    );
+    Ok(true)
 }
 
 /// The operator name and role a certificate is marked for; `None` for the owner's.

@@ -4,7 +4,7 @@
 use proto::api;
 use tonic::{Request, Response, Status};
 
-use super::shared::Services;
+use super::shared::{Services, Shared};
 use super::status::{identity, status_from};
 use super::{scheduled_api, upkeep};
 use crate::election;
@@ -53,10 +53,15 @@ impl api::curator_local_server::CuratorLocal for Services {
 
     async fn get_ca_certificate(
         &self,
-        _: Request<api::GetCaCertificateRequest>,
+        request: Request<api::GetCaCertificateRequest>,
     ) -> Result<Response<api::GetCaCertificateResponse>, Status> {
         let trusted = self.0.trusted.current();
+        let handovers = match (&trusted, request.get_ref().with_handovers) {
+            (Some(trusted), true) => handovers(&self.0, trusted.cas()).await?,
+            _ => Vec::new(),
+        };
         Ok(Response::new(api::GetCaCertificateResponse {
+            handovers,
             ca_certificate: trusted.as_ref().map_or_else(
                 || self.0.config.ca_certificate.clone(),
                 |t| t.current.cert.clone(),
@@ -235,4 +240,21 @@ pub fn peer_answers(view: Vec<consensus::selfreport::PeerView>) -> Vec<api::Peer
             reachable: p.reachable,
         })
         .collect()
+}
+
+/// The cluster CA's handovers (`pki::CaStore::handovers`), read from etcd once per set
+/// of trusted CAs `cas` (a rotation's step) and answered from memory otherwise.
+async fn handovers(shared: &Shared, cas: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>, Status> {
+    let mut cached = shared.handovers.lock().await;
+    if let Some((read_for, list)) = cached.as_ref()
+        && *read_for == cas
+    {
+        return Ok(list.clone());
+    }
+    let list = crate::layout::cluster_pki(&shared.curator)
+        .handovers()
+        .await
+        .map_err(|e| Status::unavailable(format!("reading the cluster CA's handovers: {e}")))?;
+    *cached = Some((cas, list.clone()));
+    Ok(list)
 }

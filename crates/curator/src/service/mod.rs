@@ -161,6 +161,7 @@ pub async fn run(
         tenure_configuration: Mutex::new(None),
         claims_indexed: tokio::sync::Mutex::new(None),
         scheduled: Mutex::new(Default::default()),
+        handovers: tokio::sync::Mutex::new(None),
         follows: Default::default(),
     });
 

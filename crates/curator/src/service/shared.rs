@@ -123,6 +123,9 @@ pub(super) fn known_in(snapshot: &Snapshot, id: &str) -> Option<crate::writes::K
 pub type Tenure = (Vec<u8>, i64);
 
 /// Shared by all services of one curator.
+/// The handovers read (DER, oldest first), with the CAs trusted when they were read.
+pub(super) type HandoversRead = (Vec<Vec<u8>>, Vec<Vec<u8>>);
+
 pub struct Shared {
     pub(super) config: CuratorConfig,
     pub(super) curator: Namespaced,
@@ -178,6 +181,10 @@ pub struct Shared {
     /// `issuance::tenure_configuration`).
     pub(super) tenure_configuration: Mutex<Option<(Tenure, proto::config::ClusterConfiguration)>>,
     pub(super) tenure_ca: Mutex<Option<(Tenure, pki::Ca)>>,
+    /// The cluster CA's handovers as last read, with the CAs trusted then: read again
+    /// only once a rotation changed those (`local`, GetCACertificate), so callers
+    /// without credentials cannot make it read etcd per call.
+    pub(super) handovers: tokio::sync::Mutex<Option<HandoversRead>>,
     /// Followed audit logs open on this curator, by caller (see `follows`).
     pub(super) follows: Arc<super::follows::Follows>,
 }

@@ -12,6 +12,9 @@
 //!   signing: O                         O                          N                      N
 //! ```
 //!
+//! The introduction also records the old CA's handover to the successor
+//! (`handover/<µs>`, kept for good: `crate::handover`), in the same transaction.
+//!
 //! Every slot (`ca/`, `ca/previous/`, `ca/next/`) holds `cert`, `key` and `crl`. The
 //! successor's first CRL lists every serial the current CRL lists, and revocations go
 //! to every CRL present (`CaStore::revoke`), so the current CA's CRL always lists every
@@ -22,6 +25,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::{CaStore, next_crl_number, unix_micros};
 use crate::PkiError;
+use crate::handover::MAX_HANDOVERS;
 use crate::inspect::crl_serials;
 use crate::issue::Ca;
 use crate::store::certificate_serial;
@@ -122,6 +126,22 @@ impl TrustedCas {
     }
 }
 
+/// Where the handovers of a store's rotations are kept (`handover/<µs>`), one per
+/// rotation: the CA replaced certifies its successor (`crate::handover`).
+const HANDOVERS: &str = "handover/";
+
+/// The current CA (as its slot was read) certifying `successor`.
+fn handover_from(current: &[SlotKey], successor: &Ca) -> Result<Vec<u8>, PkiError> {
+    let part = |name: &str| {
+        current
+            .iter()
+            .find(|k| k.part == name)
+            .and_then(|k| k.value.clone())
+            .ok_or_else(|| PkiError::Inconsistent(format!("the current CA has no {name}")))
+    };
+    Ca::from_parts(part("cert")?, part("key")?)?.hand_over_to(successor)
+}
+
 /// One key of a CA slot as read: which part, its full key, mod revision, value.
 struct SlotKey {
     part: &'static str,
@@ -199,6 +219,7 @@ impl CaStore {
                 return Ok(false);
             }
             let current = self.read_slot(CURRENT).await?;
+            let handover = handover_from(&current, successor)?;
             let listed = crl_serials(&trusted.current.crl)?;
             let crl = successor.crl(&listed, next_crl_number(0, unix_micros()))?;
             let serial = certificate_serial(&successor.cert_der)?;
@@ -227,6 +248,11 @@ impl CaStore {
                     "ca",
                     None,
                 ),
+                TxnOp::put(
+                    self.ns.key(&format!("{HANDOVERS}{:020}", unix_micros())),
+                    handover.clone(),
+                    None,
+                ),
             ]);
             if self.ns.client().txn(txn).await?.succeeded() {
                 return Ok(true);
@@ -235,6 +261,14 @@ impl CaStore {
         Err(PkiError::Inconsistent(
             "the CA kept changing while a successor was introduced".into(),
         ))
+    }
+
+    /// The handovers of every rotation of this store, oldest first, at most the last
+    /// [`MAX_HANDOVERS`] (see `crate::handover`).
+    pub async fn handovers(&self) -> Result<Vec<Vec<u8>>, PkiError> {
+        let all = self.range(&self.ns.key(HANDOVERS)).await?;
+        let skip = all.len().saturating_sub(MAX_HANDOVERS);
+        Ok(all.into_iter().skip(skip).map(|(_, v)| v).collect())
     }
 
     /// Makes the introduced successor sign and keeps the old CA trusted (phase

@@ -29,6 +29,24 @@ const PINNED_CA_UNKNOWN: &str = "the curators' certificates do not chain to the 
      --ca-fingerprint HEX` with the fingerprint `polisctl cluster ca` shows on a current \
      configuration";
 
+/// A call that failed because no curator's certificate chains to the pinned CA (see
+/// [`PINNED_CA_UNKNOWN`]): `main` then looks for a handover to follow.
+#[derive(Debug)]
+pub(crate) struct PinnedCaUnknown(String);
+
+impl std::fmt::Display for PinnedCaUnknown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PinnedCaUnknown {}
+
+/// Whether `e` (or what it wraps) is a [`PinnedCaUnknown`].
+pub(crate) fn pinned_ca_unknown(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| cause.is::<PinnedCaUnknown>())
+}
+
 /// One-line description of a failed call through the curator client.
 pub(crate) fn call_failure(what: &str, failure: rpc::CallError) -> anyhow::Error {
     match failure {
@@ -36,9 +54,9 @@ pub(crate) fn call_failure(what: &str, failure: rpc::CallError) -> anyhow::Error
             "{what}: {failure}; a revoked certificate belongs to a node removed from the cluster: \
              name the cluster's current curators with --endpoints"
         ),
-        rpc::CallError::Unreachable(_) if failure.all_untrusted() => {
-            anyhow!("{what}: {failure}; {PINNED_CA_UNKNOWN}")
-        }
+        rpc::CallError::Unreachable(_) if failure.all_untrusted() => anyhow::Error::new(
+            PinnedCaUnknown(format!("{what}: {failure}; {PINNED_CA_UNKNOWN}")),
+        ),
         rpc::CallError::Unreachable(_) => anyhow!("{what}: {failure}"),
         rpc::CallError::Status(s) => call_error(what, s),
     }

@@ -71,7 +71,7 @@ pub(crate) async fn current_cas(
     let answer = client
         .call(|channel| async move {
             api::curator_local_client::CuratorLocalClient::new(channel)
-                .get_ca_certificate(api::GetCaCertificateRequest {})
+                .get_ca_certificate(api::GetCaCertificateRequest::default())
                 .await
         })
         .await

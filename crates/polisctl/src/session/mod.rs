@@ -19,8 +19,8 @@ use crate::config_dir::{
     pinned_cas, read_pem, remember_endpoints, saved_crl, saved_epoch, write_pem, write_pem_blocks,
 };
 use crate::output::escape_text;
-pub(crate) use errors::call_error;
 use errors::call_failure;
+pub(crate) use errors::{call_error, pinned_ca_unknown};
 pub(crate) use escrow::escrow;
 use escrow::{OwnerCertificate, owner_certificate_state};
 
@@ -152,7 +152,7 @@ impl OwnerSession {
             .client
             .call(|channel| async move {
                 api::curator_local_client::CuratorLocalClient::new(channel)
-                    .get_ca_certificate(api::GetCaCertificateRequest {})
+                    .get_ca_certificate(api::GetCaCertificateRequest::default())
                     .await
             })
             .await;
