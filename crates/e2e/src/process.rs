@@ -161,7 +161,14 @@ impl Proc {
                 return Ok(status);
             }
             if Instant::now() > deadline {
-                bail!("{} did not exit within {timeout:?}", self.name);
+                // Where it hangs: its last lines (a shutdown that never ends).
+                let output = self.output();
+                let lines: Vec<&str> = output.lines().collect();
+                bail!(
+                    "{} did not exit within {timeout:?}; its last lines:\n{}",
+                    self.name,
+                    lines[lines.len().saturating_sub(40)..].join("\n")
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
