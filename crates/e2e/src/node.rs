@@ -144,6 +144,17 @@ impl Node {
         proc.signal(libc::SIGTERM);
         let status = proc.wait_exit(TIMEOUT)?;
         anyhow::ensure!(status.success(), "polis-node exited with {status}");
+        // A runnable that ignored its cancellation: the node stopped without it, and
+        // named it (polis-node's bounded shutdown); a stop that is not clean.
+        let output = proc.output();
+        if let Some(stuck) = output
+            .lines()
+            .find(|l| l.contains("after the shutdown began: stopping without them"))
+        {
+            anyhow::bail!(
+                "polis-node stopped without a runnable that ignored its cancellation: {stuck}"
+            );
+        }
         Ok(())
     }
 

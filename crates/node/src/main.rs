@@ -295,6 +295,12 @@ fn main() -> ExitCode {
     }
 }
 
+/// How long a stopping node waits for its runnables: etcd's own stop takes up to 10 s
+/// (SIGTERM, then SIGKILL); one that ignores its cancellation is named in the log and
+/// left behind rather than keeping the node from stopping (a supervisor such as
+/// systemd would kill it anyway, without saying what hung).
+const SHUTDOWN_BOUND: Duration = Duration::from_secs(30);
+
 async fn run(start: Start) -> Result<()> {
     let args = &start.args;
     if let Some(config) = &args.config {
@@ -498,8 +504,15 @@ async fn run(start: Start) -> Result<()> {
             Some(e) = fatal_rx.recv() => break Err(e),
         }
     };
-    supervisor.shutdown().await;
-    tracing::info!("all runnables stopped");
+    let stuck = supervisor.shutdown_within(SHUTDOWN_BOUND).await;
+    if stuck.is_empty() {
+        tracing::info!("all runnables stopped");
+    } else {
+        tracing::error!(
+            ?stuck,
+            "runnables still running {SHUTDOWN_BOUND:?} after the shutdown began: stopping without them"
+        );
+    }
     if let Some(volume) = volume {
         // Nothing uses the data any more: its key leaves the kernel, it is unmounted.
         logcapture::hub().detach_file();

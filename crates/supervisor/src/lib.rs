@@ -556,6 +556,31 @@ impl Supervisor {
         out
     }
 
+    /// [`Supervisor::shutdown`], waiting at most `bound`: then stops waiting and returns
+    /// the runnables still running (by DN, a parent with its stuck descendant; empty
+    /// when every one stopped). A runnable that ignores its cancellation must not keep
+    /// a node from stopping, and its name is what the operator needs to know.
+    pub async fn shutdown_within(mut self, bound: std::time::Duration) -> Vec<String> {
+        self.cancel.cancel();
+        match tokio::time::timeout(bound, &mut self.root).await {
+            Ok(Ok(())) => Vec::new(),
+            Ok(Err(e)) => {
+                tracing::error!("supervisor root task failed: {e}");
+                Vec::new()
+            }
+            Err(_) => {
+                self.root.abort();
+                self.snapshot()
+                    .into_iter()
+                    .filter(|(_, status)| {
+                        matches!(status.state, RunnableState::New | RunnableState::Healthy)
+                    })
+                    .map(|(dn, _)| dn)
+                    .collect()
+            }
+        }
+    }
+
     /// Cancels the whole tree and waits until every runnable has exited.
     pub async fn shutdown(self) {
         self.cancel.cancel();

@@ -500,3 +500,51 @@ async fn a_stoppable_child_stops_on_purpose_with_its_subtree_and_is_not_restarte
     assert_eq!(starts.load(Ordering::SeqCst), 1);
     sup.shutdown().await;
 }
+
+#[tokio::test]
+async fn shutdown_within_names_a_runnable_that_ignores_its_cancellation() {
+    let sup = Supervisor::start(fast(), |ctx: Context| async move {
+        ctx.run("stubborn", |ctx: Context| async move {
+            ctx.signal_healthy();
+            std::future::pending::<()>().await;
+            Ok(())
+        })?;
+        ctx.run("polite", |ctx: Context| async move {
+            ctx.signal_healthy();
+            ctx.cancelled().await;
+            Ok(())
+        })?;
+        ctx.signal_healthy();
+        ctx.cancelled().await;
+        Ok(())
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !["root.stubborn", "root.polite"].iter().all(|dn| {
+        sup.status(dn)
+            .is_some_and(|s| s.state == RunnableState::Healthy)
+    }) {
+        assert!(tokio::time::Instant::now() < deadline, "{}", sup.dump());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stuck = sup.shutdown_within(Duration::from_millis(300)).await;
+    assert!(stuck.contains(&"root.stubborn".to_string()), "{stuck:?}");
+    assert!(!stuck.contains(&"root.polite".to_string()), "{stuck:?}");
+}
+
+#[tokio::test]
+async fn shutdown_within_returns_nothing_when_every_runnable_stops() {
+    let sup = Supervisor::start(fast(), |ctx: Context| async move {
+        ctx.run("polite", |ctx: Context| async move {
+            ctx.signal_healthy();
+            ctx.cancelled().await;
+            Ok(())
+        })?;
+        ctx.signal_healthy();
+        ctx.cancelled().await;
+        Ok(())
+    });
+    assert_eq!(
+        sup.shutdown_within(Duration::from_secs(10)).await,
+        Vec::<String>::new()
+    );
+}
