@@ -12,14 +12,9 @@
 //! A handover proves no more than the pinned CA itself would: whoever holds the old
 //! CA's key could already impersonate the cluster to a party pinning it.
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyUsagePurpose,
-    SerialNumber,
-};
-
 use crate::PkiError;
 use crate::inspect::{certificate_public_key, common_name, issued_by};
-use crate::issue::{Ca, Ed25519PublicKey, random_serial, validity};
+use crate::issue::{Ca, Ed25519PublicKey, ca_params};
 use crate::lifetime::CA_LIFETIME;
 
 /// Most handovers a chain is followed through (one per rotation missed).
@@ -43,19 +38,8 @@ impl Ca {
                 what: "successor CA key",
                 reason: "not an Ed25519 key".into(),
             })?;
-        let mut params = CertificateParams::default();
-        params.distinguished_name = DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        params.serial_number = Some(SerialNumber::from_slice(&random_serial()));
+        let mut params = ca_params(&name, CA_LIFETIME);
         params.use_authority_key_identifier_extension = true;
-        (params.not_before, params.not_after) =
-            validity(time::OffsetDateTime::now_utc(), CA_LIFETIME);
         let cert = params.signed_by(&Ed25519PublicKey(&key), &self.issuer()?)?;
         Ok(cert.der().to_vec())
     }

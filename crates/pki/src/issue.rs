@@ -86,31 +86,35 @@ pub fn random_serial() -> Vec<u8> {
 
 /// `(not_before, not_after)` for a certificate issued at `issued`: the whole lifetime
 /// from `issued` on, plus the clock-skew allowance before it.
-pub(crate) fn validity(
-    issued: OffsetDateTime,
-    lifetime: Duration,
-) -> (OffsetDateTime, OffsetDateTime) {
+fn validity(issued: OffsetDateTime, lifetime: Duration) -> (OffsetDateTime, OffsetDateTime) {
     (issued - BACKDATE, issued + lifetime)
+}
+
+/// A CA certificate named `common_name`, valid for `lifetime` from now, with a fresh
+/// serial: what every CA of ours and every handover (`crate::handover`) shares.
+pub(crate) fn ca_params(common_name: &str, lifetime: Duration) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params.serial_number = Some(SerialNumber::from_slice(&random_serial()));
+    (params.not_before, params.not_after) = validity(OffsetDateTime::now_utc(), lifetime);
+    params
 }
 
 impl Ca {
     /// A new self-signed CA.
     pub fn generate(common_name: &str, lifetime: Duration) -> Result<Ca, PkiError> {
         let key = KeyPair::generate_for(&PKCS_ED25519)?;
-        let mut params = CertificateParams::default();
-        params.distinguished_name = DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, common_name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        params.serial_number = Some(SerialNumber::from_slice(&random_serial()));
+        let mut params = ca_params(common_name, lifetime);
         params.key_identifier_method = KeyIdMethod::Sha256;
-        (params.not_before, params.not_after) = validity(OffsetDateTime::now_utc(), lifetime);
         let cert = params.self_signed(&key)?;
         Ok(Ca {
             cert_der: cert.der().to_vec(),
