@@ -436,3 +436,54 @@ async fn certificates_long_expired_and_superseded_are_forgotten() -> Result<()> 
     assert!(pki::crl_serials(&store.crl().await?)?.is_empty());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handover_log_keeps_only_the_newest_and_they_still_chain() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (etcd, store) = store(dir.path()).await?;
+    let (first, _) = store
+        .ensure_ca(|| Ca::generate("CA 0", CA_LIFETIME))
+        .await?;
+    let rotations = pki::MAX_HANDOVERS + 4;
+    let mut cas = vec![first.cert_der.clone()];
+    for i in 1..=rotations {
+        let successor = Ca::generate(&format!("CA {i}"), CA_LIFETIME)?;
+        assert!(store.introduce_successor(&successor).await?);
+        assert!(store.promote_successor().await?);
+        assert!(store.retire_previous().await?);
+        cas.push(successor.cert_der.clone());
+    }
+    // Counted in etcd itself, not through `handovers` (which also cuts to the newest).
+    let client = etcd.ready_client(TIMEOUT).await?;
+    let prefix = consensus::Namespaced::new(client.clone(), "test-pki").key("handover/");
+    let stored = client
+        .clone()
+        .get(
+            prefix,
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_count_only(),
+            ),
+        )
+        .await?
+        .count();
+    assert_eq!(stored, pki::MAX_HANDOVERS as i64);
+    let handovers = store.handovers().await?;
+    assert_eq!(handovers.len(), pki::MAX_HANDOVERS);
+    // The oldest CA still handed over reaches the current one through all of them; the
+    // first CA, whose handover was pruned, does not.
+    let oldest_kept = &cas[rotations - pki::MAX_HANDOVERS];
+    let current = cas.last().expect("rotated");
+    assert!(pki::handed_over(
+        std::slice::from_ref(oldest_kept),
+        &handovers,
+        current
+    ));
+    assert!(!pki::handed_over(
+        std::slice::from_ref(&first.cert_der),
+        &handovers,
+        current
+    ));
+    Ok(())
+}

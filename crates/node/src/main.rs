@@ -285,6 +285,9 @@ fn main() -> ExitCode {
     // Lines logged before the supervisor starts belong to the root runnable too.
     let span = tracing::info_span!("runnable", dn = %"root");
     let result = runtime.block_on(tracing::Instrument::instrument(run(start), span));
+    // A blocking task a stuck runnable left behind (see SHUTDOWN_BOUND) would hold a
+    // plain drop of the runtime forever.
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -300,6 +303,8 @@ fn main() -> ExitCode {
 /// left behind rather than keeping the node from stopping (a supervisor such as
 /// systemd would kill it anyway, without saying what hung).
 const SHUTDOWN_BOUND: Duration = Duration::from_secs(30);
+/// How long the runtime then waits for blocking tasks still running.
+const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(5);
 
 async fn run(start: Start) -> Result<()> {
     let args = &start.args;

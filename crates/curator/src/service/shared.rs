@@ -122,10 +122,10 @@ pub(super) fn known_in(snapshot: &Snapshot, id: &str) -> Option<crate::writes::K
 /// A leader tenure: its election key and that key's create revision.
 pub type Tenure = (Vec<u8>, i64);
 
-/// Shared by all services of one curator.
 /// The handovers read (DER, oldest first), with the CAs trusted when they were read.
 pub(super) type HandoversRead = (Vec<Vec<u8>>, Vec<Vec<u8>>);
 
+/// Shared by all services of one curator.
 pub struct Shared {
     pub(super) config: CuratorConfig,
     pub(super) curator: Namespaced,

@@ -13,7 +13,8 @@
 //! ```
 //!
 //! The introduction also records the old CA's handover to the successor
-//! (`handover/<µs>`, kept for good: `crate::handover`), in the same transaction.
+//! (`handover/<µs>`: `crate::handover`) and deletes all but the newest
+//! [`MAX_HANDOVERS`] of them, in the same transaction.
 //!
 //! Every slot (`ca/`, `ca/previous/`, `ca/next/`) holds `cert`, `key` and `crl`. The
 //! successor's first CRL lists every serial the current CRL lists, and revocations go
@@ -130,6 +131,10 @@ impl TrustedCas {
 /// rotation: the CA replaced certifies its successor (`crate::handover`).
 const HANDOVERS: &str = "handover/";
 
+/// Most old handovers one introduction deletes (etcd allows 128 operations per
+/// transaction); each introduction keeps the log at [`MAX_HANDOVERS`] or shrinks it.
+const MAX_PRUNED_PER_ROTATION: usize = 64;
+
 /// The current CA (as its slot was read) certifying `successor`.
 fn handover_from(current: &[SlotKey], successor: &Ca) -> Result<Vec<u8>, PkiError> {
     let part = |name: &str| {
@@ -220,6 +225,14 @@ impl CaStore {
             }
             let current = self.read_slot(CURRENT).await?;
             let handover = handover_from(&current, successor)?;
+            // The log of handovers keeps the newest MAX_HANDOVERS, this one included.
+            let stored = self.range(&self.ns.key(HANDOVERS)).await?;
+            let pruned: Vec<TxnOp> = stored
+                .iter()
+                .take(stored.len().saturating_sub(MAX_HANDOVERS - 1))
+                .take(MAX_PRUNED_PER_ROTATION)
+                .map(|(key, _)| TxnOp::delete(key.clone(), None))
+                .collect();
             let listed = crl_serials(&trusted.current.crl)?;
             let crl = successor.crl(&listed, next_crl_number(0, unix_micros()))?;
             let serial = certificate_serial(&successor.cert_der)?;
@@ -231,29 +244,34 @@ impl CaStore {
                     0,
                 ));
             }
-            let txn = Txn::new().when(when).and_then([
-                TxnOp::put(
-                    self.ns.key(&format!("{NEXT}/cert")),
-                    successor.cert_der.clone(),
-                    None,
-                ),
-                TxnOp::put(
-                    self.ns.key(&format!("{NEXT}/key")),
-                    successor.key_pkcs8().to_vec(),
-                    None,
-                ),
-                TxnOp::put(self.ns.key(&format!("{NEXT}/crl")), crl, None),
-                TxnOp::put(
-                    self.ns.key(&format!("serials/{}", hex::encode(&serial))),
-                    "ca",
-                    None,
-                ),
-                TxnOp::put(
-                    self.ns.key(&format!("{HANDOVERS}{:020}", unix_micros())),
-                    handover.clone(),
-                    None,
-                ),
-            ]);
+            let txn = Txn::new().when(when).and_then(
+                [
+                    TxnOp::put(
+                        self.ns.key(&format!("{NEXT}/cert")),
+                        successor.cert_der.clone(),
+                        None,
+                    ),
+                    TxnOp::put(
+                        self.ns.key(&format!("{NEXT}/key")),
+                        successor.key_pkcs8().to_vec(),
+                        None,
+                    ),
+                    TxnOp::put(self.ns.key(&format!("{NEXT}/crl")), crl, None),
+                    TxnOp::put(
+                        self.ns.key(&format!("serials/{}", hex::encode(&serial))),
+                        "ca",
+                        None,
+                    ),
+                    TxnOp::put(
+                        self.ns.key(&format!("{HANDOVERS}{:020}", unix_micros())),
+                        handover.clone(),
+                        None,
+                    ),
+                ]
+                .into_iter()
+                .chain(pruned)
+                .collect::<Vec<_>>(),
+            );
             if self.ns.client().txn(txn).await?.succeeded() {
                 return Ok(true);
             }
