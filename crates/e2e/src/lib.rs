@@ -37,6 +37,8 @@
 //!                real enrolment flow for a key of the bench's own)
 //!      bench     median(), seconds_and_rounds(), timed_calls() (the API benches'
 //!                client loop) → Calls
+//!      floor     Floor: the least a curator write costs (the curator's transport and
+//!                its transaction shape, nothing else), for `scripts/bench api`
 //!      datadev   fscrypt_usable(), data_image(), Mounts (unmounts on drop)
 //!      partition Partition: hub bridge + a namespace per node, cut (both ways /
 //!                outgoing only), heal, enter_hub(); all deleted on drop
@@ -51,6 +53,7 @@ mod cluster;
 mod ctl;
 mod datadev;
 mod etcd;
+mod floor;
 mod impostor;
 mod net;
 mod node;
@@ -68,6 +71,7 @@ pub use cluster::{Cluster, endpoints, write_label, write_labels};
 pub use ctl::polisctl;
 pub use datadev::{Mounts, data_image, fscrypt_usable};
 pub use etcd::BareEtcd;
+pub use floor::{Floor, curator_shaped_txn, floor_write};
 pub use impostor::Impostor;
 pub use net::{NetNs, unique_loopback};
 pub use node::{Node, etcd_kv_calls_at, is_home_line, read_register_params};

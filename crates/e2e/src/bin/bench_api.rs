@@ -9,15 +9,20 @@
 //!   api_write  UpdateNodeLabels        vs  put of a record-sized value
 //!              (all on the one node)       (all on one key)
 //! ```
-//! for N = 1 and 16, with the etcd KV calls the member served per successful curator
-//! call (`kv_calls_per_call`, from etcd's own metrics) and the CPU time (user + system,
-//! from /proc) per successful call of the node's polis-node and of its etcd while the
-//! curator calls ran, and of etcd while the raw calls ran (`curator_cpu_ms_per_call`,
-//! `etcd_cpu_ms_per_call`, `raw_etcd_cpu_ms_per_call`): on this machine's two shared
-//! cores the call rates move ±20 % between runs, the CPU a call costs much less. Every
-//! client has its own connection. One JSON line per call kind and
-//! N (the last line printed is one JSON object); a failed curator call is counted, never
-//! retried.
+//! for N = 1 and 16. Writes are also measured as a raw etcd transaction of the
+//! curator's write shape (guard, record, audit entry: `etcd_txn_*`) and through the
+//! floor server (`floor_*`, [`e2e::Floor`]): that transaction behind the curator's own
+//! mTLS transport and nothing else. For one client that is the least any curator
+//! carrying the entry in the change's transaction can cost here; with many, group
+//! commit may fold transactions, which the floor does not. Every line has the etcd KV
+//! calls the member served per successful curator call (`kv_calls_per_call`, from
+//! etcd's own metrics) and the CPU time (user + system, from /proc) per successful call
+//! of the node's polis-node and of its etcd while the curator calls ran, and of etcd
+//! while the raw calls ran (`curator_cpu_ms_per_call`, `etcd_cpu_ms_per_call`,
+//! `raw_etcd_cpu_ms_per_call`): on this machine's two shared cores the call rates move
+//! ±20 % between runs, the CPU a call costs much less. Every client has its own
+//! connection. One JSON line per call kind and N (the last line printed is one JSON
+//! object); a failed curator call is counted, never retried.
 //!
 //! Usage: bench-api [SECONDS_PER_MEASUREMENT] [ROUNDS] [CALL,…]   (default 2, 2 and all
 //! three calls; e.g. `UpdateNodeLabels` alone, to profile it)
@@ -56,42 +61,21 @@ fn round(x: f64, digits: i32) -> f64 {
     (x * f).round() / f
 }
 
-/// The key standing for the curator's election key in [`curator_shaped_txn`].
+/// The key standing for the curator's election key in [`e2e::curator_shaped_txn`].
 const GUARD_KEY: &str = "bench/guard";
 /// About the size of a label write's audit entry as stored.
 const AUDIT_ENTRY_BYTES: usize = 400;
-
-/// A raw etcd transaction shaped like the curator's label write: guarded by a key's
-/// revision (its election key) and the record's existence, putting the record and an
-/// audit entry of its own. What etcd alone costs for the curator's write; the curator's
-/// ratio to it is what the curator adds.
-fn curator_shaped_txn(
-    guard_revision: i64,
-    record: &[u8],
-    entry: &[u8],
-    worker: usize,
-    call: usize,
-) -> etcd_client::Txn {
-    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-    let record_key = format!("bench/txn-record/{worker}");
-    Txn::new()
-        .when([
-            Compare::mod_revision(GUARD_KEY, CompareOp::Equal, guard_revision),
-            Compare::mod_revision(record_key.clone(), CompareOp::NotEqual, -1),
-        ])
-        .and_then([
-            TxnOp::put(record_key, record, None),
-            TxnOp::put(format!("bench/audit/{worker}-{call}"), entry, None),
-        ])
-}
 
 #[derive(Default)]
 struct Totals {
     curator: Calls,
     etcd: Calls,
-    /// Writes only: raw etcd transactions of the curator's write shape (see
-    /// [`curator_shaped_txn`]).
+    /// Writes only: raw etcd transactions of the curator's write shape
+    /// ([`e2e::curator_shaped_txn`]).
     etcd_txn: Calls,
+    /// Writes only: the same transactions made by the floor server ([`e2e::Floor`])
+    /// for calls over the curator's transport.
+    floor: Calls,
     /// etcd KV calls made while the curator calls ran (every KV call of the member,
     /// background work included).
     kv_calls: u64,
@@ -100,6 +84,8 @@ struct Totals {
     curator_cpu: Duration,
     etcd_cpu_under_curator: Duration,
     etcd_cpu_raw: Duration,
+    /// CPU time of etcd while the floor's calls ran.
+    etcd_cpu_floor: Duration,
     /// Seconds the curator's handlers took (its RPC histogram: sum, count) while the
     /// curator calls ran.
     server_seconds: f64,
@@ -150,15 +136,27 @@ fn main() -> Result<()> {
     let pids = (cluster.first.proc().pid(), cluster.first.etcd_pid()?);
     let record_key = format!("namespaced:curator/nodes/{id}");
     let node_prefix = "namespaced:curator/nodes/".to_string();
+    let record = cluster
+        .first
+        .etcd_get(&record_key)?
+        .context("the node record")?;
+    // Started before the bench's runtime: the floor has a runtime of its own.
+    let floor = kinds
+        .contains(&"UpdateNodeLabels")
+        .then(|| {
+            e2e::Floor::start(
+                &cluster.first.socket(),
+                e2e::unique_loopback(),
+                record.clone(),
+                vec![b'e'; AUDIT_ENTRY_BYTES],
+            )
+        })
+        .transpose()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let record = cluster
-            .first
-            .etcd_get(&record_key)?
-            .context("the node record")?;
         let guard_revision = {
             let mut c = consensus::client::connect_unix(&cluster.first.socket()).await?;
             c.put(GUARD_KEY, "leader", None).await?.header().map_or(0, |h| h.revision())
@@ -168,6 +166,15 @@ fn main() -> Result<()> {
             let curators: Vec<_> = (0..clients)
                 .map(|_| cluster.owner_client().map(std::sync::Arc::new))
                 .collect::<Result<_>>()?;
+            let floors: Vec<_> = match &floor {
+                Some(f) => (0..clients)
+                    .map(|_| f.client().map(std::sync::Arc::new))
+                    .collect::<Result<_>>()?,
+                None => Vec::new(),
+            };
+            for f in &floors {
+                e2e::floor_write(f).await.context("a first call to the floor")?;
+            }
             let mut etcds = Vec::new();
             for _ in 0..clients {
                 etcds.push(consensus::client::connect_unix(&cluster.first.socket()).await?);
@@ -271,8 +278,22 @@ fn main() -> Result<()> {
                         let (value, entry) = (record.clone(), vec![b'e'; AUDIT_ENTRY_BYTES]);
                         let guard = guard_revision;
                         timed_calls(&etcds, duration, MAX_CALLS, move |mut c, w, i| {
-                            let txn = curator_shaped_txn(guard, &value, &entry, w, i);
+                            let record_key = format!("bench/txn-record/{w}");
+                            let txn = e2e::curator_shaped_txn(
+                                (GUARD_KEY, guard),
+                                (&record_key, &value),
+                                (format!("bench/audit/{w}-{i}"), &entry),
+                            );
                             async move { c.txn(txn).await.map(drop) }
+                        })
+                        .await
+                    } else {
+                        Calls::default()
+                    };
+                    let before_floor = cpu_pair(pids)?;
+                    let floor = if kind == "UpdateNodeLabels" {
+                        timed_calls(&floors, duration, MAX_CALLS, |c, _, _| async move {
+                            e2e::floor_write(&c).await
                         })
                         .await
                     } else {
@@ -280,6 +301,8 @@ fn main() -> Result<()> {
                     };
                     let totals = results.entry((clients, kind)).or_default();
                     totals.etcd_txn.merge(etcd_txn);
+                    totals.floor.merge(floor);
+                    totals.etcd_cpu_floor += cpu_pair(pids)?.1 - before_floor.1;
                     totals.server_seconds += server_after.0 - server_before.0;
                     totals.server_calls += server_after.1 - server_before.1;
                     totals.kv_calls += kv_calls;
@@ -334,6 +357,17 @@ fn main() -> Result<()> {
                     line["etcd_txn_ratio"] = round(txn / e.max(1e-9), 2).into();
                     line["ratio_to_txn"] = round(c / txn.max(1e-9), 2).into();
                     line["etcd_txn_failed"] = t.etcd_txn.failed.into();
+                    let floor = per_s(&t.floor);
+                    line["floor_per_s"] = floor.round().into();
+                    line["floor_ratio"] = round(floor / e.max(1e-9), 2).into();
+                    line["ratio_to_floor"] = round(c / floor.max(1e-9), 2).into();
+                    line["floor_mean_ms"] = round(mean_ms(&t.floor.latencies), 3).into();
+                    line["floor_failed"] = t.floor.failed.into();
+                    line["floor_etcd_cpu_ms_per_call"] =
+                        per_call_ms(t.etcd_cpu_floor, t.floor.ok).into();
+                    if let Some(e) = &t.floor.first_error {
+                        line["floor_first_error"] = e.clone().into();
+                    }
                 }
                 if let Some(e) = &t.curator.first_error {
                     line["first_error"] = e.clone().into();
