@@ -64,6 +64,7 @@ fn frame(rest: &[u8]) -> Vec<u8> {
 pub fn backup_file_seeds() -> Vec<Vec<u8>> {
     let header = backup::Header {
         ca_fingerprint: "ab".repeat(32),
+        trusted_ca_fingerprints: vec!["ab".repeat(32), "cd".repeat(32)],
         revision: 1234,
         quorum_read: true,
         taken_at_unix_ms: 1_795_000_000_000,

@@ -67,6 +67,21 @@ pub fn crl() -> &'static [u8] {
     })
 }
 
+/// A CA that succeeded the test CA in a rotation (made once per process).
+pub fn successor() -> &'static pki::Ca {
+    static CA: OnceLock<pki::Ca> = OnceLock::new();
+    CA.get_or_init(|| pki::Ca::generate("polis fuzz test CA", pki::CA_LIFETIME).expect("a CA"))
+}
+
+/// The test CA's handover to [`successor`], as a curator answers it after a rotation.
+pub fn handover() -> &'static [u8] {
+    static HANDOVER: OnceLock<Vec<u8>> = OnceLock::new();
+    HANDOVER.get_or_init(|| {
+        ca().hand_over_to(successor())
+            .expect("the test CA hands over")
+    })
+}
+
 /// A new test CA: its certificate and its PKCS#8 key (what `fixtures/` holds).
 pub fn generate() -> (Vec<u8>, Vec<u8>) {
     let ca = pki::Ca::generate("polis fuzz test CA", pki::CA_LIFETIME).expect("a CA");

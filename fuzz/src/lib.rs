@@ -12,7 +12,8 @@
 //!   protos   node parameters, on-disk and etcd records, API requests and answers
 //!   files    backup files, data key halves, data device markers and heads, node keys,
 //!            etcd's metrics text
-//!   x509     certificates (DER, PEM), CRLs, the curator's client classification
+//!   x509     certificates (DER, PEM), CRLs, the curator's client classification,
+//!            CA handovers
 //!   text     epoch and forwarded-identity headers, operator and wire text fields
 //! ```
 
@@ -80,6 +81,11 @@ pub const TARGETS: &[Target] = &[
         name: "authenticator",
         run: x509::authenticator,
         seeds: x509::authenticator_seeds,
+    },
+    Target {
+        name: "handover",
+        run: x509::handover,
+        seeds: x509::handover_seeds,
     },
     Target {
         name: "epoch_header",

@@ -293,6 +293,10 @@ pub fn records_seeds() -> Vec<Vec<u8>> {
             etcd_member_running: true,
             curator_running: true,
             started_at_unix_ms: 1_795_000_000_000,
+            trusted_ca_fingerprints: vec!["ab".repeat(32), "cd".repeat(32)],
+            certificate_ca_fingerprint: "ab".repeat(32),
+            etcd_loaded_peer_ca_fingerprints: vec!["ef".repeat(32)],
+            etcd_peer_certificate_ca_fingerprint: "ef".repeat(32),
         }),
         health: 1,
         data_join_key: vec![2; 32],
@@ -659,6 +663,9 @@ pub fn api_messages_seeds() -> Vec<Vec<u8>> {
                 cluster_crl: crate::fixture::crl().to_vec().into(),
                 record_revision: 10,
                 record_etcd_cluster: 7,
+                cluster_cas: vec![crate::fixture::CA_DER.to_vec().into()],
+                cluster_crls: vec![crate::fixture::crl().to_vec().into()],
+                etcd_peer_cas: vec![crate::fixture::CA_DER.to_vec().into()],
             }
             .encode_to_vec(),
         ),
@@ -677,6 +684,9 @@ pub fn api_messages_seeds() -> Vec<Vec<u8>> {
             api::GetCaCertificateResponse {
                 ca_certificate: crate::fixture::CA_DER.to_vec(),
                 crl: crate::fixture::crl().to_vec(),
+                trusted_cas: vec![crate::fixture::CA_DER.to_vec()],
+                crls: vec![crate::fixture::crl().to_vec()],
+                handovers: vec![crate::fixture::handover().to_vec()],
             }
             .encode_to_vec(),
         ),

@@ -112,3 +112,80 @@ pub fn authenticator_seeds() -> Vec<Vec<u8>> {
         picked(1, fixture::crl()),
     ]
 }
+
+/// CA handovers as polisctl follows them after a rotation it missed
+/// (`pki::handed_over`): a configuration pinning the test CA, a curator presenting some
+/// CA and answering some handovers, none of it trusted yet. The input is chunks, each a
+/// 2-byte big-endian length and its bytes: the presented CA, then the handovers. The
+/// verdict does not depend on the handovers' order.
+pub fn handover(data: &[u8]) {
+    let chunks = chunks(data);
+    let Some((presented, handovers)) = chunks.split_first() else {
+        return;
+    };
+    let pinned = [fixture::CA_DER.to_vec()];
+    let followed = pki::handed_over(&pinned, handovers, presented);
+    if handovers.len() <= pki::MAX_HANDOVERS {
+        let reversed: Vec<Vec<u8>> = handovers.iter().rev().cloned().collect();
+        assert_eq!(
+            pki::handed_over(&pinned, &reversed, presented),
+            followed,
+            "the order of the handovers changed the verdict"
+        );
+    }
+}
+
+/// `data` cut into chunks of a 2-byte big-endian length and that many bytes (a short
+/// last chunk is taken as it is).
+fn chunks(mut data: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while let [high, low, rest @ ..] = data {
+        let length = usize::from(u16::from_be_bytes([*high, *low])).min(rest.len());
+        out.push(rest[..length].to_vec());
+        data = &rest[length..];
+    }
+    out
+}
+
+fn chunked(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for part in parts {
+        out.extend_from_slice(&u16::try_from(part.len()).expect("short").to_be_bytes());
+        out.extend_from_slice(part);
+    }
+    out
+}
+
+pub fn handover_seeds() -> Vec<Vec<u8>> {
+    let successor = fixture::successor();
+    let next = pki::Ca::generate("polis fuzz test CA", pki::CA_LIFETIME).expect("a CA");
+    let onward = successor
+        .hand_over_to(&next)
+        .expect("the successor hands over");
+    let stranger = pki::Ca::generate("another cluster", pki::CA_LIFETIME).expect("a CA");
+    let handover = fixture::handover();
+    vec![
+        chunked(&[&successor.cert_der, handover]),
+        chunked(&[&next.cert_der, &onward, handover]),
+        chunked(&[&stranger.cert_der, handover]),
+        chunked(&[fixture::CA_DER]),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_handover_seeds_reach_both_verdicts() {
+        let verdicts: Vec<bool> = handover_seeds()
+            .iter()
+            .map(|seed| {
+                let chunks = chunks(seed);
+                let pinned = [fixture::CA_DER.to_vec()];
+                pki::handed_over(&pinned, &chunks[1..], &chunks[0])
+            })
+            .collect();
+        assert_eq!(verdicts, [true, true, false, true]);
+    }
+}
