@@ -4,7 +4,8 @@
 //! - n0's etcd member cut off from the others (their polis-node and etcd frozen with
 //!   SIGSTOP): a call sent only to n0's curator is answered Unavailable, saying that its
 //!   etcd member has no leader, within the curator lease TTL + 1 s (asserted with twice
-//!   that; the figure is printed).
+//!   that; the figure is printed). Calls answered from the local member alone still
+//!   are: GetCACertificate with the CA's handovers, at once.
 //! - n0's etcd frozen while m1 and m2 keep a quorum: polisctl given [n0, m1] passes over
 //!   n0 (Unavailable at once) and a write through the others succeeds.
 
@@ -128,6 +129,34 @@ fn a_curator_without_quorum_answers_unavailable_fast() -> Result<()> {
         took <= 2 * TARGET,
         "Unavailable took {took:?} after the cut (target {TARGET:?})"
     );
+    // QUORUM_FREE calls are still answered, from n0's own member alone: GetCACertificate
+    // with its handovers too (nothing asked for them before, so nothing is cached).
+    // Before: the handovers were read through the quorum, and the call waited out
+    // etcd's bound, then failed.
+    let asked = Instant::now();
+    let ca = runtime.block_on(async {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let channel = rpc::connect(n0, owner.trust(), owner.credentials().as_ref())
+                .await
+                .context("connecting to n0's curator")?;
+            anyhow::Ok(
+                api::curator_local_client::CuratorLocalClient::new(channel)
+                    .get_ca_certificate(api::GetCaCertificateRequest {
+                        with_handovers: true,
+                    })
+                    .await,
+            )
+        })
+        .await
+    });
+    let ca = ca.context("GetCACertificate on the isolated n0 hung for 30 s")??;
+    println!(
+        "isolated n0 answered GetCACertificate in {:?}",
+        asked.elapsed()
+    );
+    let ca = ca.context("GetCACertificate with handovers on the isolated n0")?;
+    assert!(!ca.get_ref().ca_certificate.is_empty());
+    assert!(asked.elapsed() <= TARGET, "{:?}", asked.elapsed());
     // Once it knows, at once.
     let again = Instant::now();
     let status = list_on_n0(&runtime)??.expect_err("served without a quorum");

@@ -29,6 +29,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, WatchOptions};
 
 use consensus::Namespaced;
 use consensus::client::txn_get_value;
+use consensus::pages::Pages;
 
 use crate::PkiError;
 use crate::inspect::{crl_serials, time_to_expiry};
@@ -337,7 +338,22 @@ impl CaStore {
     /// Every (key, value) under the full key prefix `prefix`, in key order, read in
     /// pages of [`PAGE`] at one revision (`consensus::pages`).
     async fn range(&self, prefix: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>, PkiError> {
-        let pages = consensus::pages::Pages::prefix(&self.ns.client(), prefix).page_keys(PAGE);
+        self.read_pages(Pages::prefix(&self.ns.client(), prefix).page_keys(PAGE))
+            .await
+    }
+
+    /// [`Self::range`] from the local etcd member alone (serializable): answered without
+    /// a quorum, possibly behind it.
+    async fn range_local(&self, prefix: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>, PkiError> {
+        self.read_pages(
+            Pages::prefix(&self.ns.client(), prefix)
+                .page_keys(PAGE)
+                .serializable(),
+        )
+        .await
+    }
+
+    async fn read_pages(&self, pages: Pages) -> Result<Vec<(Vec<u8>, Vec<u8>)>, PkiError> {
         Ok(consensus::pages::read(pages)
             .await?
             .kvs

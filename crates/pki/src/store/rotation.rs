@@ -282,9 +282,12 @@ impl CaStore {
     }
 
     /// The handovers of every rotation of this store, oldest first, at most the last
-    /// [`MAX_HANDOVERS`] (see `crate::handover`).
+    /// [`MAX_HANDOVERS`] (see `crate::handover`). Read from the local member alone, so
+    /// that a curator without quorum still answers them (GetCACertificate is answered
+    /// without one): a list behind the cluster's can only fail a client's check (it
+    /// verifies every signature itself), never make it trust a CA it should not.
     pub async fn handovers(&self) -> Result<Vec<Vec<u8>>, PkiError> {
-        let all = self.range(&self.ns.key(HANDOVERS)).await?;
+        let all = self.range_local(&self.ns.key(HANDOVERS)).await?;
         let skip = all.len().saturating_sub(MAX_HANDOVERS);
         Ok(all.into_iter().skip(skip).map(|(_, v)| v).collect())
     }
