@@ -291,5 +291,18 @@ fn backup_through_a_follower_is_a_restorable_private_etcd_snapshot() -> Result<(
     let inspected: serde_json::Value = serde_json::from_str(&out)?;
     assert_eq!(inspected["quorum_read"], false);
     assert!(inspected["revision"].as_i64().context("revision")? > revision);
+    // And it lists the snapshots a recovery could start from (its own; the two members
+    // it cannot reach named as such), as an operator does before `recover`.
+    let listed = cluster.ctl_retry(&[
+        "--endpoints",
+        &n0.address.to_string(),
+        "cluster",
+        "backups",
+        "-o",
+        "json",
+    ])?;
+    let listed: serde_json::Value = serde_json::from_str(&listed)?;
+    let unreachable = listed["unreachable"].as_array().context("unreachable")?;
+    assert_eq!(unreachable.len(), 2, "{listed}");
     Ok(())
 }
