@@ -203,14 +203,21 @@ fn prune(dir: &Path, names: Vec<SnapshotName>, keep: u32) {
 pub(super) async fn read_revision(shared: &Shared) -> Result<(i64, bool), Status> {
     let mut client = shared.curator.client();
     let key = shared.curator.key("");
-    let linearizable = tokio::time::timeout(
-        QUORUM_READ,
-        client.get(key.clone(), Some(GetOptions::new().with_count_only())),
-    )
-    .await;
+    // A member that knows it has no leader (the quorum runnable) is not asked through
+    // the quorum: the answer would only come after QUORUM_READ, as a timeout.
+    let linearizable = match shared.etcd_leader.current() {
+        Some(false) => None,
+        _ => tokio::time::timeout(
+            QUORUM_READ,
+            client.get(key.clone(), Some(GetOptions::new().with_count_only())),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok),
+    };
     Ok(match linearizable {
-        Ok(Ok(r)) => (r.header().map(|h| h.revision()).unwrap_or_default(), true),
-        _ => {
+        Some(r) => (r.header().map(|h| h.revision()).unwrap_or_default(), true),
+        None => {
             let r = client
                 .get(
                     key,
