@@ -30,8 +30,11 @@ const GUARD_KEY: &str = "bench/floor/guard";
 const RECORD_KEY: &str = "bench/floor/record";
 
 /// A transaction of the curator's label-write shape: guarded by a key's revision (the
-/// leadership) and by the record's existence, putting the record and an audit entry
-/// of its own. The bench's raw-etcd comparison uses the same shape.
+/// leadership) and by a comparison of the record's revision (as the curator's CAS;
+/// `!= -1` always holds, etcd compares a missing key as revision 0, so the shape's cost
+/// is there and every transaction writes), putting the record and an audit entry of
+/// its own. The bench's raw-etcd comparison uses the same shape; a transaction whose
+/// guard failed wrote nothing and is counted as failed by both.
 pub fn curator_shaped_txn(
     guard: (&str, i64),
     record: (&str, &[u8]),

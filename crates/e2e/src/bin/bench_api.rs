@@ -284,7 +284,13 @@ fn main() -> Result<()> {
                                 (&record_key, &value),
                                 (format!("bench/audit/{w}-{i}"), &entry),
                             );
-                            async move { c.txn(txn).await.map(drop) }
+                            async move {
+                                match c.txn(txn).await {
+                                    Ok(r) if r.succeeded() => Ok(()),
+                                    Ok(_) => Err("the transaction's guard failed".to_string()),
+                                    Err(e) => Err(e.to_string()),
+                                }
+                            }
                         })
                         .await
                     } else {
