@@ -39,7 +39,7 @@ pub async fn chain(curator: &Namespaced, local: bool) -> Result<Vec<ClusterEpoch
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    chain.sort_by(|a, b| proto::epoch::id(a).cmp(&proto::epoch::id(b)));
+    chain.sort_by(|a, b| proto::epoch::order(a).cmp(&proto::epoch::order(b)));
     Ok(chain)
 }
 

@@ -4,7 +4,14 @@
 //! - a second `recover` on another survivor while the first serves: refused;
 //! - two `recover`s started at the same moment: one cluster results;
 //! - a restore, then two former members started together: they hold back (their data
-//!   holds a write the backup lacks) and serve nothing.
+//!   holds a write the backup lacks) and serve nothing;
+//! - a recover on a machine whose clock ran an hour fast, then a restore with a correct
+//!   clock: the restore's epoch is still the later one (epochs follow the chain, not the
+//!   clock), so the two former members of the fast epoch that hold newer writes hold
+//!   back instead of dropping them;
+//! - a recover interrupted (SIGKILL) after each of its steps: the next plain start rolls
+//!   it back (etcd never forced) or completes it (forced: the claim recorded, CRLs signed
+//!   again), and the cluster that results holds every acknowledged write.
 //!
 //! After each: every write acknowledged before the fault is in the one cluster that
 //! acknowledges writes, `cluster status` over every member shows no second cluster, and
@@ -50,7 +57,13 @@ fn three_members(dir: &Path) -> Result<Three> {
 
 /// `polis-node recover` on `node`'s root (stopped), its output in `node.dir`.
 fn recover(node: &Node, name: &str, extra: &[&str]) -> Result<Proc> {
+    recover_with_env(node, name, extra, &[])
+}
+
+/// `recover` with extra environment variables (a test build's crash point or clock).
+fn recover_with_env(node: &Node, name: &str, extra: &[&str], env: &[(&str, &str)]) -> Result<Proc> {
     let mut cmd = Command::new(bin("polis-node"));
+    cmd.envs(env.iter().copied());
     cmd.arg("recover")
         .arg("--root")
         .arg(&node.root)
@@ -398,5 +411,245 @@ fn polisctl_refuses_curators_of_an_older_epoch_than_it_has_seen() -> Result<()> 
         "the refusal names both epochs: {err}"
     );
     println!("refused as expected: {err}");
+    Ok(())
+}
+
+/// The epoch number member `node` reports in a `cluster status` JSON.
+fn epoch_number(status: &serde_json::Value, node: &str) -> Option<u64> {
+    status["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["node"] == node)?["epoch"]["number"]
+        .as_u64()
+}
+
+#[test]
+fn an_epoch_made_on_a_fast_clock_never_outranks_the_epochs_after_it() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let Three {
+        cluster,
+        mut nodes,
+        ids,
+    } = three_members(dir.path())?;
+    lose_the_majority(&cluster, &mut nodes, &ids[0])?;
+
+    // Member 0 recovered on a machine whose clock runs an hour fast.
+    nodes[0].proc = Some(recover_with_env(
+        &nodes[0],
+        "recover",
+        &[],
+        &[("POLIS_TEST_CLOCK_OFFSET_MS", "3600000")],
+    )?);
+    nodes[0].wait_for_curator()?;
+    let first = nodes[0].address.to_string();
+    // A second member of the fast epoch: a new node made a consensus member.
+    let params = cluster.register_params("more")?;
+    let (mut m3, id3) = cluster.add_worker("m3", &params)?;
+    cluster.ctl_retry(&[
+        "--endpoints",
+        &first,
+        "node",
+        "add-role",
+        &id3,
+        "ConsensusMember",
+    ])?;
+    cluster.wait_members(&endpoints(&[&nodes[0], &m3]), 2, 0)?;
+    m3.wait_for_curator()?;
+    let fast = endpoints(&[&nodes[0], &m3]);
+
+    // A backup, then a write only the two members of the fast epoch hold.
+    cluster.ctl_retry(&[
+        "--endpoints",
+        &fast,
+        "node",
+        "label",
+        &ids[0],
+        "backed-up=yes",
+    ])?;
+    let file = dir.path().join("cluster.polisbackup");
+    let file_str = file.to_str().context("utf-8")?;
+    cluster.ctl_retry(&["--endpoints", &fast, "cluster", "backup", "--out", file_str])?;
+    cluster.ctl_retry(&["--endpoints", &fast, "node", "label", &ids[0], "newer=yes"])?;
+    stop(&mut nodes[0])?;
+    stop(&mut m3)?;
+
+    // The restore, with a correct clock, at member 2's old address (its root is gone).
+    let address = nodes[2].address.to_string();
+    let restored_root = dir.path().join("restored-root");
+    let mut cmd = Command::new(bin("polis-node"));
+    cmd.arg("restore")
+        .arg("--root")
+        .arg(&restored_root)
+        .arg("--address")
+        .arg(&address)
+        .arg("--backup")
+        .arg(&file)
+        .arg("--log-format=json")
+        .args(NODE_ARGS);
+    nodes[2].root = restored_root;
+    nodes[2].proc = Some(Proc::spawn(
+        "polis-node restore",
+        cmd,
+        &nodes[2].dir.join("restore.log"),
+    )?);
+    nodes[2].wait_for_curator()?;
+
+    // The two former members of the fast epoch come back together: their epoch is the
+    // restore's parent, so they hold back, keeping the write the backup lacks.
+    let kept: Vec<Vec<u8>> = [&nodes[0], &m3]
+        .iter()
+        .map(|n| std::fs::read(n.root.join("data/etcd/member.pb")))
+        .collect::<Result<_, _>>()?;
+    nodes[0].start(&[])?;
+    m3.start(&[])?;
+    for (name, node) in [("member 0", &mut nodes[0]), ("m3", &mut m3)] {
+        node.proc()
+            .wait_for_line(TIMEOUT, |l| l.contains("holding back"))
+            .with_context(|| format!("{name} holds back"))?;
+    }
+    let everyone = endpoints(&[&nodes[0], &m3, &nodes[2]]);
+    let status = one_cluster(&cluster, &everyone)?;
+    println!("after the restore: {status}");
+    let restorer = nodes[2].key_node_id()?;
+    assert_eq!(
+        epoch_number(&status, &restorer),
+        Some(2),
+        "the restore continues the fast epoch: {status}"
+    );
+    for attempt in 0..3 {
+        assert!(
+            !label_via(&cluster, &fast, &ids[0], &format!("old-{attempt}"))?,
+            "a write acknowledged by a member of the superseded epoch"
+        );
+    }
+    let labels = labels_via(&cluster, &address, &ids[0])?;
+    assert_eq!(labels["backed-up"], "yes", "{labels}");
+    assert!(labels.get("newer").is_none(), "{labels}");
+    for (node, member) in [&nodes[0], &m3].iter().zip(kept) {
+        assert!(
+            node.root.join("data/etcd/data/member").is_dir(),
+            "{}: the data holding the newer write was dropped",
+            node.root.display()
+        );
+        assert_eq!(
+            std::fs::read(node.root.join("data/etcd/member.pb"))?,
+            member
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_recover_interrupted_after_any_step_is_rolled_back_or_completed() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let Three {
+        cluster,
+        mut nodes,
+        ids,
+    } = three_members(dir.path())?;
+    lose_the_majority(&cluster, &mut nodes, &ids[0])?;
+    let first = nodes[0].address.to_string();
+    let progress = nodes[0].root.join("data/etcd/recover.pb");
+
+    // Killed right after the claim: etcd never forced, so the next plain start rolls the
+    // claim back (it never advertises an epoch nobody recorded) and serves nothing.
+    let mut killed = recover_with_env(
+        &nodes[0],
+        "recover-claimed",
+        &[],
+        &[("POLIS_CRASH_AFTER", "recover-claimed")],
+    )?;
+    let status = killed.wait_exit(TIMEOUT)?;
+    assert!(
+        !status.success(),
+        "the crash point killed recover: {}",
+        killed.output()
+    );
+    assert!(progress.exists(), "the recover's progress is on disk");
+    nodes[0].start(&[])?;
+    nodes[0]
+        .proc()
+        .wait_for_line(TIMEOUT, |l| l.contains("rolled back"))
+        .context("the unforced claim is rolled back")?;
+    assert!(!progress.exists());
+    stop(&mut nodes[0])?;
+
+    // Killed after each later step: the next plain start completes the recover.
+    let mut acked = vec!["before".to_string()];
+    for (number, step) in [
+        "recover-forcing",
+        "recover-forced",
+        "recover-recorded",
+        "recover-crls",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut killed = recover_with_env(&nodes[0], step, &[], &[("POLIS_CRASH_AFTER", step)])?;
+        let status = killed.wait_exit(TIMEOUT)?;
+        let output = killed.output();
+        assert!(
+            !status.success(),
+            "{step}: the crash point killed recover: {output}"
+        );
+        assert!(
+            output.contains("killing this process"),
+            "{step}: recover died elsewhere: {output}"
+        );
+        assert!(
+            progress.exists(),
+            "{step}: the recover's progress is on disk"
+        );
+        nodes[0].start(&[])?;
+        nodes[0]
+            .proc()
+            .wait_for_line(TIMEOUT, |l| l.contains("completing it"))
+            .with_context(|| format!("{step}: the plain start completes the recover"))?;
+        nodes[0].wait_for_curator()?;
+        nodes[0]
+            .proc()
+            .wait_for_line(TIMEOUT, |l| l.contains("new epoch is recorded"))
+            .with_context(|| format!("{step}: the claim is recorded"))?;
+        assert!(
+            nodes[0].proc().output().contains("CRL signed again"),
+            "{step}: the CRLs are signed again"
+        );
+        wait_until("the recover's progress removed", TIMEOUT, || {
+            !progress.exists()
+        })?;
+        let (_, status) = cluster.status(&first)?;
+        assert_eq!(
+            epoch_number(&status, &ids[0]),
+            Some(number as u64 + 1),
+            "{step}: {status}"
+        );
+        let key = format!("after-{step}");
+        cluster.ctl_retry(&[
+            "--endpoints",
+            &first,
+            "node",
+            "label",
+            &ids[0],
+            &format!("{key}=yes"),
+        ])?;
+        acked.push(key);
+        stop(&mut nodes[0])?;
+    }
+
+    // The recovered member, then the former member 1: one cluster, every write in it.
+    nodes[0].start(&[])?;
+    nodes[0].wait_for_curator()?;
+    nodes[1].start(&[])?;
+    let both = endpoints(&[&nodes[0], &nodes[1]]);
+    wait_until("member 1 rejoined or holds back", TIMEOUT, || {
+        cluster.status(&both).is_ok_and(|(ok, s)| {
+            ok && (voters_answering(&s) == 2 || s["warnings"].to_string().contains("holding back"))
+        })
+    })?;
+    one_cluster(&cluster, &both)?;
+    let labels = labels_via(&cluster, &first, &ids[0])?;
+    for key in &acked {
+        assert_eq!(labels[key.as_str()], "yes", "{key} missing: {labels}");
+    }
     Ok(())
 }

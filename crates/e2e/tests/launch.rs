@@ -1,5 +1,6 @@
 //! `polisctl cluster launch`: a local 3-node development cluster of real polis-node
-//! processes, stopped, launched again, destroyed.
+//! processes, launched while both cores are kept busy (the status read right after it
+//! returns shows three voters, all answering), stopped, launched again, destroyed.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -80,6 +81,50 @@ fn nodes(config: &Path) -> Result<Vec<serde_json::Value>> {
         .unwrap_or_default())
 }
 
+/// Keeps every core busy until dropped (or for at most `LOAD_AT_MOST`): a build beside a
+/// launch is how a member once was declared ready while it still saw itself a learner.
+struct BusyCores {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+const LOAD_AT_MOST: std::time::Duration = std::time::Duration::from_secs(600);
+
+impl BusyCores {
+    fn start() -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let threads = (0..cores)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let started = std::time::Instant::now();
+                    let mut x: u64 = 1;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                        && started.elapsed() < LOAD_AT_MOST
+                    {
+                        for _ in 0..100_000 {
+                            x = std::hint::black_box(
+                                x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                            );
+                        }
+                    }
+                })
+            })
+            .collect();
+        BusyCores { stop, threads }
+    }
+}
+
+impl Drop for BusyCores {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 #[test]
 fn launch_stop_relaunch_destroy() -> Result<()> {
     let tmp = tempfile::tempdir()?;
@@ -88,6 +133,7 @@ fn launch_stop_relaunch_destroy() -> Result<()> {
     let first = three_free_addresses().to_string();
     let d = dir.to_str().context("utf-8")?;
     let node_binary = e2e::bin("polis-node");
+    let busy = BusyCores::start();
     let out = ctl(&[
         "cluster",
         "launch",
@@ -99,6 +145,24 @@ fn launch_stop_relaunch_destroy() -> Result<()> {
         "--node-binary",
         node_binary.to_str().context("utf-8")?,
     ])?;
+    // What scripts/local-cluster prints next, read at once and still under load: three
+    // voters, every one answering through its own curator.
+    let config = dir.join("config");
+    let status = ctl(&[
+        "--config",
+        config.to_str().context("utf-8")?,
+        "cluster",
+        "status",
+        "-o",
+        "json",
+    ])?;
+    drop(busy);
+    let status: serde_json::Value = serde_json::from_str(&status)?;
+    assert_eq!(status["quorum"], true, "{status}");
+    assert_eq!(status["unreachable"], serde_json::json!([]), "{status}");
+    let members = status["members"].as_array().context("members")?;
+    assert_eq!(members.len(), 3, "{status}");
+    assert!(members.iter().all(|m| m["role"] == "voter"), "{status}");
     assert!(out.contains("ConsensusMember"), "{out}");
     let targets = out
         .lines()
@@ -112,7 +176,6 @@ fn launch_stop_relaunch_destroy() -> Result<()> {
             "{target}: {status}"
         );
     }
-    let config = dir.join("config");
     let listed = nodes(&config)?;
     assert_eq!(listed.len(), 3, "{listed:?}");
     for n in &listed {

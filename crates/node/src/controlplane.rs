@@ -67,6 +67,7 @@ fn etcd_config(
     node_id: &str,
     start: &EtcdStart,
     quota_backend_bytes: u64,
+    recovering: bool,
 ) -> EtcdConfig {
     let root = &settings.root;
     let peer_url = consensus::config::peer_url(settings.address, consensus::config::PEER_PORT);
@@ -103,9 +104,9 @@ fn etcd_config(
         timing: settings.raft_timing,
         readiness,
         quota_backend_bytes,
-        // Recovery (`polis-node recover`) forces a new cluster from this member's data.
-        force_new_cluster: matches!(start, EtcdStart::Existing)
-            && settings.force_new_cluster.is_armed(),
+        // Recovery (`polis-node recover`) forces a new cluster from this member's data,
+        // on every start until its claim is recorded (`epochs::resume_recover`).
+        force_new_cluster: matches!(start, EtcdStart::Existing) && recovering,
     }
 }
 
@@ -266,7 +267,10 @@ pub async fn run(
         record_quota(&settings.root, quota)?;
     }
     let quota = recorded_quota(&settings.root)?;
-    let config = etcd_config(&settings, &node_id, &start, quota);
+    // A recover whose claim is not recorded yet (on disk: it survives a crash and a
+    // restart of this runnable alike) forces etcd and records the claim first.
+    let recovering = epochs::recover_pending(&settings.root)?;
+    let config = etcd_config(&settings, &node_id, &start, quota, recovering);
     let forcing = config.force_new_cluster;
     // A member of an older epoch never serves: asked before its etcd starts (a
     // recovering member asks while it settles, below).
@@ -290,15 +294,17 @@ pub async fn run(
     );
     let status = event::Value::<Status>::new();
     let etcd_status = status.clone();
-    let force = settings.force_new_cluster.clone();
     // `peertrust` restarts etcd through it, to load changed peer CAs.
     let restart_etcd = std::sync::Arc::new(tokio::sync::Notify::new());
     let etcd_restart = restart_etcd.clone();
+    let force_root = settings.root.clone();
     let etcd = ctx.run_stoppable("consensus", move |ctx| {
         let (mut config, status) = (config.clone(), etcd_status.clone());
         let restart = etcd_restart.clone();
-        // Forced once: a restart after the recovered etcd answered runs it as usual.
-        config.force_new_cluster &= force.is_armed();
+        // Forced until the claim is recorded (forcing a one-member cluster again changes
+        // nothing); a restart after that runs it as usual: forcing then would remove every
+        // member that joined since.
+        config.force_new_cluster &= epochs::recover_pending(&force_root).unwrap_or(true);
         async move {
             consensus::run_restartable(&ctx, &config, &status, &restart).await?;
             Ok(())
@@ -325,7 +331,8 @@ pub async fn run(
         }
         _ = ctx.cancelled() => return Ok(()),
     };
-    if forcing && settings.force_new_cluster.disarm() {
+    if forcing {
+        crate::crash::crash_point("recover-forced");
         tracing::warn!(
             member = format!("{:x}", running.member_id),
             "recovered: this etcd member is now the only member of its cluster, with \
@@ -489,19 +496,23 @@ async fn record_claim(
     curator_ns: &consensus::Namespaced,
 ) -> Result<proto::config::ClusterEpoch> {
     let claim = epochs::load(&settings.root)?;
-    if claim.record_revision != 0 || proto::epoch::is_bootstrap(&claim) {
+    if !epochs::recover_pending(&settings.root)? {
         return Ok(claim);
     }
+    // Each step is safe to repeat: a start that finds the recover unfinished on disk
+    // runs them all again (`epochs::resume_recover`).
     let recorded = curator::epochs::record(curator_ns, &claim)
         .await
         .context("recording the recovered cluster's new epoch")?;
+    crate::crash::crash_point("recover-recorded");
     // The survivor may have lagged behind CRLs others saw: new numbers past them all.
     crate::restore::reissue_crls(&curator_ns.client()).await?;
+    crate::crash::crash_point("recover-crls");
     // Every lease is an election lease of a curator of before the recovery (this
     // process has none yet): all are dead by the recovery's own decision, so the
     // campaign need not wait for evidence that their holders stopped renewing.
     revoke_old_leases(curator_ns.client()).await;
-    epochs::keep(&settings.root, &recorded)?;
+    epochs::finish_recover(&settings.root, &recorded)?;
     tracing::warn!(
         epoch = proto::epoch::describe(&recorded),
         revision = recorded.record_revision,

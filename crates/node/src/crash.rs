@@ -1,7 +1,9 @@
 //! Crash points: the `POLIS_CRASH_AFTER` test hook that kills the process right after a
 //! named step of bootstrap or registration, to prove both resume safely; the
 //! `POLIS_TEST_STALE_NO_ROLE` hook that feeds rolefetch a stale update; and
-//! `POLIS_TEST_REPORTED_VERSION`, the version a node reports (version-skew tests).
+//! `POLIS_TEST_REPORTED_VERSION`, the version a node reports (version-skew tests); and
+//! `POLIS_TEST_CLOCK_OFFSET_MS`, a wall clock that runs fast for the epochs this node
+//! makes (a recover on a machine whose clock was wrong).
 //!
 //! The hook itself is compiled in only with the `crash-points` cargo feature (test
 //! builds); without it [`crash_point`] is an empty inline function and
@@ -82,6 +84,7 @@ pub fn check_crash_points() -> Result<()> {
     for (variable, hook) in [
         (STALE_UPDATE_VARIABLE, "stale-update hook"),
         (REPORTED_VERSION_VARIABLE, "reported version"),
+        (CLOCK_OFFSET_VARIABLE, "epoch clock offset"),
     ] {
         if std::env::var_os(variable).is_some() {
             if !cfg!(feature = "crash-points") {
@@ -124,4 +127,25 @@ pub fn reported_version() -> String {
 #[inline(always)]
 pub fn reported_version() -> String {
     env!("CARGO_PKG_VERSION").to_string()
+}
+
+/// Names the variable that makes a test build's epoch clock run fast (see
+/// [`epoch_clock_offset_ms`]).
+pub const CLOCK_OFFSET_VARIABLE: &str = "POLIS_TEST_CLOCK_OFFSET_MS";
+
+/// Milliseconds added to the wall clock when this node stamps a new epoch: 0; in test
+/// builds with `crash-points`, `POLIS_TEST_CLOCK_OFFSET_MS` when set (a machine whose
+/// clock ran fast).
+#[cfg(feature = "crash-points")]
+pub fn epoch_clock_offset_ms() -> u64 {
+    std::env::var(CLOCK_OFFSET_VARIABLE)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(not(feature = "crash-points"))]
+#[inline(always)]
+pub fn epoch_clock_offset_ms() -> u64 {
+    0
 }

@@ -8,12 +8,17 @@
 //!
 //! ```text
 //!   recover: claim (parent = data's epoch, parent_revision = data's revision)
-//!            ─▶ epoch.pb (record_revision 0) ─▶ etcd forced ─▶ recorded in etcd
-//!            ─▶ epoch.pb (record_revision set)
+//!            ─▶ recover.pb CLAIMED ─▶ epoch.pb (record_revision 0)
+//!            ─▶ recover.pb FORCING ─▶ etcd forced ─▶ recorded in etcd ─▶ CRLs signed
+//!            again, old leases revoked ─▶ epoch.pb (record_revision set) ─▶ recover.pb gone
+//!   any start finding recover.pb: CLAIMED (etcd never forced, data unchanged) and not a
+//!            `recover`: rolled back (epoch.pb = parent); FORCING: completed (forced
+//!            again — idempotent on a one-member cluster — and recorded: create-if-absent)
 //!   restore: recorded in the restored etcd ─▶ epoch.pb
 //!   joined as a learner: the cluster's latest, once a voter ─▶ epoch.pb
 //! ```
-//! A leaf: imports only `storage`; may not start or stop anything.
+//! A leaf: imports only `storage` (and `crash`, for a test build's clock); may not start
+//! or stop anything.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -22,6 +27,9 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow, bail};
 use proto::api;
 use proto::config::ClusterEpoch;
+
+use proto::config::RecoverProgress;
+use proto::config::recover_progress::Phase;
 
 use crate::storage::{Root, read_proto, write_proto};
 
@@ -44,7 +52,124 @@ pub fn keep(root: &Root, epoch: &ClusterEpoch) -> Result<()> {
     })
 }
 
-/// The epoch a recover or restore (`kind`) by node `made_by` starts now after `parent`.
+/// Starts a recover on disk: its progress (CLAIMED, with the parent to roll back to),
+/// then the claim beside the data. Written before etcd is touched.
+pub fn begin_recover(root: &Root, parent: &ClusterEpoch, claim: &ClusterEpoch) -> Result<()> {
+    let progress = RecoverProgress {
+        phase: Phase::Claimed as i32,
+        parent: Some(parent.clone()),
+        claim: Some(claim.clone()),
+    };
+    write_proto(&root.recover_progress(), &progress).with_context(|| {
+        format!(
+            "recording the recover's progress in {}",
+            root.recover_progress().display()
+        )
+    })?;
+    keep(root, claim)
+}
+
+/// The recover under way on this member, if any.
+fn recover_progress(root: &Root) -> Result<Option<RecoverProgress>> {
+    let path = root.recover_progress();
+    if !path.exists() {
+        return Ok(None);
+    }
+    let progress: RecoverProgress = read_proto(&path, "recover progress")?;
+    match (Phase::try_from(progress.phase), &progress.claim) {
+        (Ok(Phase::Claimed | Phase::Forcing), Some(_)) => Ok(Some(progress)),
+        _ => bail!(
+            "{} is corrupt (phase {}, claim {}): a recover was interrupted on this member;              remove the file only if `{}` holds the epoch the data belongs to, then run              `polis-node recover` again",
+            path.display(),
+            progress.phase,
+            if progress.claim.is_some() {
+                "present"
+            } else {
+                "missing"
+            },
+            root.etcd_epoch().display()
+        ),
+    }
+}
+
+/// What this start does about a recover it finds on disk (`recovering`: this start is
+/// `polis-node recover`, past its checks). Returns whether etcd starts forced.
+///
+/// - none: a plain start (`recovering` then means a recover that was never begun: an
+///   error, since preflight begins it).
+/// - CLAIMED: etcd was never started forced, so the data is still the parent's. A
+///   recover moves to FORCING; any other start rolls the claim back (the epoch file is
+///   the parent's again), so that a plain member never advertises a claim nobody will
+///   record, which would make the serving members hold back.
+/// - FORCING: etcd may have been forced already (the data may be a one-member cluster):
+///   rolling back could make a fork that names the old epoch, so the recover is
+///   completed, whatever the flags of this start.
+pub fn resume_recover(root: &Root, recovering: bool) -> Result<bool> {
+    let Some(mut progress) = recover_progress(root)? else {
+        if recovering {
+            bail!(
+                "recover found no claim of its own at {}",
+                root.recover_progress().display()
+            );
+        }
+        return Ok(false);
+    };
+    let claim = progress.claim.clone().unwrap_or_default();
+    match Phase::try_from(progress.phase) {
+        Ok(Phase::Claimed) if !recovering => {
+            let parent = progress.parent.clone().unwrap_or_default();
+            keep(root, &parent)?;
+            std::fs::remove_file(root.recover_progress())
+                .with_context(|| format!("removing {}", root.recover_progress().display()))?;
+            tracing::warn!(
+                claim = proto::epoch::describe(&claim),
+                back_to = proto::epoch::describe(&parent),
+                "a recover was interrupted before its etcd was forced: rolled back (the data                  was never changed); run `polis-node recover` again if it is still needed"
+            );
+            Ok(false)
+        }
+        Ok(Phase::Claimed) => {
+            progress.phase = Phase::Forcing as i32;
+            write_proto(&root.recover_progress(), &progress).with_context(|| {
+                format!(
+                    "recording the recover's progress in {}",
+                    root.recover_progress().display()
+                )
+            })?;
+            crate::crash::crash_point("recover-forcing");
+            Ok(true)
+        }
+        _ => {
+            if !recovering {
+                tracing::warn!(
+                    claim = proto::epoch::describe(&claim),
+                    "a recover was interrupted after its etcd was forced: completing it                      (etcd forced again, the claim recorded, CRLs signed again, old leases                      revoked)"
+                );
+            }
+            Ok(true)
+        }
+    }
+}
+
+/// Whether a recover on this member has its etcd forced and its claim not yet recorded
+/// (`resume_recover` moved it to FORCING): every etcd start forces, and the control
+/// plane records the claim before anything else.
+pub fn recover_pending(root: &Root) -> Result<bool> {
+    Ok(recover_progress(root)?.is_some_and(|p| Phase::try_from(p.phase) == Ok(Phase::Forcing)))
+}
+
+/// Ends a recover: the recorded claim beside the data, then its progress removed.
+pub fn finish_recover(root: &Root, recorded: &ClusterEpoch) -> Result<()> {
+    keep(root, recorded)?;
+    match std::fs::remove_file(root.recover_progress()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing {}", root.recover_progress().display())),
+    }
+}
+
+/// The epoch a recover or restore (`kind`) by node `made_by` starts now after `parent`
+/// (later than `parent` whatever this machine's clock says: `proto::epoch::successor`).
 pub fn successor(
     parent: &ClusterEpoch,
     made_by: &str,
@@ -54,7 +179,8 @@ pub fn successor(
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
-        .unwrap_or_default();
+        .unwrap_or_default()
+        .saturating_add(crate::crash::epoch_clock_offset_ms());
     proto::epoch::successor(parent, now, made_by, kind, parent_revision)
 }
 

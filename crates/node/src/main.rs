@@ -195,7 +195,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use crate::cluster_state::ClusterState;
 use crate::fatal::LeftCluster;
 use crate::flags::{LogFormat, Start};
-use crate::settings::{ForceNewCluster, Settings};
+use crate::settings::Settings;
 use crate::storage::Root;
 use crate::values::NodeValues;
 
@@ -342,7 +342,7 @@ async fn run(start: Start) -> Result<()> {
         heartbeat: Duration::from_millis(args.etcd_heartbeat_ms),
         election_timeout: Duration::from_millis(args.etcd_election_timeout_ms),
     };
-    let (_lock, address, plan, force_new_cluster, volume) = match (start.recover, start.address) {
+    let (_lock, address, plan, recovering, volume) = match (start.recover, start.address) {
         (None, Some(address)) if start.restore.is_some() => {
             let flags = restore::RestoreFlags {
                 address,
@@ -352,7 +352,7 @@ async fn run(start: Start) -> Result<()> {
             };
             let (lock, plan, volume) =
                 restore::restore(&root, &flags, start.data_device.as_ref()).await?;
-            (lock, address, plan, ForceNewCluster::default(), volume)
+            (lock, address, plan, false, volume)
         }
         (Some(force), address) => {
             let flags = recover::RecoverFlags {
@@ -364,7 +364,7 @@ async fn run(start: Start) -> Result<()> {
                 raft_timing,
             };
             let (lock, address, plan, volume) = recover::preflight(&root, &flags).await?;
-            (lock, address, plan, ForceNewCluster::armed(), volume)
+            (lock, address, plan, true, volume)
         }
         (None, address) => {
             let address = address.context("--address is required")?;
@@ -399,9 +399,12 @@ async fn run(start: Start) -> Result<()> {
                     (lock, preflight::decide_plan(&flags, &root)?, Some(volume))
                 }
             };
-            (lock, address, plan, ForceNewCluster::default(), volume)
+            (lock, address, plan, false, volume)
         }
     };
+    // A recover interrupted on this member is completed or rolled back before anything
+    // reads its epoch (the node port advertises it).
+    epochs::resume_recover(&root, recovering).context("resuming an interrupted recover")?;
     root.prepare()?;
     if let Err(e) = logcapture::hub().attach_file(&root.root) {
         tracing::warn!("cannot write the node's log file: {e}; lines are kept in memory only");
@@ -459,7 +462,6 @@ async fn run(start: Start) -> Result<()> {
         },
         entry_rate: rpc::server::RateSettings::per_second(args.entry_rate_per_second),
         started_at_unix_ms,
-        force_new_cluster,
     };
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
     let node_root = root.clone();

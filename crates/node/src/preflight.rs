@@ -337,8 +337,17 @@ mod tests {
         );
     }
 
+    /// Raises the process's open-files limit: a process of its own (`ownprocess`).
     #[test]
     fn the_open_files_limit_is_raised_to_the_hard_limit() {
+        let _ = ownprocess::in_own_process(
+            module_path!(),
+            "the_open_files_limit_is_raised_to_the_hard_limit",
+            the_open_files_limit_is_raised_body,
+        );
+    }
+
+    fn the_open_files_limit_is_raised_body() {
         let limit = raise_open_files_limit().unwrap();
         let mut now = libc::rlimit {
             rlim_cur: 0,

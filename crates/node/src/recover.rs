@@ -9,7 +9,10 @@
 //!   ─▶ holds ConsensusMember (else: a worker) ─▶ etcd data ─▶ a voter's (recorded)
 //!   ─▶ etcd binary, free ports (as every member's start)
 //!   ─▶ the other members' etcd peer ports: a majority answering refuses (unless --force)
-//!   ─▶ Plan::Join, with `Settings::force_new_cluster` armed
+//!   ─▶ the claim on disk (`epochs::begin_recover`) ─▶ Plan::Join, etcd forced until
+//!      the claim is recorded (`epochs::resume_recover`)
+//! An interrupted recover found on disk: one whose etcd may have been forced is completed
+//! without new checks; one that never got that far is rolled back and checked anew.
 //! ```
 //! The other members are the ones this node last heard of from its cluster: its
 //! cluster directory (`esp/directory.pb`, every UP node holding ConsensusMember, kept by
@@ -170,6 +173,15 @@ async fn checks(root: &Root, flags: &RecoverFlags, address: IpAddr) -> Result<Pl
         .map(|e| e.ip())
         .filter(|ip| *ip != address)
         .collect();
+    if epochs::recover_pending(root)? {
+        tracing::warn!(
+            node,
+            "a recover of this member was interrupted after its etcd was forced: completing it"
+        );
+        return Ok(Plan::Join(Arc::new(join)));
+    }
+    // A claim never forced is withdrawn before a new one is made.
+    epochs::resume_recover(root, false)?;
     let own_epoch = epochs::load(root)?;
     let etcdctl = restore::etcdctl_binary(&flags.etcd_binary);
     let own_revision = epochs::data_revision(&etcdctl, root)
@@ -213,7 +225,8 @@ async fn checks(root: &Root, flags: &RecoverFlags, address: IpAddr) -> Result<Pl
     // The claim of the new epoch, kept before etcd is forced: a crash after the force
     // leaves data that says it is no longer of the old epoch.
     let claim = epochs::successor(&own_epoch, &node, "recover", own_revision);
-    epochs::keep(root, &claim)?;
+    epochs::begin_recover(root, &own_epoch, &claim)?;
+    crate::crash::crash_point("recover-claimed");
     tracing::warn!(
         node,
         others = others.len(),

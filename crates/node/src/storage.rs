@@ -120,6 +120,10 @@ impl Root {
     pub fn etcd_epoch(&self) -> PathBuf {
         self.data().join("etcd").join("epoch.pb")
     }
+    /// A recover under way on this member, until its claim is recorded (`epochs`).
+    pub fn recover_progress(&self) -> PathBuf {
+        self.data().join("etcd").join("recover.pb")
+    }
     /// The backend quota this node's etcd member runs with (etcd upkeep).
     pub fn etcd_quota(&self) -> PathBuf {
         self.data().join("etcd").join("quota.pb")

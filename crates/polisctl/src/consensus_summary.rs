@@ -184,6 +184,43 @@ pub(crate) fn summarize(answers: &[api::GetConsensusStatusResponse]) -> (Vec<Mem
     (members.into_values().collect(), quorum)
 }
 
+/// Why the control plane is not yet what `cluster launch` promises (pure), or `None` when
+/// it is: every expected member answered through its own curator, says of itself that it
+/// votes, is a voter in every answering member's view, and no member failed to answer.
+/// A leader's view alone is not enough: a member promoted there may still see itself as a
+/// learner, and its curator starts only after it has applied the promotion.
+pub(crate) fn not_ready(
+    answers: &[api::GetConsensusStatusResponse],
+    curators_answering: &[String],
+    unreachable: &[String],
+    expected: &[String],
+) -> Option<String> {
+    if let Some(first) = unreachable.first() {
+        return Some(format!("not every member answers: {first}"));
+    }
+    for id in expected {
+        if !curators_answering.contains(id) {
+            return Some(format!("the curator of {id} does not answer yet"));
+        }
+        match answers.iter().find(|a| &a.node_id == id) {
+            Some(own) if own.is_learner => {
+                return Some(format!("{id} still sees itself as a learner"));
+            }
+            Some(own) if own.leader_id == 0 => return Some(format!("{id} knows no leader")),
+            Some(_) => {}
+            None => return Some(format!("{id} did not answer")),
+        }
+        for a in answers {
+            match a.members.iter().find(|m| &m.name == id) {
+                Some(m) if !m.is_learner => {}
+                Some(_) => return Some(format!("{} sees {id} as a learner", a.node_id)),
+                None => return Some(format!("{} does not list {id} as a member", a.node_id)),
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,5 +414,63 @@ mod tests {
             alarms(&[a1, a2]),
             [(1, "NOSPACE".to_string()), (2, "NOSPACE".to_string())]
         );
+    }
+
+    fn ready_answer(
+        node: &str,
+        learner: bool,
+        members: &[(&str, bool)],
+    ) -> api::GetConsensusStatusResponse {
+        api::GetConsensusStatusResponse {
+            node_id: node.into(),
+            leader_id: 1,
+            is_learner: learner,
+            members: members
+                .iter()
+                .map(|(name, learner)| api::ConsensusMember {
+                    name: (*name).into(),
+                    is_learner: *learner,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn launch_waits_until_every_member_votes_in_every_view_and_its_curator_answers() {
+        let expected: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        let all = ["a", "b", "c"].map(String::from).to_vec();
+        let voters = [("a", false), ("b", false), ("c", false)];
+        let good: Vec<_> = ["a", "b", "c"]
+            .iter()
+            .map(|n| ready_answer(n, false, &voters))
+            .collect();
+        assert_eq!(not_ready(&good, &all, &[], &expected), None);
+
+        // The case seen: the leader counts c a voter, c has not applied it yet.
+        let mut lagging = good.clone();
+        lagging[2] = ready_answer("c", true, &[("a", false), ("b", false), ("c", true)]);
+        let why = not_ready(&lagging, &all, &[], &expected).unwrap();
+        assert!(why.contains("c still sees itself as a learner"), "{why}");
+
+        // c answered only on its node port: its curator is not up.
+        let ab = ["a", "b"].map(String::from).to_vec();
+        let why = not_ready(&good, &ab, &[], &expected).unwrap();
+        assert!(why.contains("curator of c"), "{why}");
+
+        let unreachable = vec!["127.0.0.4:7835: Connection refused".to_string()];
+        let why = not_ready(&good, &all, &unreachable, &expected).unwrap();
+        assert!(why.contains("Connection refused"), "{why}");
+
+        // A member one view lacks or holds as a learner.
+        let mut partial = good.clone();
+        partial[0] = ready_answer("a", false, &[("a", false), ("b", false)]);
+        let why = not_ready(&partial, &all, &[], &expected).unwrap();
+        assert!(why.contains("a does not list c"), "{why}");
+        let mut stale = good;
+        stale[1] = ready_answer("b", false, &[("a", false), ("b", false), ("c", true)]);
+        let why = not_ready(&stale, &all, &[], &expected).unwrap();
+        assert!(why.contains("b sees c as a learner"), "{why}");
     }
 }

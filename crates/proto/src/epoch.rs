@@ -16,9 +16,17 @@
 
 use crate::config::ClusterEpoch;
 
-/// An epoch's identity, which also orders epochs: (made_unix_ms, made_by).
+/// An epoch's identity, as its record in etcd is keyed: (made_unix_ms, made_by).
 pub fn id(epoch: &ClusterEpoch) -> (u64, &str) {
     (epoch.made_unix_ms, epoch.made_by.as_str())
+}
+
+/// The order of epochs: the chain's first (`number`: a child is always one past its
+/// parent), the clock only between siblings (two recoveries of the same parent), the
+/// node last. A wall clock is not an order: a recover on a machine whose clock ran
+/// fast must not outrank the epochs that continue it.
+pub fn order(epoch: &ClusterEpoch) -> (u64, u64, &str) {
+    (epoch.number, epoch.made_unix_ms, epoch.made_by.as_str())
 }
 
 /// The identity of the epoch `epoch` continues.
@@ -28,40 +36,42 @@ pub fn parent_id(epoch: &ClusterEpoch) -> (u64, &str) {
 
 /// Whether `epoch` is the bootstrap's (no recover or restore since).
 pub fn is_bootstrap(epoch: &ClusterEpoch) -> bool {
-    id(epoch) == (0, "")
+    order(epoch) == (0, 0, "")
 }
 
 /// Whether `a` and `b` are the same epoch.
 pub fn same(a: &ClusterEpoch, b: &ClusterEpoch) -> bool {
-    id(a) == id(b)
+    order(a) == order(b)
 }
 
 /// Whether `a` is later than `b`: a member of `b` that sees `a` must not serve.
 pub fn newer(a: &ClusterEpoch, b: &ClusterEpoch) -> bool {
-    id(a) > id(b)
+    order(a) > order(b)
 }
 
 /// The latest epoch of `chain` (the bootstrap's when it is empty).
 pub fn latest(chain: &[ClusterEpoch]) -> ClusterEpoch {
     chain
         .iter()
-        .max_by(|a, b| id(a).cmp(&id(b)))
+        .max_by(|a, b| order(a).cmp(&order(b)))
         .cloned()
         .unwrap_or_default()
 }
 
-/// The epoch a recover or restore (`kind`) by node `made_by` at `made_unix_ms` starts
-/// after `parent`, whose history it holds up to `parent_revision`.
+/// The epoch a recover or restore (`kind`) by node `made_by` at `now_unix_ms` (the
+/// maker's clock) starts after `parent`, whose history it holds up to `parent_revision`.
+/// Later than its parent whatever the clocks say: one past it in the chain, and made at
+/// least a millisecond after it (as CRL numbers are: `max(now, parent + 1)`).
 pub fn successor(
     parent: &ClusterEpoch,
-    made_unix_ms: u64,
+    now_unix_ms: u64,
     made_by: &str,
     kind: &str,
     parent_revision: i64,
 ) -> ClusterEpoch {
     ClusterEpoch {
         number: parent.number + 1,
-        made_unix_ms,
+        made_unix_ms: now_unix_ms.max(parent.made_unix_ms.saturating_add(1)),
         made_by: made_by.to_string(),
         kind: kind.to_string(),
         parent_made_unix_ms: parent.made_unix_ms,
@@ -179,6 +189,32 @@ mod tests {
         };
         assert_eq!(epoch.number, number);
         epoch
+    }
+
+    #[test]
+    fn a_child_is_later_than_its_parent_whatever_the_clocks_say() {
+        let boot = ClusterEpoch::default();
+        // The first recover ran on a machine whose clock was an hour fast.
+        let fast = successor(&boot, 3_600_000 + 1_000, "polis-a", "recover", 10);
+        // The next one, on a correct clock, continues it.
+        let child = successor(&fast, 2_000, "polis-b", "recover", 40);
+        assert!(newer(&child, &fast), "{child:?} vs {fast:?}");
+        assert!(child.made_unix_ms > fast.made_unix_ms);
+        assert_eq!(latest(&[child.clone(), fast.clone()]), child);
+        assert_eq!(latest(&[fast.clone(), child.clone()]), child);
+        // A grandchild of the chain outranks a sibling made later by the clock.
+        let sibling = successor(&boot, 9_000_000, "polis-c", "recover", 10);
+        assert!(newer(&child, &sibling));
+        // The drop rule follows the chain: a member of the fast epoch holding writes the
+        // child lacks keeps them; one holding no more drops.
+        let chain = [fast.clone(), child.clone()];
+        assert!(matches!(
+            may_drop(&fast, 41, &chain),
+            Err(Keep::Ahead { .. })
+        ));
+        assert_eq!(may_drop(&fast, 40, &chain), Ok(()));
+        // The fast epoch is not "the latest": a member of it is not the cluster's.
+        assert!(!same(&fast, &latest(&chain)));
     }
 
     #[test]

@@ -245,7 +245,8 @@ pub(crate) async fn launch(
         .await?;
     }
     // The first three nodes are the control plane: add the others one at a time (etcd
-    // takes one learner at a time).
+    // takes one learner at a time), each once the previous one votes everywhere.
+    let mut members = vec![node_id_at(&config, addresses[0]).await?];
     for (k, address) in addresses.iter().enumerate().skip(1).take(2) {
         let id = node_id_at(&config, *address).await?;
         eprintln!("Making node{} a consensus member", k + 1);
@@ -258,20 +259,44 @@ pub(crate) async fn launch(
             vec![],
         )
         .await?;
-        retry("waiting for the new member to vote", || async {
-            let voters = status::voters(&config, &[]).await?;
-            if !voters.contains(&id) {
-                bail!("not a voter yet");
-            }
-            Ok(())
-        })
-        .await?;
+        members.push(id);
+        wait_control_plane(&config, &members).await?;
     }
+    // Returns only when the promise holds: every member votes in every member's view and
+    // its curator answers (a leader's view alone was once taken for it).
+    wait_control_plane(&config, &members).await?;
     retry("refreshing the curator endpoints", || async {
         cluster::cluster_info(&config, &[], Format::Quiet).await
     })
     .await?;
     print_summary(&dir, &config).await
+}
+
+/// Waits until every one of `members` is a voter in every answering member's view and
+/// its curator answers (`status::control_plane_ready`).
+async fn wait_control_plane(config: &Path, members: &[String]) -> Result<()> {
+    retry(
+        "waiting for every consensus member to vote and serve",
+        || async { status::control_plane_ready(config, &[], members).await },
+    )
+    .await
+}
+
+/// The members every answering member names (a re-launched cluster's control plane).
+async fn known_members(config: &Path) -> Result<Vec<String>> {
+    let gathered = status::gather(config, &[]).await?;
+    let mut names: Vec<String> = gathered
+        .answers
+        .iter()
+        .flat_map(|a| a.members.iter().map(|m| m.name.clone()))
+        .filter(|n| !n.is_empty())
+        .collect();
+    names.sort();
+    names.dedup();
+    if names.is_empty() {
+        bail!("no member answered");
+    }
+    Ok(names)
 }
 
 async fn node_id_at(config: &Path, address: IpAddr) -> Result<String> {
@@ -371,7 +396,17 @@ async fn relaunch(dir: &Path, binary: &Path) -> Result<()> {
             }
         }
     }
-    print_summary(dir, &config_dir(dir)).await
+    let config = config_dir(dir);
+    // Like a fresh launch, return once the control plane is whole again.
+    retry(
+        "waiting for every consensus member to vote and serve",
+        || async {
+            let members = known_members(&config).await?;
+            status::control_plane_ready(&config, &[], &members).await
+        },
+    )
+    .await?;
+    print_summary(dir, &config).await
 }
 
 /// `cluster launch --stop` and `cluster destroy`.

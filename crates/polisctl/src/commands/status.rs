@@ -11,7 +11,9 @@ use anyhow::{Result, bail};
 use proto::api;
 
 use crate::commands::node::list_nodes;
-use crate::consensus_summary::{MemberStatus, alarms, ca_rotation, held_back, split, summarize};
+use crate::consensus_summary::{
+    MemberStatus, alarms, ca_rotation, held_back, not_ready, split, summarize,
+};
 use crate::output::{self, Format};
 use crate::render::snapshots::age;
 use crate::render::status::print_status;
@@ -90,32 +92,42 @@ pub(crate) async fn curator_leader(
     None
 }
 
-/// The node IDs of the etcd voters, as the curators' own members report them.
-pub(crate) async fn voters(config: &Path, raw_endpoints: &[String]) -> Result<Vec<String>> {
-    let (members, ..) = consensus_status(config, raw_endpoints).await?;
-    Ok(members
-        .into_iter()
-        .filter(|m| !m.learner && m.raft.is_some())
-        .map(|m| m.node)
-        .collect())
-}
-
-/// Asks every curator it can find for its own etcd member's view.
-pub(crate) async fn consensus_status(
+/// Whether the consensus members `expected` (node IDs) are all voters in every answering
+/// member's view, each answering through its own curator (`consensus_summary::not_ready`):
+/// `Err` says what is still missing.
+pub(crate) async fn control_plane_ready(
     config: &Path,
     raw_endpoints: &[String],
-) -> Result<(
-    Vec<MemberStatus>,
-    bool,
-    Vec<String>,
-    Vec<(u64, String)>,
-    Vec<String>,
-    Option<String>,
-)> {
+    expected: &[String],
+) -> Result<()> {
+    let gathered = gather(config, raw_endpoints).await?;
+    match not_ready(
+        &gathered.answers,
+        &gathered.curators_answering,
+        &gathered.unreachable,
+        expected,
+    ) {
+        Some(why) => bail!("{why}"),
+        None => Ok(()),
+    }
+}
+
+/// What the members said when asked: every answer, which of them came from the member's
+/// own curator (not from its node's port), and who did not answer and why.
+pub(crate) struct Gathered {
+    pub(crate) answers: Vec<api::GetConsensusStatusResponse>,
+    pub(crate) curators_answering: Vec<String>,
+    pub(crate) unreachable: Vec<String>,
+}
+
+/// Asks every curator it can find (following the members' peer addresses) for its own
+/// etcd member's view; a member whose curator does not answer is asked on its node port.
+pub(crate) async fn gather(config: &Path, raw_endpoints: &[String]) -> Result<Gathered> {
     let session = owner_session(config, raw_endpoints).await?;
     let mut to_ask: Vec<SocketAddr> = session.endpoints();
     let mut asked = Vec::new();
     let mut answers: Vec<api::GetConsensusStatusResponse> = Vec::new();
+    let mut curators_answering = Vec::new();
     let mut unreachable = Vec::new();
     while let Some(endpoint) = to_ask.pop() {
         if asked.contains(&endpoint) {
@@ -140,7 +152,10 @@ pub(crate) async fn consensus_status(
         // A member whose curator cannot run (no quorum since it started) answers about
         // its own etcd member on its node's port.
         let answer = match answer {
-            Ok(a) => Ok(a),
+            Ok(a) => {
+                curators_answering.push(a.node_id.clone());
+                Ok(a)
+            }
             Err(e) => match member_status(&session, endpoint).await {
                 Ok(a) => {
                     unreachable.push(format!(
@@ -167,6 +182,30 @@ pub(crate) async fn consensus_status(
             Err(e) => unreachable.push(format!("{endpoint}: {e}")),
         }
     }
+    Ok(Gathered {
+        answers,
+        curators_answering,
+        unreachable,
+    })
+}
+
+/// Asks every curator it can find for its own etcd member's view.
+pub(crate) async fn consensus_status(
+    config: &Path,
+    raw_endpoints: &[String],
+) -> Result<(
+    Vec<MemberStatus>,
+    bool,
+    Vec<String>,
+    Vec<(u64, String)>,
+    Vec<String>,
+    Option<String>,
+)> {
+    let Gathered {
+        answers,
+        unreachable,
+        ..
+    } = gather(config, raw_endpoints).await?;
     let (members, quorum) = summarize(&answers);
     let split = split(&answers);
     let mut warnings = held_back(&answers);

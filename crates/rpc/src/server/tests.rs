@@ -403,12 +403,20 @@ fn open_files_limit() -> libc::rlimit {
     limit
 }
 
+fn two_worker_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn set_open_files_soft_limit(soft: u64) {
     let limit = libc::rlimit {
         rlim_cur: soft,
         rlim_max: open_files_limit().rlim_max,
     };
-    // SAFETY: setrlimit with a valid pointer (nextest runs each test in its own process).
+    // SAFETY: setrlimit with a valid pointer; callers run in a process of their own.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
 }
 
@@ -420,8 +428,20 @@ fn cpu_time() -> Duration {
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn out_of_descriptors_the_accept_loop_pauses_and_recovers() {
+/// Lowers the process's open-files limit: a process of its own (`ownprocess`).
+#[test]
+fn out_of_descriptors_the_accept_loop_pauses_and_recovers() {
+    let _ = ownprocess::in_own_process(
+        module_path!(),
+        "out_of_descriptors_the_accept_loop_pauses_and_recovers",
+        || {
+            two_worker_runtime()
+                .block_on(out_of_descriptors_the_accept_loop_pauses_and_recovers_body())
+        },
+    );
+}
+
+async fn out_of_descriptors_the_accept_loop_pauses_and_recovers_body() {
     let (listener, address) = bind().await;
     // The kernel completes the clients' TCP handshakes into the backlog; once no
     // descriptor is left, every accept(2) fails with EMFILE.
@@ -452,8 +472,20 @@ async fn out_of_descriptors_the_accept_loop_pauses_and_recovers() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn out_of_descriptors_the_oldest_idle_stranger_is_closed() {
+/// Lowers the process's open-files limit: a process of its own (`ownprocess`).
+#[test]
+fn out_of_descriptors_the_oldest_idle_stranger_is_closed() {
+    let _ = ownprocess::in_own_process(
+        module_path!(),
+        "out_of_descriptors_the_oldest_idle_stranger_is_closed",
+        || {
+            two_worker_runtime()
+                .block_on(out_of_descriptors_the_oldest_idle_stranger_is_closed_body())
+        },
+    );
+}
+
+async fn out_of_descriptors_the_oldest_idle_stranger_is_closed_body() {
     let (listener, address) = bind().await;
     let long = Limits {
         handshake_timeout: WAIT * 4,
