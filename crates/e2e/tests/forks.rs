@@ -498,7 +498,7 @@ fn an_epoch_made_on_a_fast_clock_never_outranks_the_epochs_after_it() -> Result<
     // restore's parent, so they hold back, keeping the write the backup lacks.
     let kept: Vec<Vec<u8>> = [&nodes[0], &m3]
         .iter()
-        .map(|n| std::fs::read(n.root.join("data/etcd/member.pb")))
+        .map(|n| std::fs::read(n.root.join("data/etcd/epoch.pb")))
         .collect::<Result<_, _>>()?;
     nodes[0].start(&[])?;
     m3.start(&[])?;
@@ -531,10 +531,7 @@ fn an_epoch_made_on_a_fast_clock_never_outranks_the_epochs_after_it() -> Result<
             "{}: the data holding the newer write was dropped",
             node.root.display()
         );
-        assert_eq!(
-            std::fs::read(node.root.join("data/etcd/member.pb"))?,
-            member
-        );
+        assert_eq!(std::fs::read(node.root.join("data/etcd/epoch.pb"))?, member);
     }
     Ok(())
 }
