@@ -284,6 +284,7 @@ pub fn records_seeds() -> Vec<Vec<u8>> {
                 member_id: 42,
                 removal_pending: false,
             }),
+            ..Default::default()
         }),
         address: "10.0.0.5".into(),
         labels: HashMap::from([("zone".into(), "a1".into())]),
@@ -348,6 +349,7 @@ pub fn records_seeds() -> Vec<Vec<u8>> {
             5,
             config::LocalRoles {
                 consensus_member: true,
+                kubernetes_controller: true,
             }
             .encode_to_vec(),
         ),

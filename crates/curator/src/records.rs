@@ -102,6 +102,13 @@ pub fn role_names(node: &Node) -> Vec<String> {
     {
         roles.push(proto::ROLE_CONSENSUS_MEMBER.to_string());
     }
+    if node
+        .roles
+        .as_ref()
+        .is_some_and(|r| r.kubernetes_controller.is_some())
+    {
+        roles.push(proto::ROLE_KUBERNETES_CONTROLLER.to_string());
+    }
     roles
 }
 

@@ -23,6 +23,7 @@ fn node_record(key: &identity::NodeKey, address: std::net::IpAddr) -> proto::sta
         state: proto::state::NodeState::Up as i32,
         roles: Some(proto::state::NodeRoles {
             consensus_member: Some(proto::state::ConsensusMemberRole::default()),
+            ..Default::default()
         }),
         address: address.to_string(),
         labels: Default::default(),

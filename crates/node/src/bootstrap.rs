@@ -281,6 +281,7 @@ pub async fn finish(
                     member_id: running.member_id,
                     removal_pending: false,
                 }),
+                ..Default::default()
             }),
             address: address.to_string(),
             labels: b.parameters.labels.clone(),

@@ -18,8 +18,6 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use proto::config::LocalRoles;
-
 use crate::fatal::FatalSender;
 use crate::membership::{Membership, initial_curators};
 use crate::preflight::Plan;
@@ -80,9 +78,7 @@ pub async fn run(
         match membership {
             Ok(m) => {
                 values.curators.set(initial_curators(&m, address));
-                values.roles.set(LocalRoles {
-                    consensus_member: m.consensus_member(),
-                });
+                values.roles.set(m.roles());
                 values.membership.set(m);
             }
             Err(e) => {

@@ -400,6 +400,7 @@ mod tests {
                     member_id: 1,
                     ..Default::default()
                 }),
+                ..Default::default()
             }),
             data_join_key: if key == 0 { vec![] } else { vec![key; 32] },
             data_cluster_half: half.to_vec(),

@@ -44,6 +44,7 @@ pub fn save_member_files(root: &Root, address: std::net::IpAddr) -> Result<()> {
         &root.local_roles(),
         &proto::config::LocalRoles {
             consensus_member: true,
+            ..Default::default()
         },
     )
     .context("saving the node's roles")?;

@@ -153,6 +153,19 @@ pub(crate) struct Common {
     /// The etcd binary (Debian: apt-get install etcd-server).
     #[arg(long, env = "POLIS_ETCD_BINARY", default_value = consensus::config::DEFAULT_ETCD_BINARY)]
     pub(crate) etcd_binary: PathBuf,
+    /// The folder holding kube-apiserver, kube-controller-manager, kube-scheduler and
+    /// kubectl, for the KubernetesController role (`scripts/kubernetes-binaries` prints
+    /// it; the polis-kubernetes package installs them here).
+    #[arg(
+        long,
+        env = "POLIS_KUBERNETES_BINARIES",
+        default_value = "/usr/lib/polis/kubernetes"
+    )]
+    pub(crate) kubernetes_binaries: PathBuf,
+    /// Lifetime of the Kubernetes components' certificates in seconds (for tests; 0:
+    /// the curator's default, 24 h); renewed at 2/3 of it.
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub(crate) kubernetes_certificate_lifetime_s: u64,
     /// etcd raft heartbeat interval in milliseconds.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(10..=5000))]
     pub(crate) etcd_heartbeat_ms: u64,

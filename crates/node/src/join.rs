@@ -66,6 +66,7 @@ fn local_roles(root: &Root, sealed: &SealedConfiguration) -> Result<LocalRoles> 
     } else {
         Ok(LocalRoles {
             consensus_member: sealed.etcd_member_id != 0,
+            ..Default::default()
         })
     }
 }

@@ -462,6 +462,9 @@ async fn run(start: Start) -> Result<()> {
         },
         entry_rate: rpc::server::RateSettings::per_second(args.entry_rate_per_second),
         started_at_unix_ms,
+        kubernetes_binaries: args.kubernetes_binaries.clone(),
+        kubernetes_certificate_lifetime: (args.kubernetes_certificate_lifetime_s > 0)
+            .then(|| Duration::from_secs(args.kubernetes_certificate_lifetime_s)),
     };
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
     let node_root = root.clone();

@@ -26,6 +26,17 @@ impl Membership {
         }
     }
 
+    /// The roles this node starts with (a bootstrapping node: consensus member only).
+    pub fn roles(&self) -> LocalRoles {
+        match self {
+            Membership::Bootstrap(_) => LocalRoles {
+                consensus_member: true,
+                ..Default::default()
+            },
+            Membership::Join(j) => j.roles.clone(),
+        }
+    }
+
     /// Whether this node runs etcd and a curator.
     pub fn consensus_member(&self) -> bool {
         match self {
@@ -61,6 +72,7 @@ pub struct JoinData {
 pub fn roles_from_names(names: &[String]) -> LocalRoles {
     LocalRoles {
         consensus_member: names.iter().any(|r| r == proto::ROLE_CONSENSUS_MEMBER),
+        kubernetes_controller: names.iter().any(|r| r == proto::ROLE_KUBERNETES_CONTROLLER),
     }
 }
 

@@ -436,6 +436,7 @@ async fn write_cluster_state(
                 member_id: running.member_id,
                 removal_pending: false,
             }),
+            ..Default::default()
         }),
         address: flags.address.to_string(),
         ..Default::default()

@@ -60,6 +60,50 @@ fn own_member(settings: &Settings, values: &NodeValues) -> anyhow::Result<OwnMem
     Ok(OwnMember { recorded, name })
 }
 
+/// What the Kubernetes controller runnable needs of this node: its identity, folders,
+/// its etcd member's socket, and a way to ask the curator leader for certificates.
+fn kubernetes_settings(
+    settings: &Settings,
+    values: &NodeValues,
+) -> anyhow::Result<kubernetes::controller::ControllerSettings> {
+    let node_id = values
+        .membership
+        .current()
+        .map(|m| m.key().node_id())
+        .unwrap_or_default();
+    let (issue_settings, issue_values) = (settings.clone(), values.clone());
+    let issue: kubernetes::controller::Issuer = std::sync::Arc::new(move |request| {
+        let (settings, values) = (issue_settings.clone(), issue_values.clone());
+        Box::pin(async move {
+            let client = crate::curator_client::curator_client(&settings, &values)
+                .map_err(|e| format!("{e:#}"))?;
+            client
+                .call(|channel| {
+                    let request = request.clone();
+                    async move {
+                        proto::api::curator_client::CuratorClient::new(channel)
+                            .issue_kubernetes_certificates(request)
+                            .await
+                    }
+                })
+                .await
+                .map_err(|e| format!("asking the curator for Kubernetes certificates: {e}"))
+        })
+    });
+    Ok(kubernetes::controller::ControllerSettings {
+        node_id,
+        address: settings.address,
+        dir: settings.root.data().join("kubernetes"),
+        binaries: settings.kubernetes_binaries.clone(),
+        etcd_socket: settings
+            .root
+            .consensus_run_dir()
+            .join(consensus::config::CLIENT_SOCKET_NAME),
+        certificate_lifetime: settings.kubernetes_certificate_lifetime,
+        issue,
+    })
+}
+
 /// The `root.role` runnable: waits until the node belongs to a cluster, then runs
 /// rolefetch, heartbeat and renew, and the control plane while the roles call for it.
 pub async fn run(
@@ -99,8 +143,10 @@ pub async fn run(
     })?;
     ctx.signal_healthy();
 
-    // The control plane follows the ConsensusMember role, live.
+    // The control plane follows the ConsensusMember role, live; Kubernetes' control
+    // plane the KubernetesController role, while this node is a consensus member.
     let mut controlplane: Option<supervisor::Stoppable> = None;
+    let mut kubernetes: Option<supervisor::Stoppable> = None;
     let mut roles = values.roles.watch();
     let mut came_back = None;
     loop {
@@ -111,6 +157,25 @@ pub async fn run(
                 _ = ctx.cancelled() => return Ok(()),
             },
         };
+        let wants_kubernetes = current.kubernetes_controller && current.consensus_member;
+        match (wants_kubernetes, kubernetes.is_some()) {
+            (true, false) => {
+                tracing::info!("this node is a Kubernetes controller: starting its components");
+                let settings = kubernetes_settings(&settings, &values)?;
+                kubernetes = Some(ctx.run_stoppable("kubernetes", move |ctx| {
+                    kubernetes::controller::run(ctx, settings.clone())
+                })?);
+            }
+            (false, true) => {
+                tracing::info!(
+                    "the KubernetesController role was taken away: stopping its components"
+                );
+                if let Some(k) = kubernetes.take() {
+                    k.stop().await;
+                }
+            }
+            _ => {}
+        }
         match (current.consensus_member, controlplane.is_some()) {
             (true, false) => {
                 tracing::info!("this node is a consensus member: starting its control plane");

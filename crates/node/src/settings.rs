@@ -31,4 +31,8 @@ pub struct Settings {
     pub entry_rate: rpc::server::RateSettings,
     /// When this polis-node process started (reported in its status).
     pub started_at_unix_ms: u64,
+    /// The folder of the Kubernetes programs (KubernetesController).
+    pub kubernetes_binaries: PathBuf,
+    /// The Kubernetes components' certificate lifetime to ask for (`None`: the default).
+    pub kubernetes_certificate_lifetime: Option<Duration>,
 }

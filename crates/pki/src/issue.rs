@@ -167,15 +167,45 @@ impl Ca {
         subject_key: &[u8; 32],
         issued: OffsetDateTime,
     ) -> Result<Issued, PkiError> {
+        let subject = [(
+            DnType::OrganizationalUnitName,
+            template.kind.mark().to_string(),
+        )];
+        self.issue_leaf(template, &subject, subject_key, issued)
+    }
+
+    /// Issues a certificate of another PKI kept with Polis's (Kubernetes'): without the
+    /// Polis kind mark (`template.kind` is not written), with `organizations` as the
+    /// subject's O (Kubernetes reads its groups from them).
+    pub fn issue_foreign(
+        &self,
+        template: &Template,
+        organizations: &[String],
+        subject_key: &[u8; 32],
+    ) -> Result<Issued, PkiError> {
+        let subject: Vec<(DnType, String)> = organizations
+            .iter()
+            .map(|o| (DnType::OrganizationName, o.clone()))
+            .collect();
+        self.issue_leaf(template, &subject, subject_key, OffsetDateTime::now_utc())
+    }
+
+    fn issue_leaf(
+        &self,
+        template: &Template,
+        subject: &[(DnType, String)],
+        subject_key: &[u8; 32],
+        issued: OffsetDateTime,
+    ) -> Result<Issued, PkiError> {
         check_lifetime(template.lifetime)?;
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params
             .distinguished_name
             .push(DnType::CommonName, template.common_name.as_str());
-        params
-            .distinguished_name
-            .push(DnType::OrganizationalUnitName, template.kind.mark());
+        for (kind, value) in subject {
+            params.distinguished_name.push(kind.clone(), value.as_str());
+        }
         for dns in &template.dns_names {
             params
                 .subject_alt_names

@@ -57,10 +57,38 @@ pub(crate) enum Command {
     /// A live view of the cluster: nodes, consensus members and leaders, the latest
     /// audit entries. Needs a terminal; q quits.
     Dashboard,
+    /// Kubernetes on the cluster: credentials for kubectl, a local proxy to the
+    /// controllers' apiservers.
+    #[command(subcommand)]
+    Kubernetes(KubernetesCommand),
     /// Print a shell completion script.
     Completion {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum KubernetesCommand {
+    /// Write a kubeconfig with a short-lived client certificate for you: the owner and
+    /// admins get cluster-admin, operators edit, readers view (audited).
+    Credentials {
+        /// Where to write the kubeconfig (0600).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// How long the certificate lasts (e.g. 8h, 30m; at most 24h) [default: 8h].
+        #[arg(long, value_parser = parse_lifetime, value_name = "DURATION")]
+        lifetime: Option<u64>,
+        /// Point the kubeconfig at a `polisctl kubernetes proxy` listening on ADDR
+        /// (kubectl then keeps working while any one controller is down).
+        #[arg(long, value_name = "ADDR:PORT")]
+        via: Option<std::net::SocketAddr>,
+    },
+    /// Forward ADDR to the first controller's apiserver that accepts (TLS passes
+    /// through); runs until interrupted.
+    Proxy {
+        #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:6443")]
+        listen: std::net::SocketAddr,
     },
 }
 
@@ -164,6 +192,10 @@ pub(crate) enum ClusterCommand {
         /// sparse; `polis-node --data-device`). Root only.
         #[arg(long)]
         encrypted: bool,
+        /// Give the consensus members the KubernetesController role (polis-node finds
+        /// the programs through POLIS_KUBERNETES_BINARIES or --kubernetes-binaries).
+        #[arg(long)]
+        kubernetes: bool,
     },
     /// Stop the cluster launched in DIR and remove DIR.
     Destroy { dir: PathBuf },

@@ -56,8 +56,8 @@ use anyhow::Result;
 use clap::{CommandFactory, Parser};
 
 use cli::{
-    BackupCommand, Cli, ClusterCommand, Command, ConfigCommand, NodeCommand, OperatorCommand,
-    OwnerCommand, ParamsCommand, TicketCommand,
+    BackupCommand, Cli, ClusterCommand, Command, ConfigCommand, KubernetesCommand, NodeCommand,
+    OperatorCommand, OwnerCommand, ParamsCommand, TicketCommand,
 };
 use commands::{
     audit, backup, ca, certificates, cluster, dashboard, decommission, launch, logs, node,
@@ -138,6 +138,7 @@ async fn run(cli: &Cli) -> Result<()> {
             stop,
             node_binary,
             encrypted,
+            kubernetes,
         }) => {
             if *stop {
                 launch::stop(dir, false)
@@ -148,9 +149,25 @@ async fn run(cli: &Cli) -> Result<()> {
                     *first_address,
                     node_binary.as_deref(),
                     *encrypted,
+                    *kubernetes,
                 )
                 .await
             }
+        }
+        Command::Kubernetes(KubernetesCommand::Credentials { out, lifetime, via }) => {
+            let config = cli.config_dir()?;
+            commands::kubernetes::credentials(
+                &config,
+                &cli.endpoints,
+                out,
+                lifetime.map(std::time::Duration::from_secs),
+                *via,
+            )
+            .await
+        }
+        Command::Kubernetes(KubernetesCommand::Proxy { listen }) => {
+            let config = cli.config_dir()?;
+            commands::kubernetes::proxy(&config, &cli.endpoints, *listen).await
         }
         Command::Cluster(ClusterCommand::Destroy { dir }) => launch::stop(dir, true),
         Command::Cluster(ClusterCommand::Versions) => {

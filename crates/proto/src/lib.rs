@@ -42,3 +42,5 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 
 /// Role names as the API spells them.
 pub const ROLE_CONSENSUS_MEMBER: &str = "ConsensusMember";
+/// The role that runs Kubernetes' control plane (requires ConsensusMember).
+pub const ROLE_KUBERNETES_CONTROLLER: &str = "KubernetesController";

@@ -639,6 +639,7 @@ mod tests {
             state: NodeState::Up as i32,
             roles: Some(NodeRoles {
                 consensus_member: member.then(Default::default),
+                ..Default::default()
             }),
             status: Some(NodeStatus {
                 trusted_ca_fingerprints: trusts

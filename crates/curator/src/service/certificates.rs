@@ -302,6 +302,7 @@ mod tests {
             state: proto::state::NodeState::Up as i32,
             roles: member.then_some(proto::state::NodeRoles {
                 consensus_member: Some(proto::state::ConsensusMemberRole::default()),
+                ..Default::default()
             }),
             ..Default::default()
         };

@@ -81,6 +81,7 @@ mod tests {
                     member_id,
                     ..Default::default()
                 }),
+                ..Default::default()
             }),
             ..Default::default()
         }

@@ -209,45 +209,76 @@ impl api::management_server::Management for Services {
         let caller = identity(&request);
         let r = request.into_inner();
         check_node_id(&r.id)?;
-        let known = |names: &[String]| -> Result<bool, Status> {
-            let mut consensus = false;
+        // (consensus member, Kubernetes controller) named.
+        let known = |names: &[String]| -> Result<(bool, bool), Status> {
+            let mut named = (false, false);
             for name in names {
                 if name.eq_ignore_ascii_case(proto::ROLE_CONSENSUS_MEMBER) {
-                    consensus = true;
+                    named.0 = true;
+                } else if name.eq_ignore_ascii_case(proto::ROLE_KUBERNETES_CONTROLLER) {
+                    named.1 = true;
                 } else {
                     let shown: String = name.chars().take(40).collect();
                     return Err(Status::invalid_argument(format!(
-                        "unknown role {shown:?}; the roles are: {}",
-                        proto::ROLE_CONSENSUS_MEMBER
+                        "unknown role {shown:?}; the roles are: {}, {}",
+                        proto::ROLE_CONSENSUS_MEMBER,
+                        proto::ROLE_KUBERNETES_CONTROLLER
                     )));
                 }
             }
-            Ok(consensus)
+            Ok(named)
         };
         let (add, remove) = (known(&r.add)?, known(&r.remove)?);
-        if add && remove {
+        if (add.0 && remove.0) || (add.1 && remove.1) {
             return Err(Status::invalid_argument(
                 "a role cannot be added and removed at once",
             ));
         }
-        // A consensus member's etcd holds the cluster CA's private key: whoever could
-        // give the role to a node it controls could sign itself any certificate.
-        if add && !caller.holds(pki::OperatorRole::Admin) {
+        // A consensus member's etcd holds the cluster CA's private key, and a Kubernetes
+        // controller holds a system:masters credential and the service-account key:
+        // whoever could give either to a node it controls could take the cluster.
+        if (add.0 || add.1) && !caller.holds(pki::OperatorRole::Admin) {
             return Err(Status::permission_denied(format!(
                 "adding {} requires an admin; caller is {caller}",
-                proto::ROLE_CONSENSUS_MEMBER
+                if add.0 {
+                    proto::ROLE_CONSENSUS_MEMBER
+                } else {
+                    proto::ROLE_KUBERNETES_CONTROLLER
+                }
             )));
         }
         let leadership = self.0.leadership().await?;
-        let node = if add {
-            membership::add_role(&self.0, &leadership, &r.id).await?
-        } else if remove {
-            removal::remove_role(&self.0, &leadership, &r.id).await?
-        } else {
+        let load = || async {
             records::load_node(&self.0.curator, &r.id)
                 .await
                 .map_err(status_from)?
-                .ok_or_else(|| Status::not_found(format!("node {} does not exist", r.id)))?
+                .ok_or_else(|| Status::not_found(format!("node {} does not exist", r.id)))
+        };
+        if remove.0 && !remove.1 && super::kubernetes::is_controller(&load().await?) {
+            return Err(Status::failed_precondition(format!(
+                "node {} holds {}, which requires {}: remove {} first",
+                r.id,
+                proto::ROLE_KUBERNETES_CONTROLLER,
+                proto::ROLE_CONSENSUS_MEMBER,
+                proto::ROLE_KUBERNETES_CONTROLLER
+            )));
+        }
+        let mut node = None;
+        if remove.1 {
+            node = Some(super::kubernetes::remove_role(&self.0, &leadership, &r.id).await?);
+        }
+        if remove.0 {
+            node = Some(removal::remove_role(&self.0, &leadership, &r.id).await?);
+        }
+        if add.0 {
+            node = Some(membership::add_role(&self.0, &leadership, &r.id).await?);
+        }
+        if add.1 {
+            node = Some(super::kubernetes::add_role(&self.0, &leadership, &r.id).await?);
+        }
+        let node = match node {
+            Some(node) => node,
+            None => load().await?,
         };
         tracing::info!(node = r.id, %caller, add = ?r.add, remove = ?r.remove, "updated node roles");
         Ok(Response::new(api::UpdateNodeRolesResponse {
@@ -284,6 +315,19 @@ impl api::management_server::Management for Services {
             "deleted node; its key cannot register again"
         );
         Ok(Response::new(api::DeleteNodeResponse {}))
+    }
+
+    async fn issue_kubernetes_credentials(
+        &self,
+        request: Request<api::IssueKubernetesCredentialsRequest>,
+    ) -> Result<Response<api::IssueKubernetesCredentialsResponse>, Status> {
+        let caller = identity(&request);
+        let leadership = self.0.leadership().await?;
+        let answer =
+            super::kubernetes::issue_for_user(&self.0, &leadership, &caller, request.into_inner())
+                .await?;
+        tracing::info!(%caller, user = answer.user, group = answer.group, "issued Kubernetes credentials");
+        Ok(Response::new(answer))
     }
 
     async fn list_certificates(

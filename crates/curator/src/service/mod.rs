@@ -98,6 +98,7 @@ mod follows;
 mod health;
 mod health_book;
 mod issuance;
+pub mod kubernetes;
 mod listener;
 mod local;
 mod management;

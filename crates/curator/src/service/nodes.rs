@@ -620,6 +620,27 @@ impl api::curator_server::Curator for Services {
             peer_ca_certificate,
         }))
     }
+
+    async fn issue_kubernetes_certificates(
+        &self,
+        request: Request<api::IssueKubernetesCertificatesRequest>,
+    ) -> Result<Response<api::IssueKubernetesCertificatesResponse>, Status> {
+        let rpc::Identity::Node { id, .. } = identity(&request) else {
+            return Err(Status::permission_denied(
+                "only nodes ask for their Kubernetes components' certificates",
+            ));
+        };
+        let leadership = self.0.leadership().await?;
+        let answer =
+            super::kubernetes::issue_for_node(&self.0, &leadership, &id, request.into_inner())
+                .await?;
+        tracing::info!(
+            node = id,
+            certificates = answer.certificates.len(),
+            "issued Kubernetes certificates"
+        );
+        Ok(Response::new(answer))
+    }
 }
 
 #[cfg(test)]

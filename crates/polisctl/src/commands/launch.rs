@@ -175,6 +175,7 @@ pub(crate) async fn launch(
     first_address: Ipv4Addr,
     binary: Option<&Path>,
     encrypted: bool,
+    kubernetes: bool,
 ) -> Result<()> {
     let binary = node_binary(binary)?;
     let dir = std::path::absolute(dir).context("resolving the cluster directory")?;
@@ -265,6 +266,20 @@ pub(crate) async fn launch(
     // Returns only when the promise holds: every member votes in every member's view and
     // its curator answers (a leader's view alone was once taken for it).
     wait_control_plane(&config, &members).await?;
+    if kubernetes {
+        for id in &members {
+            eprintln!("Making {id} a Kubernetes controller");
+            node::node_roles(
+                &config,
+                &[],
+                Format::Quiet,
+                id,
+                vec![proto::ROLE_KUBERNETES_CONTROLLER.into()],
+                vec![],
+            )
+            .await?;
+        }
+    }
     retry("refreshing the curator endpoints", || async {
         cluster::cluster_info(&config, &[], Format::Quiet).await
     })

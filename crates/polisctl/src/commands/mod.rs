@@ -10,6 +10,7 @@ pub(crate) mod certificates;
 pub(crate) mod cluster;
 pub(crate) mod dashboard;
 pub(crate) mod decommission;
+pub(crate) mod kubernetes;
 pub(crate) mod launch;
 pub(crate) mod logs;
 pub(crate) mod node;

@@ -1,0 +1,318 @@
+//! The KubernetesController role on a node: the runnable the role server starts.
+//!
+//! ```text
+//!   root.role.kubernetes ─ binaries present? ─ keys made here ─▶ curator leader:
+//!     │                    IssueKubernetesCertificates (node mTLS) ─▶ files in DIR (0600)
+//!     ├─▶ etcdproxy          the apiserver's etcd: namespaced (etcdproxy), DIR/etcd.sock
+//!     ├─▶ apiserver          kube-apiserver on ADDRESS:6443
+//!     ├─▶ controllermanager  kube-controller-manager (leader-elected among controllers)
+//!     ├─▶ scheduler          kube-scheduler (leader-elected among controllers)
+//!     └─▶ rbac               once the apiserver is ready: the bindings Polis keeps
+//!   at 2/3 of the certificates' lifetime: issued again, files replaced, components
+//!   restarted one by one (the other controllers serve meanwhile)
+//! ```
+//! A component that exits is restarted by the supervisor with its backoff, named in
+//! the log. Stopping this runnable (the role taken away) stops every component.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use proto::api::{self, KubernetesCertificatePurpose as Purpose};
+
+use crate::component;
+use crate::config::{self, Layout};
+
+/// What the role server hands this runnable.
+#[derive(Clone)]
+pub struct ControllerSettings {
+    pub node_id: String,
+    pub address: IpAddr,
+    /// This node's Kubernetes folder (made 0700).
+    pub dir: PathBuf,
+    /// The folder with kube-apiserver, kube-controller-manager, kube-scheduler, kubectl.
+    pub binaries: PathBuf,
+    /// The local etcd member's client socket.
+    pub etcd_socket: PathBuf,
+    /// The components' certificate lifetime to ask for (`None`: the curator's default).
+    pub certificate_lifetime: Option<Duration>,
+    /// Asks the curator leader for certificates (the node's own mTLS client).
+    pub issue: Issuer,
+}
+
+pub type Issuer = Arc<
+    dyn Fn(
+            api::IssueKubernetesCertificatesRequest,
+        ) -> BoxFuture<'static, Result<api::IssueKubernetesCertificatesResponse, String>>
+        + Send
+        + Sync,
+>;
+
+/// The components, in the order they start.
+const COMPONENTS: [(&str, &str); 3] = [
+    ("apiserver", "kube-apiserver"),
+    ("controllermanager", "kube-controller-manager"),
+    ("scheduler", "kube-scheduler"),
+];
+
+/// Every purpose a controller holds, and the file stem of each.
+const PURPOSES: [(Purpose, &str); 6] = [
+    (Purpose::ApiserverServing, "apiserver"),
+    (Purpose::ApiserverKubeletClient, "kubelet-client"),
+    (Purpose::ApiserverFrontProxyClient, "front-proxy-client"),
+    (Purpose::ControllerManager, "controller-manager"),
+    (Purpose::Scheduler, "scheduler"),
+    (Purpose::PolisNodeAdmin, "polis-admin"),
+];
+
+fn pem(tag: &str, der: &[u8]) -> String {
+    ::pem::encode(&::pem::Pem::new(tag, der.to_vec()))
+}
+
+fn write(path: PathBuf, contents: &[u8]) -> Result<(), String> {
+    privatefs::write_atomic(&path, contents).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// Makes a key per purpose, asks for their certificates, writes every file the
+/// components read (each replaced atomically); returns the layout and the lifetime.
+async fn credentials(settings: &ControllerSettings) -> Result<(Layout, Duration), String> {
+    privatefs::ensure_private_dir(&settings.dir)
+        .map_err(|e| format!("making {}: {e}", settings.dir.display()))?;
+    let mut keys = Vec::new();
+    let mut request = api::IssueKubernetesCertificatesRequest {
+        lifetime_seconds: settings
+            .certificate_lifetime
+            .map(|d| d.as_secs())
+            .unwrap_or_default(),
+        ..Default::default()
+    };
+    for (purpose, stem) in PURPOSES {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519)
+            .map_err(|e| format!("making the {stem} key: {e}"))?;
+        request.keys.push(api::KubernetesKey {
+            purpose: purpose as i32,
+            public_key: key.public_key_raw().to_vec(),
+        });
+        keys.push((purpose, stem, key));
+    }
+    let issued = (settings.issue)(request).await?;
+    let layout = Layout {
+        dir: settings.dir.clone(),
+        address: settings.address,
+        cluster_domain: issued.cluster_domain.clone(),
+    };
+    write(
+        layout.path("ca.pem"),
+        pem("CERTIFICATE", &issued.ca_certificate).as_bytes(),
+    )?;
+    write(
+        layout.path("front-proxy-ca.pem"),
+        pem("CERTIFICATE", &issued.front_proxy_ca_certificate).as_bytes(),
+    )?;
+    write(layout.path("sa.key"), &issued.service_account_key_pem)?;
+    write(
+        layout.path("sa.pub"),
+        &issued.service_account_public_key_pem,
+    )?;
+    for (purpose, stem, key) in keys {
+        let cert = issued
+            .certificates
+            .iter()
+            .find(|c| c.purpose == purpose as i32)
+            .ok_or_else(|| format!("the curator issued no {stem} certificate"))?;
+        write(
+            layout.path(&format!("{stem}.key")),
+            key.serialize_pem().as_bytes(),
+        )?;
+        write(
+            layout.path(&format!("{stem}.pem")),
+            pem("CERTIFICATE", &cert.certificate).as_bytes(),
+        )?;
+    }
+    for user in ["controller-manager", "scheduler", "polis-admin"] {
+        write(
+            layout.path(&format!("{user}.kubeconfig")),
+            layout.kubeconfig(user).as_bytes(),
+        )?;
+    }
+    Ok((layout, Duration::from_secs(issued.lifetime_seconds.max(1))))
+}
+
+/// The component runnable `program` with `args`.
+fn component_runnable(
+    binaries: PathBuf,
+    program: &'static str,
+    args: Vec<String>,
+) -> impl Fn(supervisor::Context) -> BoxFuture<'static, supervisor::RunnableResult> + Send + Sync {
+    move |ctx| {
+        let (binaries, args) = (binaries.clone(), args.clone());
+        Box::pin(async move {
+            ctx.signal_healthy();
+            component::run(&binaries, program, &args, ctx.cancelled()).await?;
+            Ok(())
+        })
+    }
+}
+
+/// kubectl with polis-node's own credential, `args`; stdin `input` when given.
+async fn kubectl(
+    binaries: &std::path::Path,
+    layout: &Layout,
+    args: &[&str],
+    input: Option<&str>,
+) -> Result<String, String> {
+    use tokio::io::AsyncWriteExt;
+    let mut cmd = tokio::process::Command::new(binaries.join("kubectl"));
+    cmd.arg(format!(
+        "--kubeconfig={}",
+        layout.path("polis-admin.kubeconfig").display()
+    ))
+    .arg("--request-timeout=5s")
+    .args(args)
+    .stdin(if input.is_some() {
+        std::process::Stdio::piped()
+    } else {
+        std::process::Stdio::null()
+    })
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|e| format!("running kubectl: {e}"))?;
+    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin
+            .write_all(text.as_bytes())
+            .await
+            .map_err(|e| format!("kubectl stdin: {e}"))?;
+    }
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .map_err(|_| "kubectl took over 30 s".to_string())?
+        .map_err(|e| format!("kubectl: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).to_string())
+}
+
+/// Waits for this node's apiserver to be ready, then applies the bindings Polis keeps.
+async fn keep_rbac(
+    ctx: supervisor::Context,
+    binaries: PathBuf,
+    layout: Layout,
+) -> supervisor::RunnableResult {
+    loop {
+        let last = match kubectl(&binaries, &layout, &["get", "--raw", "/readyz"], None).await {
+            Ok(out) if out.trim() == "ok" => break,
+            Ok(out) => out,
+            Err(e) => e,
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = ctx.cancelled() => return Ok(()),
+        }
+        tracing::debug!("apiserver not ready yet: {last}");
+    }
+    tracing::info!("kube-apiserver is ready");
+    kubectl(
+        &binaries,
+        &layout,
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=polis",
+            "-f",
+            "-",
+        ],
+        Some(&config::rbac_bindings()),
+    )
+    .await
+    .map_err(|e| format!("applying the RBAC bindings Polis keeps: {e}"))?;
+    tracing::info!(
+        "RBAC bindings applied (polis:admins, polis:operators, polis:readers, polis:apiservers)"
+    );
+    ctx.signal_healthy();
+    ctx.cancelled().await;
+    Ok(())
+}
+
+/// The `root.role.kubernetes` runnable (see the module doc).
+pub async fn run(
+    ctx: supervisor::Context,
+    settings: ControllerSettings,
+) -> supervisor::RunnableResult {
+    for (_, program) in COMPONENTS {
+        component::check_binary(&settings.binaries, program)?;
+    }
+    component::check_binary(&settings.binaries, "kubectl")?;
+    let (layout, lifetime) = credentials(&settings).await?;
+    tracing::info!(
+        lifetime_s = lifetime.as_secs(),
+        "Kubernetes certificates issued"
+    );
+    let proxy = crate::etcdproxy::EtcdProxy::connect(&settings.etcd_socket).await?;
+    let socket = layout.etcd_socket();
+    ctx.run("etcdproxy", move |ctx| {
+        let (proxy, socket) = (proxy.clone(), socket.clone());
+        async move {
+            ctx.signal_healthy();
+            proxy.serve(&socket, ctx.cancelled()).await?;
+            Ok(())
+        }
+    })?;
+    let mut running = Vec::new();
+    let start = |ctx: &supervisor::Context, name: &str, program: &'static str| {
+        let args = match program {
+            "kube-apiserver" => layout.apiserver_args(),
+            "kube-controller-manager" => layout.controller_manager_args(),
+            _ => layout.scheduler_args(),
+        };
+        ctx.run_stoppable(
+            name,
+            component_runnable(settings.binaries.clone(), program, args),
+        )
+    };
+    for (name, program) in COMPONENTS {
+        running.push(start(&ctx, name, program)?);
+    }
+    let (rbac_binaries, rbac_layout) = (settings.binaries.clone(), layout.clone());
+    ctx.run("rbac", move |ctx| {
+        keep_rbac(ctx, rbac_binaries.clone(), rbac_layout.clone())
+    })?;
+    ctx.signal_healthy();
+    loop {
+        // Renewed at 2/3 of the lifetime, as every Polis certificate.
+        let renew_in = lifetime * 2 / 3;
+        tokio::select! {
+            _ = tokio::time::sleep(renew_in) => {}
+            _ = ctx.cancelled() => break,
+        }
+        match credentials(&settings).await {
+            Ok((_, renewed)) => {
+                tracing::info!(
+                    lifetime_s = renewed.as_secs(),
+                    "Kubernetes certificates renewed; restarting the components"
+                );
+                for (component, (name, program)) in
+                    std::mem::take(&mut running).into_iter().zip(COMPONENTS)
+                {
+                    component.stop().await;
+                    running.push(start(&ctx, name, program)?);
+                }
+            }
+            Err(e) => {
+                tracing::warn!("renewing the Kubernetes certificates: {e}; retrying in 5 s");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    _ = ctx.cancelled() => break,
+                }
+            }
+        }
+    }
+    for component in running {
+        component.stop().await;
+    }
+    Ok(())
+}

@@ -1,0 +1,160 @@
+//! `polisctl kubernetes`: a person's way into the cluster's Kubernetes.
+//!
+//! - `credentials --out FILE`: a key made here, a short-lived client certificate for it
+//!   from the curator (its Kubernetes group from the caller's Polis role; audited), and
+//!   a kubeconfig (0600) with one context per controller, the first current.
+//! - `proxy --listen ADDR`: a local TCP forwarder to the first controller's apiserver
+//!   that accepts a connection (TLS passes through untouched: kubectl authenticates to
+//!   the apiserver itself); a kubeconfig written with `--via ADDR` points at it and
+//!   keeps working while any one controller is down, without editing it.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use proto::api;
+
+use crate::session::owner_session;
+
+/// How long the proxy gives one controller to accept a connection before the next.
+const CONNECT_BOUND: Duration = Duration::from_millis(1000);
+/// How often the proxy asks the curator for the controllers again.
+const REFRESH: Duration = Duration::from_secs(30);
+/// The most connections the proxy holds at once.
+const MAX_CONNECTIONS: usize = 256;
+
+fn pem_text(tag: &str, der: &[u8]) -> String {
+    pem::encode(&pem::Pem::new(tag, der.to_vec()))
+}
+
+/// The controllers' apiservers and a fresh credential.
+async fn issue(
+    config: &Path,
+    raw_endpoints: &[String],
+    lifetime: Option<Duration>,
+) -> Result<(api::IssueKubernetesCredentialsResponse, String)> {
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519)
+        .context("making a key for Kubernetes credentials")?;
+    let request = api::IssueKubernetesCredentialsRequest {
+        public_key: key.public_key_raw().to_vec(),
+        lifetime_seconds: lifetime.map(|d| d.as_secs()).unwrap_or_default(),
+    };
+    let answer = owner_session(config, raw_endpoints)
+        .await?
+        .management("issuing Kubernetes credentials", |mut m| {
+            let request = request.clone();
+            async move { m.issue_kubernetes_credentials(request).await }
+        })
+        .await?;
+    Ok((answer, key.serialize_pem()))
+}
+
+/// `kubernetes credentials`.
+pub(crate) async fn credentials(
+    config: &Path,
+    raw_endpoints: &[String],
+    out: &Path,
+    lifetime: Option<Duration>,
+    via: Option<SocketAddr>,
+) -> Result<()> {
+    let (answer, key_pem) = issue(config, raw_endpoints, lifetime).await?;
+    if answer.apiservers.is_empty() && via.is_none() {
+        bail!(
+            "no node holds the KubernetesController role: add it to the consensus members \
+             (polisctl node add-role ID KubernetesController)"
+        );
+    }
+    let servers = match via {
+        Some(proxy) => vec![format!("https://{proxy}")],
+        None => answer.apiservers.clone(),
+    };
+    let text = kubernetes::config::user_kubeconfig(
+        &servers,
+        via.map(|_| "kubernetes"),
+        &pem_text("CERTIFICATE", &answer.ca_certificate),
+        &answer.user,
+        &pem_text("CERTIFICATE", &answer.certificate),
+        &key_pem,
+    );
+    privatefs::write_atomic(out, text.as_bytes())
+        .with_context(|| format!("writing the kubeconfig to {}", out.display()))?;
+    let expires = match pki::time_to_expiry(&answer.certificate) {
+        Ok(Some(d)) => format!("{} s", d.as_secs()),
+        _ => "?".into(),
+    };
+    eprintln!(
+        "wrote {} for {} (group {}, expires in {expires}); apiservers: {}",
+        out.display(),
+        answer.user,
+        answer.group,
+        answer.apiservers.join(", ")
+    );
+    Ok(())
+}
+
+/// The controllers' apiserver addresses, as the curator names them.
+async fn apiservers(config: &Path, raw_endpoints: &[String]) -> Result<Vec<SocketAddr>> {
+    let (answer, _) = issue(config, raw_endpoints, Some(pki::MIN_CERTIFICATE_LIFETIME)).await?;
+    Ok(answer
+        .apiservers
+        .iter()
+        .filter_map(|s| s.strip_prefix("https://")?.parse().ok())
+        .collect())
+}
+
+/// `kubernetes proxy`: runs until interrupted.
+pub(crate) async fn proxy(
+    config: &Path,
+    raw_endpoints: &[String],
+    listen: SocketAddr,
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("listening on {listen}"))?;
+    let targets = std::sync::Arc::new(std::sync::Mutex::new(
+        apiservers(config, raw_endpoints).await?,
+    ));
+    eprintln!(
+        "forwarding {listen} to the apiservers {:?} (the first that accepts)",
+        targets.lock().expect("targets")
+    );
+    let (config, raw) = (config.to_path_buf(), raw_endpoints.to_vec());
+    let refreshing = targets.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(REFRESH).await;
+            match apiservers(&config, &raw).await {
+                Ok(list) if !list.is_empty() => *refreshing.lock().expect("targets") = list,
+                Ok(_) => {}
+                Err(e) => eprintln!("refreshing the apiserver list: {e:#}"),
+            }
+        }
+    });
+    let seats = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let (client, _) = listener.accept().await.context("accepting a connection")?;
+        let _ = client.set_nodelay(true);
+        let Ok(seat) = seats.clone().try_acquire_owned() else {
+            continue; // dropped: over the bound
+        };
+        let list = targets.lock().expect("targets").clone();
+        tokio::spawn(async move {
+            let _seat = seat;
+            forward(client, &list).await;
+        });
+    }
+}
+
+/// Joins `client` to the first of `targets` that accepts within the bound.
+async fn forward(mut client: tokio::net::TcpStream, targets: &[SocketAddr]) {
+    for target in targets {
+        if let Ok(Ok(mut upstream)) =
+            tokio::time::timeout(CONNECT_BOUND, tokio::net::TcpStream::connect(target)).await
+        {
+            let _ = upstream.set_nodelay(true);
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            return;
+        }
+    }
+}
