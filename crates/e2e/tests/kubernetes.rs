@@ -1,0 +1,319 @@
+//! Kubernetes on Polis, part 1, with real polis-node processes, real etcd and upstream's
+//! own kube-apiserver, kube-controller-manager, kube-scheduler and kubectl (built by
+//! `scripts/kubernetes-binaries`; `scripts/test` passes their folder in
+//! POLIS_KUBERNETES_BINARIES). One cluster of three consensus members:
+//! - KubernetesController is refused on a worker, and ConsensusMember cannot be removed
+//!   from a controller;
+//! - with the owner's polisctl-made kubeconfig, `/readyz` is ok, a namespace and a
+//!   ConfigMap are created and read back;
+//! - a reader's kubeconfig lists but cannot create;
+//! - the apiserver's etcd (the proxy's socket) shows none of Polis's keys, refuses a
+//!   snapshot, and what the apiserver wrote lies under /polis-k8s in the real etcd;
+//! - through `polisctl kubernetes proxy`, kubectl keeps working after a kill -9 of the
+//!   node whose apiserver it was using;
+//! - the role taken from a live controller stops its apiserver while the API stays;
+//!   given back, it serves again;
+//! - after the components' certificates renew (45 s lifetimes), kubectl still works.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use e2e::{Cluster, Node, Proc, TIMEOUT, endpoints, wait_until};
+
+/// Components' certificate lifetime: renewed (at 2/3) while the test runs.
+const LIFETIME_S: &str = "45";
+
+fn binaries() -> Result<PathBuf> {
+    let dir = std::env::var_os("POLIS_KUBERNETES_BINARIES").context(
+        "POLIS_KUBERNETES_BINARIES is not set: run scripts/kubernetes-binaries and export \
+         the folder it prints (scripts/test does)",
+    )?;
+    let dir = PathBuf::from(dir);
+    ensure!(
+        dir.join("kube-apiserver").is_file() && dir.join("kubectl").is_file(),
+        "POLIS_KUBERNETES_BINARIES={} holds no kube-apiserver and kubectl",
+        dir.display()
+    );
+    Ok(dir)
+}
+
+/// kubectl with `kubeconfig`: (success, stdout, stderr).
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<(bool, String, String)> {
+    let out = Command::new(binaries()?.join("kubectl"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--request-timeout=5s")
+        .args(args)
+        .output()
+        .context("running kubectl")?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// kubectl until it succeeds (within `TIMEOUT`); its output.
+fn kubectl_ok(kubeconfig: &Path, args: &[&str]) -> Result<String> {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let (ok, out, err) = kubectl(kubeconfig, args)?;
+        if ok {
+            return Ok(out);
+        }
+        if Instant::now() > deadline {
+            bail!("kubectl {args:?} kept failing: {err}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn etcdctl(socket: &Path, args: &[&str]) -> Result<(bool, String, String)> {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints=unix://{}", socket.display()))
+        .arg("--command-timeout=5s")
+        .args(args)
+        .output()
+        .context("running etcdctl")?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+fn apiserver_answers(address: IpAddr) -> bool {
+    std::net::TcpStream::connect_timeout(
+        &SocketAddr::new(address, 6443),
+        Duration::from_millis(300),
+    )
+    .is_ok()
+}
+
+#[test]
+fn kubernetes_controllers_serve_a_confined_highly_available_api() -> Result<()> {
+    let binaries = binaries()?;
+    let dir = tempfile::tempdir()?;
+    let lifetime = format!("--kubernetes-certificate-lifetime-s={LIFETIME_S}");
+    let node_args = [lifetime.as_str()];
+    let mut cluster = Cluster::bootstrap_with(dir.path(), &[], &node_args)?;
+    let params = cluster.register_params("nodes")?;
+    let (mut m1, id1) = cluster.add_worker("m1", &params)?;
+    let (mut m2, id2) = cluster.add_worker("m2", &params)?;
+    let (_worker, worker_id) = cluster.add_worker("w", &params)?;
+    for id in [&id1, &id2] {
+        cluster.ctl_retry(&["node", "add-role", id, "ConsensusMember"])?;
+    }
+    // The members in the test's hands (one is killed and started again).
+    let placeholder = Node::new(&dir.path().join("unused"));
+    let n0 = std::mem::replace(&mut cluster.first, placeholder);
+    let id0 = n0.key_node_id()?;
+    cluster.wait_members(&endpoints(&[&n0, &m1, &m2]), 3, 0)?;
+    m1.wait_for_curator()?;
+    m2.wait_for_curator()?;
+
+    // The role needs consensus; consensus cannot go while the role is held.
+    let (ok, _, err) = cluster.ctl(&["node", "add-role", &worker_id, "KubernetesController"])?;
+    ensure!(
+        !ok && err.contains("requires ConsensusMember"),
+        "a worker took the role: {err}"
+    );
+    for id in [&id0, &id1, &id2] {
+        cluster.ctl_retry(&["node", "add-role", id, "KubernetesController"])?;
+    }
+    let (ok, _, err) = cluster.ctl(&["node", "remove-role", &id1, "ConsensusMember"])?;
+    ensure!(
+        !ok && err.contains("remove KubernetesController first"),
+        "ConsensusMember removed from a controller: {err}"
+    );
+
+    // The owner's kubeconfig: ready, a namespace and a ConfigMap written and read back.
+    let owner = dir.path().join("owner.kubeconfig");
+    let started = Instant::now();
+    cluster.ctl_retry(&[
+        "kubernetes",
+        "credentials",
+        "--out",
+        owner.to_str().context("utf-8")?,
+    ])?;
+    let ready = kubectl_ok(&owner, &["get", "--raw", "/readyz"])?;
+    ensure!(ready.trim() == "ok", "{ready}");
+    println!("role added -> apiserver ready: {:?}", started.elapsed());
+    kubectl_ok(&owner, &["create", "namespace", "demo"])?;
+    kubectl_ok(
+        &owner,
+        &[
+            "-n",
+            "demo",
+            "create",
+            "configmap",
+            "greeting",
+            "--from-literal=hello=world",
+        ],
+    )?;
+    let got = kubectl_ok(
+        &owner,
+        &[
+            "-n",
+            "demo",
+            "get",
+            "configmap",
+            "greeting",
+            "-o",
+            "jsonpath={.data.hello}",
+        ],
+    )?;
+    ensure!(got == "world", "{got}");
+
+    // A reader lists but cannot create.
+    let reader = dir.path().join("rita");
+    let reader_pub = dir.path().join("rita.pub");
+    let rctl = |args: &[&str]| -> Result<(bool, String, String)> {
+        let mut all = vec!["--config", reader.to_str().context("utf-8")?];
+        all.extend_from_slice(args);
+        let (status, out, err) = e2e::polisctl(&all)?;
+        Ok((status.success(), out, err))
+    };
+    let (ok, _, err) = rctl(&["key", "--out", reader_pub.to_str().context("utf-8")?])?;
+    ensure!(ok, "{err}");
+    cluster.ctl_retry(&[
+        "cluster",
+        "operator",
+        "add",
+        "rita",
+        "--role",
+        "reader",
+        "--key-file",
+        reader_pub.to_str().context("utf-8")?,
+    ])?;
+    let endpoint = n0.address.to_string();
+    let (ok, _, err) = rctl(&["--endpoints", &endpoint, "takeownership", "--accept-ca"])?;
+    ensure!(ok, "{err}");
+    let reader_config = dir.path().join("rita.kubeconfig");
+    let (ok, _, err) = rctl(&[
+        "kubernetes",
+        "credentials",
+        "--out",
+        reader_config.to_str().context("utf-8")?,
+    ])?;
+    ensure!(ok, "{err}");
+    let listed = kubectl_ok(
+        &reader_config,
+        &["-n", "demo", "get", "configmaps", "-o", "name"],
+    )?;
+    ensure!(listed.contains("configmap/greeting"), "{listed}");
+    let (ok, _, err) = kubectl(
+        &reader_config,
+        &["-n", "demo", "create", "configmap", "nope"],
+    )?;
+    ensure!(
+        !ok && err.contains("forbidden"),
+        "a reader created a ConfigMap: {err}"
+    );
+
+    // The apiserver's etcd: only its own keys, no snapshot; Polis's keys unreachable.
+    let socket = n0.root.join("data/kubernetes/etcd.sock");
+    let (ok, keys, err) = etcdctl(&socket, &["get", "", "--prefix", "--keys-only"])?;
+    ensure!(ok, "{err}");
+    ensure!(
+        keys.contains("/registry/"),
+        "the apiserver's keys are listed: {keys}"
+    );
+    ensure!(
+        keys.lines()
+            .filter(|l| !l.is_empty())
+            .all(|k| k.starts_with("/registry")),
+        "a key outside the apiserver's space: {keys}"
+    );
+    let (ok, out, _) = etcdctl(&socket, &["get", "cluster/", "--prefix", "--keys-only"])?;
+    ensure!(
+        ok && out.trim().is_empty(),
+        "cluster/ through the proxy: {out}"
+    );
+    let snapshot = dir.path().join("stolen.db");
+    let (ok, _, err) = etcdctl(
+        &socket,
+        &["snapshot", "save", snapshot.to_str().context("utf-8")?],
+    )?;
+    ensure!(
+        !ok && !snapshot.exists(),
+        "a snapshot through the proxy: {err}"
+    );
+    let raw = n0.etcdctl(&["get", "/polis-k8s/registry/namespaces/demo", "--keys-only"])?;
+    ensure!(raw.contains("/polis-k8s/registry/namespaces/demo"), "{raw}");
+
+    // Through the proxy, kubectl survives the loss of the apiserver it was using.
+    let proxy_address = SocketAddr::new(e2e::unique_loopback(), 16443);
+    let mut proxy_cmd = Command::new(e2e::bin("polisctl"));
+    proxy_cmd.args([
+        "--config",
+        cluster.config.to_str().context("utf-8")?,
+        "kubernetes",
+        "proxy",
+        "--listen",
+        &proxy_address.to_string(),
+    ]);
+    let mut proxy = Proc::spawn(
+        "polisctl kubernetes proxy",
+        proxy_cmd,
+        &dir.path().join("proxy.log"),
+    )?;
+    proxy.wait_for_line(TIMEOUT, |l| l.contains("forwarding"))?;
+    let via = dir.path().join("via.kubeconfig");
+    cluster.ctl_retry(&[
+        "kubernetes",
+        "credentials",
+        "--out",
+        via.to_str().context("utf-8")?,
+        "--via",
+        &proxy_address.to_string(),
+    ])?;
+    kubectl_ok(&via, &["-n", "demo", "get", "configmap", "greeting"])?;
+    // The proxy prefers the first apiserver by address: that node is killed.
+    let mut members = vec![n0, m1, m2];
+    members.sort_by_key(|n| n.address);
+    let used = members[0].address;
+    members[0].proc().signal(libc::SIGKILL);
+    let killed = Instant::now();
+    wait_until("kubectl works again after a kill -9", TIMEOUT, || {
+        kubectl(&via, &["-n", "demo", "get", "configmap", "greeting"]).is_ok_and(|(ok, ..)| ok)
+    })?;
+    println!(
+        "controller {used} lost -> API served again: {:?}",
+        killed.elapsed()
+    );
+    members[0].proc().wait_exit(TIMEOUT)?;
+    members[0].start(&[])?;
+
+    // The role taken from a live controller: its apiserver stops, the API stays.
+    let live_address = members[1].address;
+    let live_id = members[1].key_node_id()?;
+    cluster.ctl_retry(&["node", "remove-role", &live_id, "KubernetesController"])?;
+    wait_until("the apiserver stops with the role", TIMEOUT, || {
+        !apiserver_answers(live_address)
+    })?;
+    kubectl_ok(&via, &["-n", "demo", "get", "configmap", "greeting"])?;
+    cluster.ctl_retry(&["node", "add-role", &live_id, "KubernetesController"])?;
+    wait_until("the apiserver serves again with the role", TIMEOUT, || {
+        apiserver_answers(live_address)
+    })?;
+
+    // After the components' certificates renewed, kubectl still works.
+    members[2]
+        .proc()
+        .wait_for_line(TIMEOUT, |l| l.contains("Kubernetes certificates renewed"))
+        .context("the components' certificates renew")?;
+    let renewed_owner = dir.path().join("owner2.kubeconfig");
+    cluster.ctl_retry(&[
+        "kubernetes",
+        "credentials",
+        "--out",
+        renewed_owner.to_str().context("utf-8")?,
+    ])?;
+    kubectl_ok(&via, &["-n", "demo", "get", "configmap", "greeting"])?;
+    drop(binaries);
+    Ok(())
+}
