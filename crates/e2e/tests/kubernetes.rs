@@ -8,7 +8,8 @@
 //!   ConfigMap are created and read back;
 //! - a reader's kubeconfig lists but cannot create;
 //! - the apiserver's etcd (the proxy's socket) shows none of Polis's keys, refuses a
-//!   snapshot, and what the apiserver wrote lies under /polis-k8s in the real etcd;
+//!   snapshot, the cluster PKI's keys (in the same etcd) are out of reach, and what the
+//!   apiserver wrote lies under /polis-k8s in the real etcd;
 //! - through `polisctl kubernetes proxy`, kubectl keeps working after a kill -9 of the
 //!   node whose apiserver it was using;
 //! - the role taken from a live controller stops its apiserver while the API stays;
@@ -68,21 +69,6 @@ fn kubectl_ok(kubeconfig: &Path, args: &[&str]) -> Result<String> {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-}
-
-fn etcdctl(socket: &Path, args: &[&str]) -> Result<(bool, String, String)> {
-    let out = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints=unix://{}", socket.display()))
-        .arg("--command-timeout=5s")
-        .args(args)
-        .output()
-        .context("running etcdctl")?;
-    Ok((
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    ))
 }
 
 fn apiserver_answers(address: IpAddr) -> bool {
@@ -216,34 +202,65 @@ fn kubernetes_controllers_serve_a_confined_highly_available_api() -> Result<()> 
 
     // The apiserver's etcd: only its own keys, no snapshot; Polis's keys unreachable.
     let socket = n0.root.join("data/kubernetes/etcd.sock");
-    let (ok, keys, err) = etcdctl(&socket, &["get", "", "--prefix", "--keys-only"])?;
-    ensure!(ok, "{err}");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (keys, cluster_keys, snapshot) = runtime.block_on(async {
+        let mut client = consensus::connect_unix(&socket).await?;
+        let all = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_keys_only();
+        let keys: Vec<String> = client
+            .get("", Some(all.clone()))
+            .await?
+            .kvs()
+            .iter()
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+            .collect();
+        // Where the cluster CA's key really is: out of reach, by name or by range.
+        let cluster_keys = client
+            .get("namespaced:curator/cluster-pki/", Some(all))
+            .await?
+            .kvs()
+            .len();
+        let snapshot = match client.snapshot().await {
+            Ok(mut stream) => stream
+                .message()
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        Ok::<_, anyhow::Error>((keys, cluster_keys, snapshot))
+    })?;
     ensure!(
-        keys.contains("/registry/"),
-        "the apiserver's keys are listed: {keys}"
+        keys.iter()
+            .any(|k| k.starts_with("/registry/namespaces/demo")),
+        "the apiserver's keys are listed: {keys:?}"
     );
     ensure!(
-        keys.lines()
-            .filter(|l| !l.is_empty())
-            .all(|k| k.starts_with("/registry")),
-        "a key outside the apiserver's space: {keys}"
+        keys.iter().all(|k| k.starts_with("/registry")),
+        "a key outside the apiserver's space: {keys:?}"
     );
-    let (ok, out, _) = etcdctl(&socket, &["get", "cluster/", "--prefix", "--keys-only"])?;
     ensure!(
-        ok && out.trim().is_empty(),
-        "cluster/ through the proxy: {out}"
+        cluster_keys == 0,
+        "the cluster PKI through the proxy: {cluster_keys} keys"
     );
-    let snapshot = dir.path().join("stolen.db");
-    let (ok, _, err) = etcdctl(
-        &socket,
-        &["snapshot", "save", snapshot.to_str().context("utf-8")?],
-    )?;
-    ensure!(
-        !ok && !snapshot.exists(),
-        "a snapshot through the proxy: {err}"
-    );
+    let refusal = snapshot.err().context("a snapshot through the proxy")?;
+    ensure!(refusal.contains("not available"), "{refusal}");
     let raw = n0.etcdctl(&["get", "/polis-k8s/registry/namespaces/demo", "--keys-only"])?;
     ensure!(raw.contains("/polis-k8s/registry/namespaces/demo"), "{raw}");
+    let raw_pki = n0.etcdctl(&[
+        "get",
+        "namespaced:curator/cluster-pki/",
+        "--prefix",
+        "--keys-only",
+        "--limit=1",
+    ])?;
+    ensure!(
+        !raw_pki.trim().is_empty(),
+        "the cluster PKI is in the same etcd: {raw_pki}"
+    );
 
     // Through the proxy, kubectl survives the loss of the apiserver it was using.
     let proxy_address = SocketAddr::new(e2e::unique_loopback(), 16443);
@@ -297,9 +314,21 @@ fn kubernetes_controllers_serve_a_confined_highly_available_api() -> Result<()> 
     })?;
     kubectl_ok(&via, &["-n", "demo", "get", "configmap", "greeting"])?;
     cluster.ctl_retry(&["node", "add-role", &live_id, "KubernetesController"])?;
-    wait_until("the apiserver serves again with the role", TIMEOUT, || {
+    let served = wait_until("the apiserver serves again with the role", TIMEOUT, || {
         apiserver_answers(live_address)
-    })?;
+    });
+    if let Err(e) = served {
+        let output = members[1].proc().output();
+        let lines: Vec<&str> = output
+            .lines()
+            .filter(|l| l.contains("kubernetes") || l.contains("roles"))
+            .filter(|l| !l.contains("kubernetes::component"))
+            .collect();
+        bail!(
+            "{e}: {}",
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        );
+    }
 
     // After the components' certificates renewed, kubectl still works.
     members[2]

@@ -203,7 +203,12 @@ async fn keep_rbac(
     layout: Layout,
 ) -> supervisor::RunnableResult {
     loop {
-        let last = match kubectl(&binaries, &layout, &["get", "--raw", "/readyz"], None).await {
+        let probe = kubectl(&binaries, &layout, &["get", "--raw", "/readyz"], None);
+        let answer = tokio::select! {
+            answer = probe => answer,
+            () = ctx.cancelled() => return Ok(()),
+        };
+        let last = match answer {
             Ok(out) if out.trim() == "ok" => break,
             Ok(out) => out,
             Err(e) => e,
@@ -215,7 +220,8 @@ async fn keep_rbac(
         tracing::debug!("apiserver not ready yet: {last}");
     }
     tracing::info!("kube-apiserver is ready");
-    kubectl(
+    let bindings = config::rbac_bindings();
+    let apply = kubectl(
         &binaries,
         &layout,
         &[
@@ -226,10 +232,14 @@ async fn keep_rbac(
             "-f",
             "-",
         ],
-        Some(&config::rbac_bindings()),
-    )
-    .await
-    .map_err(|e| format!("applying the RBAC bindings Polis keeps: {e}"))?;
+        Some(&bindings),
+    );
+    tokio::select! {
+        applied = apply => {
+            applied.map_err(|e| format!("applying the RBAC bindings Polis keeps: {e}"))?;
+        }
+        () = ctx.cancelled() => return Ok(()),
+    }
     tracing::info!(
         "RBAC bindings applied (polis:admins, polis:operators, polis:readers, polis:apiservers)"
     );
@@ -258,7 +268,12 @@ pub async fn run(
         let (proxy, socket) = (proxy.clone(), socket.clone());
         async move {
             ctx.signal_healthy();
-            proxy.serve(&socket, ctx.cancelled()).await?;
+            // Not a graceful shutdown: it would wait for every open stream (a watch of an
+            // apiserver that is stopping too) and hold the role's removal with it.
+            tokio::select! {
+                served = proxy.serve(&socket, std::future::pending()) => served?,
+                () = ctx.cancelled() => {}
+            }
             Ok(())
         }
     })?;

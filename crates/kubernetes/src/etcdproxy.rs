@@ -39,6 +39,10 @@ use crate::namespace;
 /// reuses one lease per minute or so for events; a runaway client stops here).
 pub const MAX_LEASES: usize = 10_000;
 
+/// The largest message either way: a LIST of many objects exceeds tonic's 4 MiB default
+/// (etcd itself sends up to 2 GiB; requests are bounded by etcd at 1.5 MiB).
+const MAX_MESSAGE: usize = 256 << 20;
+
 /// etcd's require-leader metadata key: passed on, so that a watch through the proxy
 /// learns that a partitioned member lost its leader, as a direct one would.
 const REQUIRE_LEADER: &str = "hasleader";
@@ -125,8 +129,16 @@ impl EtcdProxy {
         )
         .map_err(listen_error)?;
         tonic::transport::Server::builder()
-            .add_service(PbKvServer::new(self.clone()))
-            .add_service(PbWatchServer::new(self.clone()))
+            .add_service(
+                PbKvServer::new(self.clone())
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
+            .add_service(
+                PbWatchServer::new(self.clone())
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
             .add_service(PbLeaseServer::new(self.clone()))
             .add_service(PbMaintenanceServer::new(self))
             .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
@@ -139,7 +151,9 @@ impl EtcdProxy {
         Q: prost::Message + Send + Sync + 'static,
         A: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = tonic::client::Grpc::new(self.upstream.clone());
+        let mut grpc = tonic::client::Grpc::new(self.upstream.clone())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
         grpc.ready()
             .await
             .map_err(|e| Status::unavailable(format!("the local etcd member: {e}")))?;
@@ -162,7 +176,9 @@ impl EtcdProxy {
         Q: prost::Message + Send + Sync + 'static,
         A: prost::Message + Default + Send + Sync + 'static,
     {
-        let mut grpc = tonic::client::Grpc::new(self.upstream.clone());
+        let mut grpc = tonic::client::Grpc::new(self.upstream.clone())
+            .max_decoding_message_size(MAX_MESSAGE)
+            .max_encoding_message_size(MAX_MESSAGE);
         grpc.ready()
             .await
             .map_err(|e| Status::unavailable(format!("the local etcd member: {e}")))?;
@@ -226,8 +242,12 @@ impl PbKvService for EtcdProxy {
         &self,
         _r: Request<PbRangeRequest>,
     ) -> Result<Response<Self::RangeStreamStream>, Status> {
-        // Not in etcd 3.4; the apiserver does not use it.
-        Err(refused("RangeStream"))
+        // etcd 3.4 has no RangeStream: answered as etcd 3.4's gRPC server answers an
+        // unknown method (Unimplemented), which the apiserver reads as "fall back to
+        // paginated lists". Any other code fails its lists.
+        Err(Status::unimplemented(
+            "unknown method RangeStream for service etcdserverpb.KV",
+        ))
     }
 
     async fn range(&self, r: Request<PbRangeRequest>) -> Result<Response<PbRangeResponse>, Status> {

@@ -93,14 +93,22 @@ pub(crate) async fn credentials(
     Ok(())
 }
 
-/// The controllers' apiserver addresses, as the curator names them.
+/// The apiservers of the UP nodes holding KubernetesController, by address.
 async fn apiservers(config: &Path, raw_endpoints: &[String]) -> Result<Vec<SocketAddr>> {
-    let (answer, _) = issue(config, raw_endpoints, Some(pki::MIN_CERTIFICATE_LIFETIME)).await?;
-    Ok(answer
-        .apiservers
+    let mut list: Vec<SocketAddr> = crate::commands::node::list_nodes(config, raw_endpoints)
+        .await?
         .iter()
-        .filter_map(|s| s.strip_prefix("https://")?.parse().ok())
-        .collect())
+        .filter(|n| n.state == api::NodeState::Up as i32)
+        .filter(|n| {
+            n.roles
+                .iter()
+                .any(|r| r == proto::ROLE_KUBERNETES_CONTROLLER)
+        })
+        .filter_map(|n| n.address.parse().ok())
+        .map(|ip| SocketAddr::new(ip, kubernetes::certs::APISERVER_PORT))
+        .collect();
+    list.sort();
+    Ok(list)
 }
 
 /// `kubernetes proxy`: runs until interrupted.
