@@ -290,7 +290,7 @@ fn kubernetes_controllers_serve_a_confined_highly_available_api() -> Result<()> 
     ])?;
     kubectl_ok(&via, &["-n", "demo", "get", "configmap", "greeting"])?;
     // The proxy prefers the first apiserver by address: that node is killed.
-    let mut members = vec![n0, m1, m2];
+    let mut members = [n0, m1, m2];
     members.sort_by_key(|n| n.address);
     let used = members[0].address;
     members[0].proc().signal(libc::SIGKILL);

@@ -340,7 +340,7 @@ impl PbLeaseService for EtcdProxy {
         &self,
         r: Request<PbLeaseGrantRequest>,
     ) -> Result<Response<PbLeaseGrantResponse>, Status> {
-        let message = r.get_ref().clone();
+        let message = *r.get_ref();
         let answer: PbLeaseGrantResponse = self
             .unary("/etcdserverpb.Lease/LeaseGrant", onward(&r, message))
             .await?;
@@ -355,7 +355,7 @@ impl PbLeaseService for EtcdProxy {
         if !self.owns_lease(&r, r.get_ref().id).await? {
             return Err(refused("a lease the apiserver did not grant"));
         }
-        let message = r.get_ref().clone();
+        let message = *r.get_ref();
         let answer = self
             .unary("/etcdserverpb.Lease/LeaseRevoke", onward(&r, message))
             .await?;
@@ -420,7 +420,7 @@ impl PbLeaseService for EtcdProxy {
         if !self.owns_lease(&r, r.get_ref().id).await? {
             return Err(refused("a lease the apiserver did not grant"));
         }
-        let message = r.get_ref().clone();
+        let message = *r.get_ref();
         let mut answer: PbLeaseTimeToLiveResponse = self
             .unary("/etcdserverpb.Lease/LeaseTimeToLive", onward(&r, message))
             .await?;
@@ -455,7 +455,7 @@ impl PbMaintenanceService for EtcdProxy {
         &self,
         r: Request<PbStatusRequest>,
     ) -> Result<Response<PbStatusResponse>, Status> {
-        let message = r.get_ref().clone();
+        let message = *r.get_ref();
         let answer = self
             .unary("/etcdserverpb.Maintenance/Status", onward(&r, message))
             .await?;

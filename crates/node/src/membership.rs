@@ -33,7 +33,7 @@ impl Membership {
                 consensus_member: true,
                 ..Default::default()
             },
-            Membership::Join(j) => j.roles.clone(),
+            Membership::Join(j) => j.roles,
         }
     }
 

@@ -66,7 +66,7 @@ pub(super) async fn add_role(
         .roles
         .as_ref()
         .and_then(|r| r.consensus_member.as_ref());
-    if !member.is_some_and(|m| !m.removal_pending) {
+    if member.is_none_or(|m| m.removal_pending) {
         return Err(Status::failed_precondition(format!(
             "{} requires {} (Kubernetes stores in the cluster's etcd); node {id} is not a \
              consensus member: add that role first",
@@ -149,8 +149,8 @@ async fn service_account_key(
             .find("-----BEGIN PUBLIC KEY-----")
             .ok_or_else(|| Status::internal("the stored service-account key is corrupt"))?;
         Ok((
-            text[..split].as_bytes().to_vec(),
-            text[split..].as_bytes().to_vec(),
+            text.as_bytes()[..split].to_vec(),
+            text.as_bytes()[split..].to_vec(),
         ))
     };
     if let Some(stored) = shared
