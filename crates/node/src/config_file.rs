@@ -439,6 +439,16 @@ mod tests {
             r#""/opt/etcd/etcd""#,
             "--etcd-binary=/opt/etcd/etcd",
         ),
+        (
+            "kubernetes-binaries",
+            r#""/opt/polis/kubernetes""#,
+            "--kubernetes-binaries=/opt/polis/kubernetes",
+        ),
+        (
+            "kubernetes-certificate-lifetime-s",
+            "3600",
+            "--kubernetes-certificate-lifetime-s=3600",
+        ),
         ("etcd-heartbeat-ms", "50", "--etcd-heartbeat-ms=50"),
         (
             "etcd-election-timeout-ms",
@@ -566,7 +576,7 @@ mod tests {
         let refusal = refusal(&f, &[]);
         let expected = format!(
             "{}:3: unknown key \"adress\"; the keys are: root, address, params, data-device, \
-             data-device-format, log-format, metrics-listen, no-metrics, etcd-binary, \
+             data-device-format, log-format, metrics-listen, no-metrics, etcd-binary, kubernetes-binaries, \
              etcd-heartbeat-ms, etcd-election-timeout-ms, tcp-rto-max-ms, curator-lease-ttl",
             f.path.display()
         );
