@@ -1,12 +1,23 @@
 //! Upstream Kubernetes on a Polis cluster: what the KubernetesController role runs.
+//! Below `node` (whose role server starts [`controller::run`]) and `curator` (which
+//! issues the certificates [`certs`] describes); imports neither.
 //!
-//! (Module map and invariants: see the sections below as they are filled in.)
-//!
-//! - `namespace`: the apiserver's key space in the cluster's etcd and the rewriting that
-//!   keeps every request inside it (pure).
-//! - `certs`: what each Kubernetes certificate says, the groups of Polis roles (pure).
-//! - `etcdproxy`: the etcd API the apiserver is given, on a unix socket: namespaced,
-//!   everything else refused.
+//! ```text
+//!   controller  root.role.kubernetes: keys ─▶ curator leader ─▶ files ─▶ runnables
+//!     │           etcdproxy · apiserver · controllermanager · scheduler · rbac
+//!     ├─ component  one upstream program as a child (PDEATHSIG, klog → node log)
+//!     ├─ etcdproxy  etcd's gRPC API on a unix socket, every key under /polis-k8s
+//!     │    └─ namespace  the rewriting (pure, proptested)
+//!     ├─ config     files, flags, kubeconfigs, RBAC bindings (pure)
+//!     └─ certs      what each certificate says; Polis role → Kubernetes group (pure)
+//! ```
+//! Invariants:
+//! - The apiserver is never given the etcd member: only the proxy's socket (0600, in a
+//!   0700 folder); no request through it names a key outside `namespace::PREFIX`, no
+//!   answer shows one, and Snapshot, Compact, Defragment and the like are refused.
+//! - Private keys are made on the node and never leave it; certificates come only from
+//!   the curator leader (fenced); the service-account key is the cluster's.
+//! - Every child program dies with polis-node, and stopping the runnable stops them all.
 
 pub mod certs;
 pub mod component;
