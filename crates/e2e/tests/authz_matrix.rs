@@ -240,6 +240,18 @@ async fn allowed(
             .renew_certificates(api::RenewCertificatesRequest { peer: false })
             .await
             .err(),
+        // Asking for no certificate: InvalidArgument means the call got through.
+        "IssueKubernetesCertificates" => {
+            api::curator_client::CuratorClient::new(channel_for_curator.clone())
+                .issue_kubernetes_certificates(api::IssueKubernetesCertificatesRequest::default())
+                .await
+                .err()
+        }
+        // With no key: InvalidArgument means the call got through.
+        "IssueKubernetesCredentials" => management
+            .issue_kubernetes_credentials(api::IssueKubernetesCredentialsRequest::default())
+            .await
+            .err(),
         "Heartbeat" => api::curator_client::CuratorClient::new(channel_for_curator.clone())
             .heartbeat(api::HeartbeatRequest::default())
             .await
@@ -386,6 +398,8 @@ async fn allowed(
                 "FetchSnapshot",
                 "SnapshotsFetchLocal",
                 "SetSnapshotSchedule",
+                "IssueKubernetesCertificates",
+                "IssueKubernetesCredentials",
             ]
             .contains(&method)
                 && s.code() == tonic::Code::InvalidArgument =>
@@ -539,6 +553,9 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         ("WatchNode", &["node"]),
         ("JoinConsensus", &["node"]),
         ("RenewCertificates", &["node"]),
+        ("IssueKubernetesCertificates", &["node"]),
+        // A person's Kubernetes identity: the owner and every operator, never a node.
+        ("IssueKubernetesCredentials", USERS),
         ("RegisterNode", &["self-signed"]),
         ("CommitNode", &["self-signed"]),
         ("CreateRegisterTicket", ADMINS),

@@ -77,6 +77,28 @@ fn recover_with_env(node: &Node, name: &str, extra: &[&str], env: &[(&str, &str)
     )
 }
 
+/// `polis-node restore` of backup `file` into `root` at `node`'s address; `node` runs
+/// it from then on, its curator answering.
+fn restore_into(node: &mut Node, root: std::path::PathBuf, file: &Path) -> Result<()> {
+    let mut cmd = Command::new(bin("polis-node"));
+    cmd.arg("restore")
+        .arg("--root")
+        .arg(&root)
+        .arg("--address")
+        .arg(node.address.to_string())
+        .arg("--backup")
+        .arg(file)
+        .arg("--log-format=json")
+        .args(NODE_ARGS);
+    node.root = root;
+    node.proc = Some(Proc::spawn(
+        "polis-node restore",
+        cmd,
+        &node.dir.join("restore.log"),
+    )?);
+    node.wait_for_curator()
+}
+
 fn stop(node: &mut Node) -> Result<()> {
     node.proc().signal(libc::SIGTERM);
     node.proc().wait_exit(TIMEOUT)?;
@@ -292,23 +314,7 @@ fn a_restore_then_two_former_members_together_leave_one_cluster() -> Result<()> 
     // The restore on member 0's address, into a new root.
     let address = nodes[0].address.to_string();
     let new_root = dir.path().join("restored-root");
-    let mut cmd = Command::new(bin("polis-node"));
-    cmd.arg("restore")
-        .arg("--root")
-        .arg(&new_root)
-        .arg("--address")
-        .arg(&address)
-        .arg("--backup")
-        .arg(&file)
-        .arg("--log-format=json")
-        .args(NODE_ARGS);
-    nodes[0].root = new_root;
-    nodes[0].proc = Some(Proc::spawn(
-        "polis-node restore",
-        cmd,
-        &nodes[0].dir.join("restore.log"),
-    )?);
-    nodes[0].wait_for_curator()?;
+    restore_into(&mut nodes[0], new_root, &file)?;
 
     // Members 1 and 2 started together with their old roots.
     let kept: Vec<Vec<u8>> = [1, 2]
@@ -476,23 +482,7 @@ fn an_epoch_made_on_a_fast_clock_never_outranks_the_epochs_after_it() -> Result<
     // The restore, with a correct clock, at member 2's old address (its root is gone).
     let address = nodes[2].address.to_string();
     let restored_root = dir.path().join("restored-root");
-    let mut cmd = Command::new(bin("polis-node"));
-    cmd.arg("restore")
-        .arg("--root")
-        .arg(&restored_root)
-        .arg("--address")
-        .arg(&address)
-        .arg("--backup")
-        .arg(&file)
-        .arg("--log-format=json")
-        .args(NODE_ARGS);
-    nodes[2].root = restored_root;
-    nodes[2].proc = Some(Proc::spawn(
-        "polis-node restore",
-        cmd,
-        &nodes[2].dir.join("restore.log"),
-    )?);
-    nodes[2].wait_for_curator()?;
+    restore_into(&mut nodes[2], restored_root, &file)?;
 
     // The two former members of the fast epoch come back together: their epoch is the
     // restore's parent, so they hold back, keeping the write the backup lacks.
