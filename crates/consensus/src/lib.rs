@@ -32,6 +32,8 @@
 //!   client one (`metrics.sock:0`), answered before etcd serves clients (which takes a
 //!   quorum after a restart): leader or not, committed index, database size, which
 //!   peers it has a stream to (`peer_view`, pure); never the raft term (not exposed).
+//! - On disk (`ondisk`): a stopped member's database lags its write-ahead log after an
+//!   unclean stop; what the log holds beyond it is read from the files (read-only).
 //! - Consensus users see etcd through [`Namespaced`] clients: `namespaced:<user>/`.
 //! - Every etcd request from the client this crate hands out is bounded
 //!   ([`client::REQUEST_TIMEOUT`]), except the calls that wait by design (campaign, lock,
@@ -46,6 +48,7 @@ pub mod client;
 pub mod config;
 pub mod maintenance;
 pub mod membership;
+pub mod ondisk;
 pub mod pages;
 pub mod process;
 pub mod selfreport;

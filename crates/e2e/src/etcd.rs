@@ -22,6 +22,16 @@ pub struct BareEtcd {
 impl BareEtcd {
     /// Writes peer TLS files into `dir` and spawns etcd (does not wait for readiness).
     pub fn spawn(dir: &Path, address: IpAddr, timing: consensus::RaftTiming) -> Result<BareEtcd> {
+        Self::spawn_with(dir, address, timing, &[])
+    }
+
+    /// [`BareEtcd::spawn`] with `extra` flags after polis-node's.
+    pub fn spawn_with(
+        dir: &Path,
+        address: IpAddr,
+        timing: consensus::RaftTiming,
+        extra: &[&str],
+    ) -> Result<BareEtcd> {
         let key = identity::NodeKey::generate()?;
         let name = key.node_id();
         let ca = pki::Ca::generate("bare etcd CA", pki::CA_LIFETIME)?;
@@ -69,8 +79,17 @@ impl BareEtcd {
             quota_backend_bytes: proto::quota::DEFAULT_QUOTA_BYTES,
             force_new_cluster: false,
         };
+        Self::start(dir, config, extra)
+    }
+
+    /// Starts etcd again on the data and files of `config` (the previous process gone).
+    pub fn start(dir: &Path, config: consensus::EtcdConfig, extra: &[&str]) -> Result<BareEtcd> {
+        // A killed etcd leaves its socket behind, and etcd will not listen over it.
+        let _ = std::fs::remove_file(config.socket_path());
         let mut cmd = Command::new(&config.binary);
-        cmd.args(config.args()).current_dir(&run_dir);
+        cmd.args(config.args())
+            .args(extra)
+            .current_dir(&config.run_dir);
         let proc = Proc::spawn("etcd", cmd, &dir.join("etcd.log"))?;
         Ok(BareEtcd { proc, config })
     }

@@ -184,13 +184,38 @@ pub fn successor(
     proto::epoch::successor(parent, now, made_by, kind, parent_revision)
 }
 
-/// The revision the etcd data under `root` reaches, read from its database file with
-/// `etcdctl snapshot status` (etcd must not run on it); 0 without a database (a member
-/// that never started holds no write).
-pub fn data_revision(etcdctl: &Path, root: &Root) -> Result<i64> {
+/// How far the etcd data under `root` reaches: what its database applied, and what its
+/// write-ahead log holds beyond that (after an unclean stop the database lags the log by
+/// up to a batch of acknowledged writes; etcd replays them on its next start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataRevision {
+    /// The revision of the database file (`etcdctl snapshot status`).
+    pub applied: i64,
+    /// Logged entries past the database's consistent index that may each add a revision.
+    pub unapplied_writes: u64,
+}
+
+impl DataRevision {
+    /// Never below the revision this data holds once etcd replayed its log: what a
+    /// decision to drop the data must compare.
+    pub fn bound(&self) -> i64 {
+        self.applied
+            .saturating_add(i64::try_from(self.unapplied_writes).unwrap_or(i64::MAX))
+    }
+}
+
+/// The revision the etcd data under `root` reaches (see [`DataRevision`]), read from its
+/// files (etcd must not run on them); 0 without a database (a member that never started
+/// holds no write).
+pub fn data_revision(etcdctl: &Path, root: &Root) -> Result<DataRevision> {
+    let unapplied = consensus::ondisk::unapplied(&root.etcd_data())
+        .context("reading what the etcd write-ahead log holds beyond the database")?;
     let db = root.etcd_data().join("member").join("snap").join("db");
     if !db.exists() {
-        return Ok(0);
+        return Ok(DataRevision {
+            applied: 0,
+            unapplied_writes: unapplied.writes,
+        });
     }
     let output = std::process::Command::new(etcdctl)
         .arg("snapshot")
@@ -208,11 +233,25 @@ pub fn data_revision(etcdctl: &Path, root: &Root) -> Result<i64> {
             String::from_utf8_lossy(&output.stderr).trim()
         );
     }
-    parse_status_revision(&output.stdout).ok_or_else(|| {
+    let applied = parse_status_revision(&output.stdout).ok_or_else(|| {
         anyhow!(
             "etcdctl snapshot status of {} named no revision",
             db.display()
         )
+    })?;
+    if unapplied.writes > 0 {
+        tracing::info!(
+            applied,
+            unapplied_writes = unapplied.writes,
+            consistent_index = unapplied.consistent_index,
+            last_logged_index = unapplied.last_logged_index,
+            "the etcd database lags its write-ahead log (an unclean stop): counting the logged \
+             writes too"
+        );
+    }
+    Ok(DataRevision {
+        applied,
+        unapplied_writes: unapplied.writes,
     })
 }
 

@@ -184,8 +184,12 @@ async fn checks(root: &Root, flags: &RecoverFlags, address: IpAddr) -> Result<Pl
     epochs::resume_recover(root, false)?;
     let own_epoch = epochs::load(root)?;
     let etcdctl = restore::etcdctl_binary(&flags.etcd_binary);
+    // What the database applied, not what the log adds: the new epoch's parent revision
+    // promises what it holds (a member holding more must keep its data), and a member
+    // further ahead than that refuses this recover.
     let own_revision = epochs::data_revision(&etcdctl, root)
-        .with_context(|| format!("reading the revision of node {node}'s etcd data"))?;
+        .with_context(|| format!("reading the revision of node {node}'s etcd data"))?
+        .applied;
     let answers = ask_members(root, &member_ips).await?;
     for (ip, answer) in &answers {
         match answer {

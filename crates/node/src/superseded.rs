@@ -135,8 +135,11 @@ pub async fn drop_or_hold(
 ) -> supervisor::RunnableResult {
     let own = epochs::load(&settings.root)?;
     let etcdctl = settings.etcd_binary.with_file_name("etcdctl");
+    // The log's writes count: dropping data whose database lags its log would drop
+    // writes the cluster acknowledged.
     let revision = epochs::data_revision(&etcdctl, &settings.root)
-        .context("reading the revision of this node's etcd data")?;
+        .context("reading the revision of this node's etcd data")?
+        .bound();
     let latest = proto::epoch::describe(&proto::epoch::latest(chain));
     match proto::epoch::may_drop(&own, revision, chain) {
         Ok(()) => {
