@@ -128,13 +128,104 @@ fn restore_from_a_backup_file_brings_the_cluster_back_on_a_new_root() -> Result<
     cluster.ctl_retry(&["cluster", "backup", "--out", file_str])?;
     cluster.ctl_retry(&["node", "label", &worker_id, "after=yes"])?;
 
-    // Every node stopped; the member's root is lost, the worker's kept.
-    for node in [&mut former, &mut cluster.first, &mut worker] {
+    // While the cluster lives, a restore at a new address is refused: both members
+    // answer on their etcd peer ports.
+    let elsewhere = e2e::unique_loopback().to_string();
+    refused(
+        dir.path(),
+        &dir.path().join("second-cluster-root"),
+        &elsewhere,
+        &file,
+        &file,
+        "2 of the backup's 2 other consensus members still answer",
+    )?;
+    // A drill beside it is not: its epoch is a drill's, and no client of one line takes
+    // the other's answers.
+    let drill_dir = dir.path().join("drill");
+    std::fs::create_dir_all(&drill_dir)?;
+    let mut drill = Node::new(&drill_dir);
+    let mut drill_command = restore_command(&drill.root, &drill.address.to_string(), &file);
+    drill_command.arg("--drill");
+    drill.proc = Some(Proc::spawn(
+        "polis-node restore --drill",
+        drill_command,
+        &drill_dir.join("restore.log"),
+    )?);
+    drill.wait_home()?;
+    let drill_endpoint = drill.address.to_string();
+    let drill_id = drill.key_node_id()?;
+    // A config of the drill's own (the owner's, without the epoch it has seen) works
+    // with the drill once the drill's curator leads (until the backup's election lease
+    // runs out it names the live cluster's leader), then refuses the live cluster.
+    let drill_config = dir.path().join("drill-config");
+    std::fs::create_dir_all(&drill_config)?;
+    for entry in std::fs::read_dir(&cluster.config)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() && entry.file_name() != "epoch" {
+            std::fs::copy(entry.path(), drill_config.join(entry.file_name()))?;
+        }
+    }
+    let drill_config_str = drill_config.to_str().context("utf-8")?;
+    let ctl_drill = |endpoints: &str| {
+        e2e::polisctl(&[
+            "--config",
+            drill_config_str,
+            "--endpoints",
+            endpoints,
+            "node",
+            "list",
+            "-o",
+            "json",
+        ])
+    };
+    wait_until(
+        "the drill's own curator answers its config",
+        TIMEOUT,
+        || {
+            // The epoch of whichever curator answered first is kept: start again until the
+            // answer is the drill's (its own record listed).
+            let _ = std::fs::remove_file(drill_config.join("epoch"));
+            ctl_drill(&drill_endpoint)
+                .is_ok_and(|(status, out, _)| status.success() && out.contains(&drill_id))
+        },
+    )?;
+    let live = e2e::endpoints(&[&cluster.first, &former]);
+    let (status, _, err) = ctl_drill(&live)?;
+    assert!(
+        !status.success() && err.contains("DRILL"),
+        "the drill's config must refuse the live cluster: {err}"
+    );
+    // The owner's config, which has seen the live cluster, refuses the drill, and
+    // still reaches the live cluster.
+    let (ok, out, err) = cluster.ctl(&["--endpoints", &drill_endpoint, "node", "list"])?;
+    assert!(
+        !ok && err.contains("DRILL"),
+        "the owner's config must refuse the drill: {err} {out}"
+    );
+    cluster.ctl_retry(&["node", "list"])?;
+    drill.proc().signal(libc::SIGKILL);
+    drill.proc().wait_exit(TIMEOUT)?;
+
+    // A member down for a moment: a restore at its address is refused while the other
+    // member answers (it would come back to a newer epoch and hold back: an outage).
+    for node in [&mut cluster.first, &mut worker] {
         node.proc().signal(libc::SIGTERM);
         node.proc().wait_exit(TIMEOUT)?;
     }
-    std::fs::remove_dir_all(&cluster.first.root)?;
     let address = cluster.first.address.to_string();
+    refused(
+        dir.path(),
+        &dir.path().join("at-a-member-root"),
+        &address,
+        &file,
+        &file,
+        "1 of the backup's 1 other consensus members still answer",
+    )?;
+
+    // Every node stopped; the member's root is lost, the worker's kept.
+    former.proc().signal(libc::SIGTERM);
+    former.proc().wait_exit(TIMEOUT)?;
+    std::fs::remove_dir_all(&cluster.first.root)?;
 
     // Refusals.
     let busy = dir.path().join("busy-root");

@@ -521,9 +521,9 @@ async fn record_claim(
     Ok(recorded)
 }
 
-/// Revokes every lease of the recovered etcd (see `record_claim`); a failure only costs
-/// the campaign its usual wait.
-async fn revoke_old_leases(mut client: etcd_client::Client) {
+/// Revokes every lease of the recovered etcd (see `record_claim`; a restore's too); a
+/// failure only costs the campaign its usual wait.
+pub(crate) async fn revoke_old_leases(mut client: etcd_client::Client) {
     let leases = match client.leases().await {
         Ok(answer) => answer.leases().iter().map(|l| l.id()).collect::<Vec<_>>(),
         Err(e) => {

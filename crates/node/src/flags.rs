@@ -99,6 +99,16 @@ pub(crate) struct RestoreArgs {
     /// Format the data device even though it holds something.
     #[arg(long, requires = "data_device")]
     pub(crate) data_device_format: bool,
+    /// Restore even though a majority of the backup's other consensus members answer on
+    /// their etcd peer ports (they must be lost for good, or there would be two clusters).
+    #[arg(long, conflicts_with = "drill")]
+    pub(crate) force: bool,
+    /// A rehearsal beside the live cluster: allowed while its members answer, at an
+    /// address none of the backup's members had. The restored cluster's epoch is a
+    /// drill's: clients that have seen the cluster refuse its answers, and clients of
+    /// the drill refuse the cluster's.
+    #[arg(long)]
+    pub(crate) drill: bool,
     #[command(flatten)]
     pub(crate) common: Common,
 }
@@ -234,6 +244,9 @@ pub(crate) struct Start {
     pub(crate) recover_backup: Option<PathBuf>,
     /// `Some(backup file)`: `polis-node restore`.
     pub(crate) restore: Option<PathBuf>,
+    /// `polis-node restore --force` / `--drill`.
+    pub(crate) restore_force: bool,
+    pub(crate) restore_drill: bool,
     pub(crate) data_device: Option<datadev::DataDevice>,
     pub(crate) args: Common,
 }
@@ -256,6 +269,8 @@ pub(crate) fn invocation(parsed: Args) -> Invocation {
             recover: Some(r.force),
             recover_backup: r.backup,
             restore: None,
+            restore_force: false,
+            restore_drill: false,
             data_device: r.data_device.map(|device| datadev::DataDevice {
                 device,
                 format: false,
@@ -269,6 +284,8 @@ pub(crate) fn invocation(parsed: Args) -> Invocation {
             recover: None,
             recover_backup: None,
             restore: Some(r.backup),
+            restore_force: r.force,
+            restore_drill: r.drill,
             data_device: r.data_device.map(|device| datadev::DataDevice {
                 device,
                 format: r.data_device_format,
@@ -282,6 +299,8 @@ pub(crate) fn invocation(parsed: Args) -> Invocation {
             recover: None,
             recover_backup: None,
             restore: None,
+            restore_force: false,
+            restore_drill: false,
             data_device: parsed.data_device.map(|device| datadev::DataDevice {
                 device,
                 format: parsed.data_device_format,

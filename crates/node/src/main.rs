@@ -349,6 +349,8 @@ async fn run(start: Start) -> Result<()> {
                 backup: start.restore.clone().expect("matched"),
                 etcd_binary: args.etcd_binary.clone(),
                 raft_timing,
+                force: start.restore_force,
+                drill: start.restore_drill,
             };
             let (lock, plan, volume) =
                 restore::restore(&root, &flags, start.data_device.as_ref()).await?;

@@ -364,6 +364,8 @@ async fn escrow_half(
         backup: path.to_path_buf(),
         etcd_binary: flags.etcd_binary.clone(),
         raft_timing: flags.raft_timing,
+        force: false,
+        drill: false,
     };
     let reader = identity::NodeKey::generate().context("generating a throwaway key")?;
     tracing::info!(backup = %path.display(), "reading this node's cluster half from the backup");
@@ -437,7 +439,7 @@ fn scratch_dir() -> Result<tempfile::TempDir> {
 
 /// The etcd peer endpoints of `others` that accept a TCP connection within
 /// [`PEER_ANSWER`], asked all at once.
-async fn answering_peers(others: &[SocketAddr]) -> Vec<SocketAddr> {
+pub(crate) async fn answering_peers(others: &[SocketAddr]) -> Vec<SocketAddr> {
     let mut asks = tokio::task::JoinSet::new();
     for peer in others.iter().copied() {
         asks.spawn(async move {

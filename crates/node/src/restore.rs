@@ -8,10 +8,13 @@
 //!   machine ─▶ etcd binary, free ports ─▶ root lock
 //!   ─▶ node key ─▶ `etcdctl snapshot restore` into data/etcd/data (name = node ID,
 //!      token polis-<node ID>, this node's peer URL: the IDs a bootstrap would get)
-//!   ─▶ etcd started once (throwaway peer files) ─▶ cluster CA, etcd peer CA loaded
+//!   ─▶ etcd started once (throwaway peer files)
+//!   ─▶ the backup's consensus members asked (peer ports): a live cluster refused
+//!      (unless --force; a --drill goes on, at an address of its own, in a drill epoch)
+//!   ─▶ the new epoch recorded ─▶ cluster CA, etcd peer CA loaded
 //!   ─▶ both CRLs signed again, numbered past any CRL issued before (`reissue_crls`)
 //!   ─▶ peer + node certificates issued ─▶ this node's record created (UP,
-//!      ConsensusMember) ─▶ etcd stopped
+//!      ConsensusMember) ─▶ the backup's leases revoked ─▶ etcd stopped
 //!   ─▶ peer files, node files, roles.pb, directory.pb, quota.pb ─▶ sealed configuration
 //!      (last) ─▶ Plan::Join
 //! ```
@@ -51,6 +54,10 @@ pub struct RestoreFlags {
     pub backup: PathBuf,
     pub etcd_binary: PathBuf,
     pub raft_timing: RaftTiming,
+    /// `--force`: restore although a majority of the backup's members answer.
+    pub force: bool,
+    /// `--drill`: a rehearsal beside the live cluster (see [`proto::epoch::DRILL`]).
+    pub drill: bool,
 }
 
 /// Whether `root` may receive a restore: absent, or an empty directory. Returns whether
@@ -379,7 +386,8 @@ async fn write_cluster_state(
 ) -> Result<(Vec<u8>, u64)> {
     let node_id = key.node_id();
     let curator_ns = running.namespaced(curator::layout::NAMESPACE);
-    start_epoch(root, &curator_ns, &node_id).await?;
+    check_former_members(&curator_ns, flags).await?;
+    start_epoch(root, &curator_ns, &node_id, flags.drill).await?;
     let cluster_pki = curator::cluster_pki(&curator_ns);
     let etcd_pki = curator::layout::etcd_pki(running.client.clone());
     let what = |w: &str| format!("backup {}: {w}", flags.backup.display());
@@ -459,6 +467,9 @@ async fn write_cluster_state(
         bail!("the restored cluster already holds a record of node {node_id}");
     }
     mark_former_members(&curator_ns, &node_id).await?;
+    // Every lease is one of the backup's curators: without them, the restored curator
+    // would name the backup's leader (clients would follow it) until its lease ran out.
+    crate::controlplane::revoke_old_leases(running.client.clone()).await;
     Ok((cluster_ca.cert_der, quota))
 }
 
@@ -470,6 +481,7 @@ async fn start_epoch(
     root: &Root,
     curator_ns: &consensus::Namespaced,
     node_id: &str,
+    drill: bool,
 ) -> Result<proto::config::ClusterEpoch> {
     let chain = curator::epochs::chain(curator_ns, false)
         .await
@@ -483,12 +495,120 @@ async fn start_epoch(
         .map(|h| h.revision())
         .unwrap_or_default();
     let parent = proto::epoch::latest(&chain);
-    let epoch = crate::epochs::successor(&parent, node_id, "restore", revision);
+    let kind = if drill {
+        proto::epoch::DRILL
+    } else {
+        "restore"
+    };
+    let epoch = crate::epochs::successor(&parent, node_id, kind, revision);
     let recorded = curator::epochs::record(curator_ns, &epoch)
         .await
         .context("recording the restored cluster's epoch")?;
     crate::epochs::keep(root, &recorded)?;
     Ok(recorded)
+}
+
+/// The backup's consensus members: (node ID, address) of every record holding
+/// ConsensusMember that is not decommissioned.
+fn former_members(nodes: &[Node]) -> Vec<(String, IpAddr)> {
+    nodes
+        .iter()
+        .filter(|n| {
+            n.roles
+                .as_ref()
+                .is_some_and(|r| r.consensus_member.is_some())
+                && !matches!(
+                    curator::records::node_state(n),
+                    NodeState::Decommissioned | NodeState::Decommissioning
+                )
+        })
+        .filter_map(|n| Some((n.id.clone(), n.address.parse().ok()?)))
+        .collect()
+}
+
+/// Why a restore at `address` must not go on (pure): `members` are the backup's
+/// consensus members, `answering` those of them whose etcd peer port accepted a
+/// connection. A cluster that may still have its quorum is refused (a member down for a
+/// moment would come back to a newer epoch and hold back: a full outage) unless
+/// `force`; a drill goes on beside a live cluster but never at a member's address (it
+/// would take that member's place in the others' directories).
+pub fn refusal(
+    address: IpAddr,
+    members: &[(String, IpAddr)],
+    answering: &[IpAddr],
+    force: bool,
+    drill: bool,
+) -> Option<String> {
+    if drill {
+        return members.iter().find(|(_, ip)| *ip == address).map(|(id, _)| {
+            format!(
+                "refusing a drill at {address}: it is the address of consensus member {id} of                  the backup's cluster; a drill runs at an address none of its members had"
+            )
+        });
+    }
+    let others: Vec<_> = members.iter().filter(|(_, ip)| *ip != address).collect();
+    let live: Vec<String> = others
+        .iter()
+        .filter(|(_, ip)| answering.contains(ip))
+        .map(|(id, ip)| format!("{id} ({ip})"))
+        .collect();
+    if force || !crate::recover::majority_answering(live.len(), others.len()) {
+        return None;
+    }
+    Some(format!(
+        "refusing to restore: {} of the backup's {} other consensus members still answer on \
+         their etcd peer ports ({}), so the cluster may still have its quorum and a restore \
+         would make a second cluster. Stop them, or pass --force if they are lost for good; \
+         to rehearse a restore beside the live cluster, pass --drill (at an address of its own)",
+        live.len(),
+        others.len(),
+        live.join(", ")
+    ))
+}
+
+/// Asks the backup's consensus members (their etcd peer ports, as `recover` asks the
+/// other members) whether the cluster still lives; see [`refusal`].
+async fn check_former_members(
+    curator_ns: &consensus::Namespaced,
+    flags: &RestoreFlags,
+) -> Result<()> {
+    let nodes = curator::records::list_nodes(curator_ns)
+        .await
+        .context("listing the backup's node records")?;
+    let members = former_members(&nodes);
+    let peers: Vec<std::net::SocketAddr> = members
+        .iter()
+        .filter(|(_, ip)| *ip != flags.address)
+        .map(|(_, ip)| std::net::SocketAddr::new(*ip, consensus::config::PEER_PORT))
+        .collect();
+    let answering: Vec<IpAddr> = crate::recover::answering_peers(&peers)
+        .await
+        .into_iter()
+        .map(|a| a.ip())
+        .collect();
+    if let Some(why) = refusal(
+        flags.address,
+        &members,
+        &answering,
+        flags.force,
+        flags.drill,
+    ) {
+        bail!("backup {}: {why}", flags.backup.display());
+    }
+    if flags.force && !answering.is_empty() {
+        tracing::warn!(
+            answering = answering.len(),
+            "--force: restoring although members of the backup's cluster answer"
+        );
+    }
+    if flags.drill {
+        tracing::warn!(
+            answering = answering.len(),
+            "a drill: the restored cluster's epoch is a drill's; clients that have seen the \
+             live cluster refuse its answers"
+        );
+    }
+    Ok(())
 }
 
 /// Signs both CAs' CRLs again with numbers past every CRL issued before now
@@ -579,6 +699,35 @@ mod tests {
                 .to_string()
                 .contains("not a directory")
         );
+    }
+
+    #[test]
+    fn a_live_cluster_is_refused_unless_forced_and_a_drill_keeps_off_members_addresses() {
+        let ip = |last: u8| IpAddr::from([127, 0, 0, last]);
+        let members = vec![
+            ("a".to_string(), ip(1)),
+            ("b".to_string(), ip(2)),
+            ("c".to_string(), ip(3)),
+        ];
+        // At member a's address while b and c answer: a is only down for a moment.
+        let why = refusal(ip(1), &members, &[ip(2), ip(3)], false, false).unwrap();
+        assert!(why.contains("2 of the backup's 2 other"), "{why}");
+        assert!(why.contains("b (127.0.0.2)"), "{why}");
+        // One of two answering is no quorum: the cluster is lost, the restore goes on.
+        assert_eq!(refusal(ip(1), &members, &[ip(2)], false, false), None);
+        // At a new address: all three count.
+        assert!(refusal(ip(9), &members, &[ip(1), ip(2)], false, false).is_some());
+        assert_eq!(refusal(ip(9), &members, &[ip(1)], false, false), None);
+        assert_eq!(refusal(ip(9), &members, &[ip(1), ip(2)], true, false), None);
+        // A drill beside the live cluster, never at a member's address.
+        assert_eq!(
+            refusal(ip(9), &members, &[ip(1), ip(2), ip(3)], false, true),
+            None
+        );
+        let why = refusal(ip(2), &members, &[], false, true).unwrap();
+        assert!(why.contains("consensus member b"), "{why}");
+        // A cluster of one member, restored at its address: nobody else to ask.
+        assert_eq!(refusal(ip(1), &members[..1], &[], false, false), None);
     }
 
     #[test]

@@ -34,6 +34,16 @@ pub fn parent_id(epoch: &ClusterEpoch) -> (u64, &str) {
     (epoch.parent_made_unix_ms, epoch.parent_made_by.as_str())
 }
 
+/// The kind of a drill's epoch (`polis-node restore --drill`): a rehearsal restored
+/// beside the live cluster from its backup. Clients never take one for the other: a
+/// client that has seen one line of epochs refuses the other's answers.
+pub const DRILL: &str = "drill";
+
+/// Whether `epoch` is a drill's (see [`DRILL`]).
+pub fn is_drill(epoch: &ClusterEpoch) -> bool {
+    epoch.kind == DRILL
+}
+
 /// Whether `epoch` is the bootstrap's (no recover or restore since).
 pub fn is_bootstrap(epoch: &ClusterEpoch) -> bool {
     order(epoch) == (0, 0, "")
@@ -73,7 +83,8 @@ pub fn successor(
         number: parent.number + 1,
         made_unix_ms: now_unix_ms.max(parent.made_unix_ms.saturating_add(1)),
         made_by: made_by.to_string(),
-        kind: kind.to_string(),
+        // A drill's line stays a drill's, whatever continues it.
+        kind: if is_drill(parent) { DRILL } else { kind }.to_string(),
         parent_made_unix_ms: parent.made_unix_ms,
         parent_made_by: parent.made_by.clone(),
         parent_number: parent.number,

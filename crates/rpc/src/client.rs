@@ -340,6 +340,22 @@ impl CuratorClient {
             .and_then(crate::epoch::decode)
             .unwrap_or_default();
         self.epoch.offer(&answered).map_err(|seen| {
+            if proto::epoch::is_drill(&answered) != proto::epoch::is_drill(&seen) {
+                let (drill, live) = if proto::epoch::is_drill(&answered) {
+                    (
+                        "it serves a DRILL restore of the cluster",
+                        "the live cluster",
+                    )
+                } else {
+                    ("it serves the live cluster", "a DRILL restore of it")
+                };
+                return tonic::Status::unavailable(format!(
+                    "curator {endpoint} answered from {}: {drill}, and this client has seen \
+                     {live} ({}): its answer is refused (keep a client configuration for each)",
+                    proto::epoch::describe(&answered),
+                    proto::epoch::describe(&seen)
+                ));
+            }
             tonic::Status::unavailable(format!(
                 "curator {endpoint} answered from {}, older than {} this client has seen: \
                  its answer is refused (the curator is superseded)",

@@ -96,12 +96,18 @@ impl EpochSlot {
         self.held.lock().expect("epoch slot lock").clone()
     }
 
-    /// Takes `answered` (a curator's epoch): `Err` with the newer epoch held when it is
-    /// older; otherwise kept when newer (the hook told).
+    /// Takes `answered` (a curator's epoch): `Err` with the epoch held when it is older,
+    /// or of the other line (a drill's where the client holds the cluster's, or the
+    /// reverse); otherwise kept when newer (the hook told).
     pub fn offer(&self, answered: &ClusterEpoch) -> Result<(), ClusterEpoch> {
         let newer = {
             let mut held = self.held.lock().expect("epoch slot lock");
             match held.as_ref() {
+                // A drill and the live cluster are two lines: whichever a client saw
+                // first is the one it keeps (`proto::epoch::DRILL`).
+                Some(h) if proto::epoch::is_drill(h) != proto::epoch::is_drill(answered) => {
+                    return Err(h.clone());
+                }
                 Some(h) if proto::epoch::newer(h, answered) => return Err(h.clone()),
                 Some(h) if proto::epoch::same(h, answered) => false,
                 _ => {
@@ -232,6 +238,31 @@ mod tests {
         assert_eq!(slot.offer(&one), Err(two.clone()));
         assert_eq!(slot.current(), Some(two));
         assert_eq!(*told.lock().unwrap(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_drill_and_the_live_cluster_never_answer_for_each_other() {
+        let live = epoch(1, 10, "polis-a");
+        let drill = ClusterEpoch {
+            kind: proto::epoch::DRILL.into(),
+            ..proto::epoch::successor(&live, 20, "polis-d", "restore", 5)
+        };
+        assert_eq!(drill.kind, proto::epoch::DRILL);
+        // A client of the live cluster refuses the drill, newer as its number is.
+        let client = EpochSlot::new(Some(live.clone()), None);
+        assert_eq!(client.offer(&drill), Err(live.clone()));
+        assert_eq!(client.current(), Some(live.clone()));
+        // A later epoch of the live cluster is still taken.
+        let later = proto::epoch::successor(&live, 30, "polis-b", "recover", 9);
+        assert_eq!(client.offer(&later), Ok(()));
+        // A client of the drill refuses the live cluster, and what continues a drill is
+        // a drill's too.
+        let rehearsal = EpochSlot::new(Some(drill.clone()), None);
+        assert_eq!(rehearsal.offer(&later), Err(drill.clone()));
+        let recovered = proto::epoch::successor(&drill, 40, "polis-d", "recover", 12);
+        assert!(proto::epoch::is_drill(&recovered));
+        assert_eq!(rehearsal.offer(&recovered), Ok(()));
+        assert_eq!(client.offer(&recovered), Err(later));
     }
 }
 
