@@ -339,6 +339,22 @@ fn scheduled_snapshots_are_kept_pruned_listed_fetched_and_watched() -> Result<()
         },
     )
     .with_context(|| format!("last status: {last}"))?;
+
+    // Demoted (an operator may demote), the former member keeps no snapshot: each holds
+    // every key of the cluster, which roles reserve for admins.
+    let w1_snapshots = w1.root.join("data/snapshots");
+    assert!(w1_snapshots.exists());
+    cluster.ctl_retry(&["node", "remove-role", &id1, "ConsensusMember"])?;
+    wait_until(
+        "the demoted member's snapshots are removed",
+        TIMEOUT,
+        || !w1_snapshots.exists(),
+    )?;
+    assert!(
+        w1.proc()
+            .output()
+            .contains("its scheduled snapshots removed")
+    );
     drop(w1);
     drop(cluster);
 

@@ -177,6 +177,17 @@ pub fn forget_consensus(root: &Root) -> Result<()> {
     Ok(())
 }
 
+/// After the ConsensusMember role was taken away: the member's scheduled snapshots go
+/// (each holds every key of the cluster). Whether there were any.
+pub fn forget_snapshots(root: &Root) -> Result<bool> {
+    let dir = root.snapshots();
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("removing {}", dir.display())),
+    }
+}
+
 /// The backend quota this node's etcd member runs with, as recorded when it became a
 /// member; the default for a root recorded before quotas existed.
 pub fn recorded_quota(root: &Root) -> Result<u64> {

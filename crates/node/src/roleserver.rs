@@ -35,7 +35,7 @@
 
 use crate::curator_client::load_saved_crl;
 use crate::fatal::FatalSender;
-use crate::files::{forget_consensus, has_etcd_data, recorded_membership};
+use crate::files::{forget_consensus, forget_snapshots, has_etcd_data, recorded_membership};
 use crate::rejoin::{self, OwnMember};
 use crate::settings::Settings;
 use crate::storage::read_proto;
@@ -208,6 +208,11 @@ pub async fn run(
                 if running || has_etcd_data(&settings.root) {
                     forget_consensus(&settings.root)?;
                     tracing::info!("left consensus: etcd data and peer credentials removed");
+                }
+                // Scheduled snapshots hold the cluster's CA keys: a worker keeps none
+                // (an operator may demote a member; the keys are for admins only).
+                if forget_snapshots(&settings.root)? {
+                    tracing::info!("left consensus: its scheduled snapshots removed");
                 }
             }
             (true, true) => {}
