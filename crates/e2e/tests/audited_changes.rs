@@ -34,6 +34,7 @@ fn call(method: &str) -> Arc<CallInProgress> {
             request: Default::default(),
             code: 0,
             message: String::new(),
+            entry_key: None,
         },
         "curator-under-test".into(),
     ))
@@ -221,9 +222,46 @@ async fn every_committed_change_has_exactly_one_entry_and_a_refused_one_none() -
     ensure!(twice.is_recorded());
     ensure!(entries(&ns).await?.len() == 18);
 
+    // A change whose transaction committed while its handler learnt only of an error
+    // (etcd away after the commit), then a second change of the same call: its entry
+    // goes under the call's one key, over the first. One call, one entry.
+    let uncertain = call("/polis.api.Management/UpdateNodeLabels");
+    run_in_call(uncertain.clone(), async {
+        let carried = writes::carried::Carried::take(&ns).context("the call's entry")?;
+        let node = curator::records::load_node(&ns, "node-a")
+            .await?
+            .context("node-a")?;
+        let mut changed = node.clone();
+        changed.labels.insert("u".into(), "1".into());
+        ns.client()
+            .txn(etcd_client::Txn::new().and_then([
+                etcd_client::TxnOp::put(
+                    ns.key(&curator::layout::node_key("node-a")),
+                    changed.encode_to_vec(),
+                    None,
+                ),
+                carried.op(),
+            ]))
+            .await?;
+        // Not marked committed: what a handler that saw an error does.
+        drop(carried);
+        writes::update_node_labels(&ns, &leadership, "node-a", &labels(&[("u", "2")]), &[]).await?;
+        anyhow::Ok(())
+    })
+    .await?;
+    ensure!(uncertain.is_recorded());
+    let found = entries(&ns).await?;
+    ensure!(
+        found.len() == 19,
+        "one entry for the call, not two: {}",
+        found.len()
+    );
+    let key = uncertain.entry_key().context("a key")?;
+    ensure!(found.iter().filter(|e| e.key == key).count() == 1);
+
     // A write outside any call (a runnable's) carries no entry.
     writes::update_node_labels(&ns, &leadership, "node-a", &labels(&[("bg", "1")]), &[]).await?;
-    ensure!(entries(&ns).await?.len() == 18);
+    ensure!(entries(&ns).await?.len() == 19);
 
     // A deletion: the record goes, a tombstone stays, and one entry.
     let deleting = call("/polis.api.Management/DeleteNode");
@@ -234,7 +272,7 @@ async fn every_committed_change_has_exactly_one_entry_and_a_refused_one_none() -
     .await?;
     ensure!(deleting.is_recorded());
     let found = entries(&ns).await?;
-    ensure!(found.len() == 19);
+    ensure!(found.len() == 20);
     ensure!(
         found
             .iter()

@@ -93,8 +93,10 @@ pub(super) fn sink(shared: Arc<Shared>) -> rpc::server::AuditSink {
     tokio::spawn(writer(shared.clone(), rx).instrument(tracing::Span::current()));
     tokio::spawn(flush_windows(tally.clone(), tx.downgrade()).instrument(tracing::Span::current()));
     Arc::new(move |call: rpc::server::AuditCall| {
-        let entry = audit::entry_of(&shared.config.node_id, &call, call.code, &call.message);
-        if tally::counted(&entry) {
+        let entry = entry_for(&shared.config.node_id, &call);
+        // An entry with its call's key replaces what a change wrote under it: never
+        // folded into a count.
+        if entry.key.is_empty() && tally::counted(&entry) {
             tally.lock().expect("audit tally lock").add(entry);
             return Box::pin(async { Ok(()) });
         }
@@ -111,6 +113,17 @@ pub(super) fn sink(shared: Arc<Shared>) -> rpc::server::AuditSink {
     })
 }
 
+/// The entry of `call` as curator `node_id` writes it: under the key a change of the
+/// call already used, when one did (see `crate::writes::carried`), else keyless (the
+/// writer assigns one).
+fn entry_for(node_id: &str, call: &rpc::server::AuditCall) -> AuditEntry {
+    let mut entry = audit::entry_of(node_id, call, call.code, &call.message);
+    if let Some(key) = &call.entry_key {
+        entry.key = key.clone();
+    }
+    entry
+}
+
 /// The hook for `rpc::AuthLayer::with_denials`: a refused call of a node or owner is
 /// recorded through `sink` like any other (a node's counted, the owner's one by one).
 pub(super) fn denials(sink: rpc::server::AuditSink) -> rpc::server::DenialHook {
@@ -123,6 +136,7 @@ pub(super) fn denials(sink: rpc::server::AuditSink) -> rpc::server::DenialHook {
             request: Default::default(),
             code: status.code() as i32,
             message: status.message().to_string(),
+            entry_key: None,
         });
         Box::pin(async move {
             if let Err(e) = recorded.await {
@@ -327,7 +341,9 @@ async fn write(shared: &Shared, mut batch: Vec<Queued>, ledger: Option<&mut Ledg
     let mut ops = Vec::with_capacity(batch.len());
     let mut stored = Vec::with_capacity(batch.len());
     for (entry, _) in batch.iter_mut() {
-        audit::assign_key(entry);
+        if entry.key.is_empty() {
+            audit::assign_key(entry);
+        }
         let key = shared.curator.key(&entry.key);
         let value = entry.encode_to_vec();
         let (account, source) = bounds::account(entry);

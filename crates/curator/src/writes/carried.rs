@@ -9,8 +9,12 @@
 //! entry back to the call when the `Carried` is dropped, so a retry or another change
 //! of the call can carry it, or the audit layer writes it with the call's result.
 //!
-//! The entry says OK: it is written only with a committed change. A call that fails
-//! after its change gets a second entry with its result (`rpc::server::audit`).
+//! The entry says OK: it is written only with a committed change. Every claim of a call
+//! writes under the call's one key (`CallInProgress::entry_key_or`), and so does the
+//! audit layer's final entry: a call that fails after its change, or whose change's
+//! transaction committed without the handler learning it (an etcd error after the
+//! commit, then a retry that finds nothing to change), ends with one entry, its last
+//! word the call's result (`rpc::server::audit`).
 //!
 //! May import only `audit` (the entry's rules).
 
@@ -41,7 +45,17 @@ impl Carried {
             return None;
         }
         let mut entry = audit::entry_of(call.recorder(), call.call(), 0, "");
-        audit::assign_key(&mut entry);
+        // The call's key, the same for every claim: a retry after a transaction whose
+        // commit was not learnt of overwrites its entry (one call, one entry).
+        entry.key = call
+            .entry_key_or(|| {
+                audit::entry_key(
+                    entry.time_unix_micros,
+                    audit::next_sequence(),
+                    &entry.curator,
+                )
+            })
+            .to_string();
         Some(Carried {
             key: curator.key(&entry.key),
             value: entry.encode_to_vec(),

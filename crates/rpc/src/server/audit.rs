@@ -29,8 +29,8 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 
 use http_body::Frame;
@@ -55,6 +55,11 @@ pub struct AuditCall {
     /// gRPC status code and message of the result.
     pub code: i32,
     pub message: String,
+    /// The key of the entry a change of this call put in its transaction, when one did:
+    /// the call's final entry is written under it, over whatever that transaction left
+    /// (an etcd error after a commit: the outcome unknown to the handler). One call, one
+    /// entry.
+    pub entry_key: Option<String>,
 }
 
 /// A call whose handler runs now (see the module documentation).
@@ -64,6 +69,8 @@ pub struct CallInProgress {
     /// The ID of the server that records the call (the curator's node ID).
     recorder: Arc<str>,
     state: AtomicU8,
+    /// The key of the call's entry, fixed by the first change that claimed it.
+    entry_key: OnceLock<String>,
 }
 
 /// [`CallInProgress`] states: no change holds the entry; a change's transaction carries
@@ -78,7 +85,20 @@ impl CallInProgress {
             call,
             recorder,
             state: AtomicU8::new(OPEN),
+            entry_key: OnceLock::new(),
         }
+    }
+
+    /// The key of the call's entry: `make`'s the first time, the same ever after. Every
+    /// change of the call and its final entry write under it, so that a transaction
+    /// whose commit the handler could not learn of is overwritten, not repeated.
+    pub fn entry_key_or(&self, make: impl FnOnce() -> String) -> &str {
+        self.entry_key.get_or_init(make)
+    }
+
+    /// The entry's key, once a change claimed it.
+    pub fn entry_key(&self) -> Option<&str> {
+        self.entry_key.get().map(String::as_str)
     }
 
     /// The call as it arrived (its code and message are not known yet).
@@ -265,6 +285,7 @@ where
                 request: first_message(&bytes),
                 code: 0,
                 message: String::new(),
+                entry_key: None,
             };
             let request = http::Request::from_parts(
                 parts,
@@ -317,6 +338,7 @@ fn final_entry(
     Some(sink(AuditCall {
         code,
         message,
+        entry_key: progress.entry_key().map(String::from),
         ..progress.call.clone()
     }))
 }
@@ -331,6 +353,7 @@ fn record_later(sink: &AuditSink, progress: &CallInProgress, code: tonic::Code, 
         let recorded = sink(AuditCall {
             code: code as i32,
             message,
+            entry_key: progress.entry_key().map(String::from),
             ..progress.call.clone()
         });
         runtime.spawn(async move {
@@ -464,5 +487,66 @@ mod tests {
         assert!(first_message(&body).is_empty());
         assert!(first_message(&[0, 0, 0, 0, 9, 1]).is_empty());
         assert!(first_message(&[]).is_empty());
+    }
+
+    fn call() -> AuditCall {
+        AuditCall {
+            method: "/polis.api.Management/UpdateNodeLabels".into(),
+            identity: None,
+            certificate: None,
+            peer: None,
+            request: Bytes::new(),
+            code: 0,
+            message: String::new(),
+            entry_key: None,
+        }
+    }
+
+    /// A sink that keeps what it was given.
+    fn keeping() -> (AuditSink, Arc<std::sync::Mutex<Vec<AuditCall>>>) {
+        let kept = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let k = kept.clone();
+        let sink: AuditSink = Arc::new(move |call| {
+            k.lock().unwrap().push(call);
+            Box::pin(async { Ok(()) })
+        });
+        (sink, kept)
+    }
+
+    #[test]
+    fn a_call_whose_change_may_have_committed_ends_under_that_changes_key() {
+        let (sink, kept) = keeping();
+        // A change claimed the entry, its transaction's outcome unknown (an etcd error
+        // after the commit): released. A retry found nothing to change; the call is OK.
+        let progress = CallInProgress::new(call(), "curator".into());
+        assert!(progress.claim());
+        let key = progress
+            .entry_key_or(|| "audit/1-1-curator".into())
+            .to_string();
+        progress.release();
+        assert!(progress.claim(), "the entry is the call's again");
+        assert_eq!(progress.entry_key_or(|| "audit/2-2-curator".into()), key);
+        progress.release();
+        let _written = final_entry(&sink, &progress, 0, "").expect("not recorded: written");
+        // An error after a recorded change: the same key, the message saying so.
+        let recorded = CallInProgress::new(call(), "curator".into());
+        assert!(recorded.claim());
+        recorded.entry_key_or(|| "audit/3-3-curator".into());
+        recorded.mark_recorded();
+        assert!(
+            final_entry(&sink, &recorded, 0, "").is_none(),
+            "OK: already written"
+        );
+        let _written =
+            final_entry(&sink, &recorded, 14, "etcd away").expect("the failure is written");
+        // A call no change claimed gets a key of the sink's choosing.
+        let plain = CallInProgress::new(call(), "curator".into());
+        let _written = final_entry(&sink, &plain, 0, "").expect("written");
+        let kept = kept.lock().unwrap();
+        assert_eq!(kept[0].entry_key.as_deref(), Some(key.as_str()));
+        assert_eq!(kept[0].code, 0);
+        assert_eq!(kept[1].entry_key.as_deref(), Some("audit/3-3-curator"));
+        assert!(kept[1].message.starts_with("after its change was recorded"));
+        assert_eq!(kept[2].entry_key, None);
     }
 }
