@@ -7,12 +7,19 @@
 //!                                                   count, first and last time
 //!   every second: Tally::due(now) ─▶ closed windows ─▶ one entry each, count = calls
 //! ```
-//! The subject is the node ID for a node, the source address (an IPv6 /64) for a
-//! caller without a cluster certificate: a self-signed key costs nothing, an address
-//! does. At most [`MAX_WINDOWS`] windows are open at once; a call that would open
-//! another joins its RPC and code's overflow window (subject `*`), so neither memory
-//! nor the entries written grow with the number of callers: at most
-//! `MAX_WINDOWS` + (RPCs × codes) entries per window length.
+//! The subject is the node ID for a node, the operator's name for an operator, the
+//! source address (an IPv6 /64) for a caller without a cluster certificate: a
+//! self-signed key costs nothing, an address does. Strangers and insiders (nodes and
+//! operators, whose certificates the cluster issued) draw on two pools of windows, so
+//! that a flood of strangers never makes an insider anonymous:
+//! - strangers: at most [`MAX_WINDOWS`] open at once; a call that would open another
+//!   joins its RPC and code's overflow window (subject `*`, caller unnamed);
+//! - insiders: at most [`MAX_INSIDER_WINDOWS`], and [`PER_INSIDER`] per subject; a
+//!   subject past its share joins its own overflow window (its name kept, RPC `*`), and
+//!   only a full insider pool sends a call to the unnamed overflow window.
+//!
+//! Neither memory nor the entries written grow with the number of callers: at most
+//! `MAX_WINDOWS` + `MAX_INSIDER_WINDOWS` + 2 × (RPCs × codes) entries per window length.
 //!
 //! Why: such calls change nothing, anyone (or any node) can make them as fast as the
 //! network allows, and one entry per call let them fill etcd and push real entries
@@ -28,8 +35,15 @@ use proto::api::AuditEntry;
 pub const WINDOW_MICROS: u64 = 10_000_000;
 /// [`WINDOW_MICROS`] as a duration.
 pub const WINDOW: std::time::Duration = std::time::Duration::from_micros(WINDOW_MICROS);
-/// Windows open at once, overflow windows aside.
+/// Strangers' windows open at once, overflow windows aside.
 pub const MAX_WINDOWS: usize = 1024;
+/// Insiders' windows open at once (nodes and up to 256 operators), overflow windows
+/// aside.
+pub const MAX_INSIDER_WINDOWS: usize = 4096;
+/// Windows one insider holds at once, its own overflow window included.
+pub const PER_INSIDER: usize = 8;
+/// The RPC of an insider's own overflow window: the calls of several RPCs.
+pub const SEVERAL: &str = "*";
 /// The subject of an overflow window.
 pub const MANY: &str = "*";
 
@@ -57,11 +71,24 @@ fn subject(entry: &AuditEntry) -> String {
     }
 }
 
+/// Whether `entry`'s caller holds a certificate the cluster issued (a node, an
+/// operator): its windows come from the insiders' pool.
+fn insider(entry: &AuditEntry) -> bool {
+    matches!(entry.identity_kind.as_str(), "node" | "operator")
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct WindowKey {
     subject: String,
     method: String,
     code: i32,
+    insider: bool,
+}
+
+impl WindowKey {
+    fn overflow(&self) -> bool {
+        self.subject == MANY
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -76,8 +103,11 @@ struct Window {
 #[derive(Debug, Default)]
 pub struct Tally {
     open: HashMap<WindowKey, Window>,
-    /// Open windows that are not overflow windows.
-    regular: usize,
+    /// Open strangers' windows that are not overflow windows.
+    strangers: usize,
+    /// Open insiders' windows that are not overflow windows, in all and per subject.
+    insiders: usize,
+    per_insider: HashMap<String, usize>,
 }
 
 impl Tally {
@@ -92,19 +122,8 @@ impl Tally {
 
     /// Counts one refused call (see [`counted`]); its time is `entry.time_unix_micros`.
     pub fn add(&mut self, entry: AuditEntry) {
-        let mut key = WindowKey {
-            subject: subject(&entry),
-            method: entry.method.clone(),
-            code: entry.code,
-        };
-        if !self.open.contains_key(&key) {
-            if self.regular >= MAX_WINDOWS {
-                key.subject = MANY.to_string();
-            } else {
-                self.regular += 1;
-            }
-        }
-        let overflow = key.subject == MANY;
+        let key = self.window_for(&entry);
+        let overflow = key.overflow();
         let time = entry.time_unix_micros;
         let window = self.open.entry(key).or_insert_with(|| Window {
             first: AuditEntry {
@@ -128,6 +147,64 @@ impl Tally {
         window.last_micros = window.last_micros.max(time);
     }
 
+    /// The window `entry` joins, counted as open if it is new.
+    fn window_for(&mut self, entry: &AuditEntry) -> WindowKey {
+        let insider = insider(entry);
+        let mut key = WindowKey {
+            subject: subject(entry),
+            method: entry.method.clone(),
+            code: entry.code,
+            insider,
+        };
+        if self.open.contains_key(&key) {
+            return key;
+        }
+        if !insider {
+            if self.strangers >= MAX_WINDOWS {
+                key.subject = MANY.to_string();
+            } else {
+                self.strangers += 1;
+            }
+            return key;
+        }
+        let held = self.per_insider.get(&key.subject).copied().unwrap_or(0);
+        if held + 1 >= PER_INSIDER {
+            // The subject's last window takes the calls of every RPC past its share.
+            key.method = SEVERAL.to_string();
+            key.code = 0;
+            if self.open.contains_key(&key) {
+                return key;
+            }
+        }
+        if self.insiders >= MAX_INSIDER_WINDOWS {
+            key.subject = MANY.to_string();
+            key.method = entry.method.clone();
+            key.code = entry.code;
+            return key;
+        }
+        self.insiders += 1;
+        *self.per_insider.entry(key.subject.clone()).or_default() += 1;
+        key
+    }
+
+    /// A window closed: its place in its pool is free again.
+    fn closed(&mut self, key: &WindowKey) {
+        if key.overflow() {
+            return;
+        }
+        if !key.insider {
+            self.strangers -= 1;
+            return;
+        }
+        self.insiders -= 1;
+        if let Some(held) = self.per_insider.get_mut(&key.subject) {
+            *held -= 1;
+            if *held == 0 {
+                self.per_insider.remove(&key.subject);
+            }
+        }
+    }
+
     /// The entries of the windows open for [`WINDOW_MICROS`] at `now_micros` (or
     /// opened in the future: the clock went back), closed.
     pub fn due(&mut self, now_micros: u64) -> Vec<AuditEntry> {
@@ -143,10 +220,8 @@ impl Tally {
             .collect();
         let mut closed = Vec::with_capacity(keys.len());
         for key in keys {
-            if key.subject != MANY {
-                self.regular -= 1;
-            }
-            closed.extend(self.open.remove(&key).map(entry_of));
+            self.closed(&key);
+            closed.extend(self.open.remove(&key).map(|w| entry_of(&key, w)));
         }
         closed.sort_by_key(|e| e.first_time_unix_micros);
         closed
@@ -154,16 +229,34 @@ impl Tally {
 
     /// Every window's entry, closed now (the curator stops).
     pub fn drain(&mut self) -> Vec<AuditEntry> {
-        self.regular = 0;
-        self.open.drain().map(|(_, w)| entry_of(w)).collect()
+        self.strangers = 0;
+        self.insiders = 0;
+        self.per_insider.clear();
+        self.open.drain().map(|(k, w)| entry_of(&k, w)).collect()
     }
 }
 
-fn entry_of(window: Window) -> AuditEntry {
+fn entry_of(key: &WindowKey, window: Window) -> AuditEntry {
+    let several = key.method == SEVERAL && !key.overflow();
     AuditEntry {
         first_time_unix_micros: window.first.time_unix_micros,
         time_unix_micros: window.last_micros,
         count: window.count,
+        // An insider's own overflow window: the calls of several RPCs and codes, the
+        // first one's standing for them.
+        method: if several {
+            SEVERAL.to_string()
+        } else {
+            window.first.method.clone()
+        },
+        message: if several {
+            format!(
+                "refused calls of several RPCs (past {PER_INSIDER} at once); the first: {} {}",
+                window.first.method, window.first.message
+            )
+        } else {
+            window.first.message.clone()
+        },
         ..window.first
     }
 }
@@ -292,6 +385,85 @@ mod tests {
         // A clock that went back closes what it cannot judge.
         assert_eq!(tally.due(1).len(), 2);
         assert_eq!(tally.drain().len(), 0);
+    }
+
+    #[test]
+    fn a_stranger_flood_never_makes_an_insider_anonymous() {
+        let mut tally = Tally::default();
+        // Every stranger window taken, and more.
+        for i in 0..(MAX_WINDOWS + 100) {
+            let source = format!("127.{}.{}.{}:7", i / 65536, (i / 256) % 256, i % 256);
+            tally.add(refused("self-signed", "k", &source, UNLOCK, 10));
+        }
+        // A node and an operator refused meanwhile: named, each in its own window.
+        tally.add(refused("node", "polis-w", "127.0.0.3:9", COMMIT, 20));
+        tally.add(refused(
+            "operator",
+            "ada (reader), serial 1",
+            "127.0.0.4:9",
+            UNLOCK,
+            20,
+        ));
+        let entries = tally.drain();
+        let named: Vec<_> = entries
+            .iter()
+            .filter(|e| e.identity_kind != "self-signed")
+            .map(|e| (e.identity.as_str(), e.count))
+            .collect();
+        assert_eq!(named.len(), 2, "{named:?}");
+        assert!(named.contains(&("polis-w", 1)));
+        assert!(named.contains(&("ada (reader), serial 1", 1)));
+    }
+
+    #[test]
+    fn an_insider_past_its_share_keeps_its_name_in_its_own_overflow_window() {
+        let mut tally = Tally::default();
+        // One node refused on 20 RPCs: PER_INSIDER - 1 windows of their own, the rest in
+        // the node's overflow window, still named.
+        for i in 0..20 {
+            for _ in 0..3 {
+                tally.add(refused(
+                    "node",
+                    "polis-w",
+                    "127.0.0.3:9",
+                    &format!("/x/M{i}"),
+                    30 + i,
+                ));
+            }
+        }
+        assert_eq!(tally.len(), PER_INSIDER);
+        let entries = tally.drain();
+        assert!(entries.iter().all(|e| e.identity == "polis-w"));
+        let several: Vec<_> = entries.iter().filter(|e| e.method == SEVERAL).collect();
+        assert_eq!(several.len(), 1);
+        assert_eq!(several[0].count, 3 * (20 - (PER_INSIDER as u64 - 1)));
+        assert!(
+            several[0].message.contains("several RPCs"),
+            "{}",
+            several[0].message
+        );
+        let total: u64 = entries.iter().map(|e| e.count).sum();
+        assert_eq!(total, 60);
+        // The pool fills only with many insiders; then the unnamed overflow takes calls.
+        let mut tally = Tally::default();
+        for i in 0..(MAX_INSIDER_WINDOWS + 10) {
+            tally.add(refused(
+                "node",
+                &format!("polis-{i}"),
+                "127.0.0.3:9",
+                COMMIT,
+                40,
+            ));
+        }
+        assert_eq!(tally.len(), MAX_INSIDER_WINDOWS + 1);
+        tally.due(40 + WINDOW_MICROS);
+        assert!(tally.is_empty());
+        tally.add(refused("node", "polis-again", "127.0.0.3:9", COMMIT, 50));
+        assert_eq!(
+            tally.drain()[0].identity,
+            "polis-again",
+            "the pool is free again"
+        );
     }
 
     #[test]
