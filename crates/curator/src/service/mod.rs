@@ -119,6 +119,7 @@ mod status;
 mod tickets;
 mod unlock;
 mod upkeep;
+mod watchers;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -164,6 +165,7 @@ pub async fn run(
         scheduled: Mutex::new(Default::default()),
         handovers: tokio::sync::Mutex::new(None),
         follows: Default::default(),
+        watchers: Default::default(),
     });
 
     let election_config = ElectionConfig {

@@ -536,6 +536,7 @@ impl api::curator_server::Curator for Services {
         let crl = self.0.crl.clone();
         let trusted = self.0.trusted_wire.clone();
         let peer_trusted = self.0.peer_trusted.clone();
+        let seat = self.0.watchers.open(&id);
         let stream = snapshot_stream(&self.0, serial, move |nodes| {
             let trusted = trusted.current();
             let member = nodes
@@ -566,9 +567,10 @@ impl api::curator_server::Curator for Services {
                 etcd_peer_cas,
             }))
         });
-        Ok(Response::new(Box::pin(
+        Ok(Response::new(Box::pin(super::watchers::seated(
             stream.map(|view| view.map(|NodeView(update)| update)),
-        )))
+            seat,
+        ))))
     }
 
     async fn join_consensus(

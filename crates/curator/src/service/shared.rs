@@ -187,6 +187,8 @@ pub struct Shared {
     pub(super) handovers: tokio::sync::Mutex<Option<HandoversRead>>,
     /// Followed audit logs open on this curator, by caller (see `follows`).
     pub(super) follows: Arc<super::follows::Follows>,
+    /// WatchNode streams open on this curator, by node (see `watchers`).
+    pub(super) watchers: Arc<super::watchers::Watchers>,
 }
 
 impl Shared {

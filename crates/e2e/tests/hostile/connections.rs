@@ -643,10 +643,79 @@ async fn owner_gets_in_under_a_low_open_files_limit() -> Result<()> {
         .await?;
     many.stop().await?;
 
+    a_stolen_node_key_holds_only_its_share(&cluster.first, &owner, endpoint).await?;
+
     let log = cluster.first.proc().output();
     ensure!(
         !log.contains("Too many open files"),
         "the node ran out of descriptors"
+    );
+    Ok(())
+}
+
+/// Connections of one node key kept from eviction (`rpc` Limits::per_identity_connections).
+const PER_IDENTITY: usize = 8;
+/// WatchNode streams one node keeps open on a curator (curator `watchers::PER_NODE`).
+const WATCHES_PER_NODE: usize = 4;
+
+/// (e) A node key in an attacker's hands (here the member's own): more connections than
+/// the listener has seats (576 under nofile 1024), each proven by a call with it. Only
+/// its share stays out of eviction: the owner's calls are still served. And WatchNode
+/// streams of that node past its share end, oldest first.
+async fn a_stolen_node_key_holds_only_its_share(
+    node: &Node,
+    owner: &Owner,
+    endpoint: SocketAddr,
+) -> Result<()> {
+    let stolen = rpc::Credentials {
+        certificate: std::fs::read(node.root.join("data/node/cert.der"))?,
+        key_pkcs8: std::fs::read(node.root.join("data/node/key.der"))?,
+    };
+    let mut held = Vec::new();
+    let mut proven = 0;
+    for _ in 0..600 {
+        let Ok(channel) = rpc::connect(endpoint, &owner.trust, Some(&stolen)).await else {
+            continue;
+        };
+        let mut local = api::curator_local_client::CuratorLocalClient::new(channel.clone());
+        let call = local.get_current_leader(api::GetCurrentLeaderRequest {});
+        if tokio::time::timeout(OWNER_CALL_BOUND, call)
+            .await
+            .is_ok_and(|r| r.is_ok())
+        {
+            proven += 1;
+        }
+        held.push(channel);
+    }
+    ensure!(proven > 576, "only {proven} connections made their call");
+    owner
+        .calls(endpoint, "600 connections proven by one stolen node key")
+        .await?;
+    drop(held);
+
+    let channel = rpc::connect(endpoint, &owner.trust, Some(&stolen)).await?;
+    let mut streams = Vec::new();
+    for _ in 0..(WATCHES_PER_NODE + 3) {
+        let mut stream = api::curator_client::CuratorClient::new(channel.clone())
+            .watch_node(api::WatchNodeRequest {})
+            .await?
+            .into_inner();
+        stream.message().await?.context("a first update")?;
+        streams.push(stream);
+    }
+    for (i, stream) in streams.iter_mut().take(3).enumerate() {
+        let ended = tokio::time::timeout(OWNER_CALL_BOUND, stream.message())
+            .await
+            .with_context(|| format!("stream {i}, superseded, did not end"))?;
+        match ended {
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => {}
+            other => bail!("stream {i}: {other:?}, not ended as superseded"),
+        }
+    }
+    eprintln!(
+        "a stolen node key: {proven} proven connections ({PER_IDENTITY} kept from eviction), \
+         the owner served; {} WatchNode streams, the 3 oldest ended",
+        WATCHES_PER_NODE + 3
     );
     Ok(())
 }

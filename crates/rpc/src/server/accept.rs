@@ -120,6 +120,7 @@ pub fn incoming_with(
         max: limits.max_connections,
         per_source: limits.per_source_connections,
         handshakes_per_source: limits.per_source_handshakes,
+        per_identity: limits.per_identity_connections,
     })));
     let demotions = seats.lock().expect("seat table poisoned").demotions();
     tokio::spawn(

@@ -13,7 +13,10 @@
 //! ```
 //! A seat is *proven* while the latest call on it was made with a node's or an admin's
 //! (the owner's too) certificate (`server::auth` decides): those are never evicted and
-//! do not count against their source, so nodes and owners always keep what they hold.
+//! do not count against their source, so nodes and owners always keep what they hold —
+//! up to [`Caps::per_identity`] seats of one identity (a node needs one or two): the
+//! seats an identity holds beyond that count as unproven, so that one stolen worker key
+//! cannot take the listener's seats from the other nodes.
 //! A seat whose certificate stopped proving (revoked: a removed admin, a deleted node)
 //! is unproven again from its next call on, evictable and counted like any other. An
 //! unproven seat (TCP only, in its handshake, handshaken but silent, calling with a
@@ -57,8 +60,9 @@ pub fn source_key(address: IpAddr) -> IpAddr {
 
 /// What the table asks of a seat's connection.
 pub(crate) trait Occupant {
-    /// The latest call on it was made with a node's or an admin's certificate.
-    fn proven(&self) -> bool;
+    /// Who proved it: the identity of the node's or admin's certificate its latest
+    /// call was made with (none: not proven).
+    fn prover(&self) -> Option<Arc<str>>;
     /// A call is in flight on it.
     fn busy(&self) -> bool;
 }
@@ -88,6 +92,8 @@ pub(crate) struct Caps {
     pub(crate) per_source: usize,
     /// Handshakes in progress per source (more wait at the gate).
     pub(crate) handshakes_per_source: usize,
+    /// Proven seats one identity keeps out of eviction; its others count as unproven.
+    pub(crate) per_identity: usize,
 }
 
 /// Why a newcomer was not seated.
@@ -127,9 +133,12 @@ pub(crate) struct Table<T> {
     seats: HashMap<u64, Seat<T>>,
     /// Seats not known to be proven, oldest first.
     unproven: BTreeSet<u64>,
-    /// Seats known to be proven (forgotten by `unproven`): looked at again when a seat
-    /// lost its proof.
+    /// Seats known to be proven (forgotten by `unproven`), with who proved each: looked
+    /// at again when a seat lost its proof.
     proven: BTreeSet<u64>,
+    proven_by: HashMap<u64, Arc<str>>,
+    /// Seats in `proven` per identity (at most `caps.per_identity` each).
+    exempt: HashMap<Arc<str>, usize>,
     demotions: Arc<Demotions>,
     sources: HashMap<IpAddr, Source>,
 }
@@ -141,11 +150,14 @@ impl<T: Occupant + Clone> Table<T> {
                 max: caps.max.max(1),
                 per_source: caps.per_source.max(1),
                 handshakes_per_source: caps.handshakes_per_source.max(1),
+                per_identity: caps.per_identity.max(1),
             },
             next: 0,
             seats: HashMap::new(),
             unproven: BTreeSet::new(),
             proven: BTreeSet::new(),
+            proven_by: HashMap::new(),
+            exempt: HashMap::new(),
             demotions: Arc::default(),
             sources: HashMap::new(),
         }
@@ -208,7 +220,7 @@ impl<T: Occupant + Clone> Table<T> {
     pub(crate) fn leave(&mut self, id: u64) -> Option<T> {
         let seat = self.seats.remove(&id)?;
         self.unproven.remove(&id);
-        self.proven.remove(&id);
+        self.unexempt(id);
         if let Some(source) = self.sources.get_mut(&seat.source) {
             source.seats -= 1;
             source.unproven.remove(&id);
@@ -226,24 +238,50 @@ impl<T: Occupant + Clone> Table<T> {
         self.leave(id)
     }
 
+    /// Takes seat `id` out of eviction if it is proven and its identity holds fewer
+    /// than its share of such seats; whether it did.
+    fn try_exempt(&mut self, id: u64) -> bool {
+        let Some(prover) = self.seats[&id].occupant.prover() else {
+            return false;
+        };
+        let held = self.exempt.get(&prover).copied().unwrap_or(0);
+        if held >= self.caps.per_identity {
+            return false;
+        }
+        self.exempt.insert(prover.clone(), held + 1);
+        self.proven_by.insert(id, prover);
+        self.proven.insert(id);
+        self.unproven.remove(&id);
+        let source = self.seats[&id].source;
+        if let Some(s) = self.sources.get_mut(&source) {
+            s.unproven.remove(&id);
+        }
+        true
+    }
+
+    /// Seat `id` is no longer kept out of eviction (it left, or lost its proof).
+    fn unexempt(&mut self, id: u64) {
+        self.proven.remove(&id);
+        if let Some(prover) = self.proven_by.remove(&id)
+            && let Some(held) = self.exempt.get_mut(&prover)
+        {
+            *held -= 1;
+            if *held == 0 {
+                self.exempt.remove(&prover);
+            }
+        }
+    }
+
     /// The unproven seats of `source`, forgetting those proven since last asked.
     fn unproven_of(&mut self, source: IpAddr) -> usize {
-        let Some(entry) = self.sources.get_mut(&source) else {
+        let Some(entry) = self.sources.get(&source) else {
             return 0;
         };
-        let seats = &self.seats;
-        let proven: Vec<u64> = entry
-            .unproven
-            .iter()
-            .copied()
-            .filter(|id| seats[id].occupant.proven())
-            .collect();
-        for id in &proven {
-            entry.unproven.remove(id);
-            self.unproven.remove(id);
-            self.proven.insert(*id);
+        let candidates: Vec<u64> = entry.unproven.iter().copied().collect();
+        for id in candidates {
+            self.try_exempt(id);
         }
-        entry.unproven.len()
+        self.sources.get(&source).map_or(0, |s| s.unproven.len())
     }
 
     /// After a seat lost its proof: the seats known as proven that no longer are count
@@ -256,10 +294,10 @@ impl<T: Occupant + Clone> Table<T> {
             .proven
             .iter()
             .copied()
-            .filter(|id| !self.seats[id].occupant.proven())
+            .filter(|id| self.seats[id].occupant.prover() != self.proven_by.get(id).cloned())
             .collect();
         for id in demoted {
-            self.proven.remove(&id);
+            self.unexempt(id);
             self.unproven.insert(id);
             let source = self.seats[&id].source;
             if let Some(s) = self.sources.get_mut(&source) {
@@ -268,26 +306,20 @@ impl<T: Occupant + Clone> Table<T> {
         }
     }
 
-    /// The oldest seat that may go, forgetting the proven seats it passes.
+    /// The oldest seat that may go, forgetting the proven seats it passes (those of an
+    /// identity past its share stay evictable).
     fn oldest_evictable(&mut self) -> Option<u64> {
-        let mut proven = Vec::new();
-        let found = self.unproven.iter().copied().find(|id| {
-            let occupant = &self.seats[id].occupant;
-            if occupant.proven() {
-                proven.push(*id);
-                return false;
+        let mut after = 0;
+        loop {
+            let id = self.unproven.range(after..).next().copied()?;
+            after = id + 1;
+            if self.try_exempt(id) {
+                continue;
             }
-            !occupant.busy()
-        });
-        for id in proven {
-            self.unproven.remove(&id);
-            self.proven.insert(id);
-            let source = self.seats[&id].source;
-            if let Some(s) = self.sources.get_mut(&source) {
-                s.unproven.remove(&id);
+            if !self.seats[&id].occupant.busy() {
+                return Some(id);
             }
         }
-        found
     }
 }
 
@@ -328,11 +360,15 @@ mod tests {
         name: &'static str,
         proven: Rc<Cell<bool>>,
         busy: Rc<Cell<bool>>,
+        /// Who proves it when `proven` (default: one identity per connection name).
+        by: Option<&'static str>,
     }
 
     impl Occupant for Conn {
-        fn proven(&self) -> bool {
-            self.proven.get()
+        fn prover(&self) -> Option<Arc<str>> {
+            self.proven
+                .get()
+                .then(|| Arc::from(self.by.unwrap_or(self.name)))
         }
         fn busy(&self) -> bool {
             self.busy.get()
@@ -354,6 +390,7 @@ mod tests {
         max: 6,
         per_source: 3,
         handshakes_per_source: 2,
+        per_identity: 2,
     };
 
     fn names(evicted: &[Conn]) -> Vec<&'static str> {
@@ -496,6 +533,7 @@ mod tests {
             max: 4,
             per_source: 2,
             handshakes_per_source: 1,
+            per_identity: 2,
         });
         t.admit(ip("127.0.0.1"), conn("x")).unwrap();
         t.admit(ip("127.0.0.2"), conn("y")).unwrap();
@@ -539,5 +577,41 @@ mod tests {
         assert_eq!(t.evict_oldest().map(|c| c.name), Some("a2"));
         assert!(t.evict_oldest().is_none(), "the owner stays");
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn one_identity_keeps_only_its_share_of_seats_out_of_eviction() {
+        let mut t = Table::new(CAPS);
+        // A stolen worker key opens a seat after another, each proven by the same node.
+        let stolen: Vec<Conn> = ["w1", "w2", "w3", "w4"]
+            .map(|name| Conn {
+                by: Some("node polis-w"),
+                ..conn(name)
+            })
+            .to_vec();
+        for (i, c) in stolen.iter().enumerate() {
+            t.admit(ip(&format!("127.0.1.{i}")), c.clone()).unwrap();
+            c.proven.set(true);
+        }
+        let other = conn("node polis-other");
+        t.admit(ip("127.0.2.1"), other.clone()).unwrap();
+        other.proven.set(true);
+        t.admit(ip("127.0.3.1"), conn("s1")).unwrap();
+        assert_eq!(t.len(), 6, "full");
+        // Newcomers take the stolen key's seats past its share (2), oldest first, and
+        // the stranger's; never the other node's.
+        let mut evicted = Vec::new();
+        for i in 0..3 {
+            let seated = t.admit(ip(&format!("127.0.4.{i}")), conn("new")).unwrap();
+            evicted.extend(names(&seated.evicted));
+        }
+        assert_eq!(evicted, ["w3", "w4", "s1"]);
+        // Then only newcomers are left to evict; the two shares stay.
+        let seated = t.admit(ip("127.0.5.1"), conn("newer")).unwrap();
+        assert_eq!(names(&seated.evicted), ["new"]);
+        assert_eq!(t.exempt.values().sum::<usize>(), 3);
+        // A proven seat that leaves gives its share back.
+        t.leave(0);
+        assert_eq!(t.exempt.get("node polis-w").copied(), Some(1));
     }
 }

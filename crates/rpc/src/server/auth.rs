@@ -222,11 +222,11 @@ where
             // The latest call decides: once the certificate is revoked (a removed
             // admin, a deleted node), the connection counts again (it stays open; this
             // call's refusal is answered on it).
+            // Up to `Limits::per_identity` of one identity's connections (`admission`).
             if let Some(connection) = &connection {
-                connection.set_proven(
-                    matches!(caller, Identity::Node { .. })
-                        || caller.holds(crate::authz::OperatorRole::Admin),
-                );
+                let proves = matches!(caller, Identity::Node { .. })
+                    || caller.holds(crate::authz::OperatorRole::Admin);
+                connection.set_proven(proves.then(|| Arc::from(caller.to_string())));
             }
             // A forwarded call: the identity a curator verified, if this caller is one.
             let forwarded = request

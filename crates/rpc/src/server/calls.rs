@@ -20,8 +20,9 @@ pub(crate) struct Calls {
     in_flight: AtomicUsize,
     /// `None` until the first call starts.
     last: Mutex<Option<Instant>>,
-    proven: AtomicBool,
-    /// Told when `proven` goes from true to false (the seat table's).
+    /// Who proved it (see `set_proven`).
+    proven: Mutex<Option<Arc<str>>>,
+    /// Told when `proven` goes from some to none (the seat table's).
     demotions: Arc<Demotions>,
     evicted: AtomicBool,
     /// Whoever waits for the connection's bytes (the handshake, then the connection's
@@ -35,7 +36,7 @@ impl Calls {
         Calls {
             in_flight: AtomicUsize::new(0),
             last: Mutex::new(None),
-            proven: AtomicBool::new(false),
+            proven: Mutex::new(None),
             demotions,
             evicted: AtomicBool::new(false),
             waiter: Mutex::new(None),
@@ -56,9 +57,13 @@ impl Calls {
     /// certificate: while it was, the connection is neither evicted nor counted against
     /// its source. Once one no longer is (its certificate was revoked), the connection
     /// counts again; it is not closed here (the call's answer is still to be sent).
-    pub(super) fn set_proven(&self, proven: bool) {
-        let was = self.proven.swap(proven, Ordering::SeqCst);
-        if was && !proven {
+    /// `by`: the identity of that certificate (`None`: not a node's or an admin's).
+    pub(super) fn set_proven(&self, by: Option<Arc<str>>) {
+        let was = std::mem::replace(
+            &mut *self.proven.lock().expect("calls lock poisoned"),
+            by.clone(),
+        );
+        if was.is_some() && was != by {
             self.demotions.raise();
         }
     }
@@ -103,8 +108,8 @@ impl Calls {
 }
 
 impl Occupant for Arc<Calls> {
-    fn proven(&self) -> bool {
-        self.proven.load(Ordering::SeqCst)
+    fn prover(&self) -> Option<Arc<str>> {
+        self.proven.lock().expect("calls lock poisoned").clone()
     }
     fn busy(&self) -> bool {
         self.in_flight.load(Ordering::SeqCst) > 0

@@ -41,6 +41,9 @@ pub struct Limits {
     /// Connections from one source in their TLS handshake at once; more wait (for at
     /// most `handshake_timeout`) for their turn.
     pub per_source_handshakes: usize,
+    /// Connections of one node or admin kept from eviction and from its source's count;
+    /// its others count like a stranger's.
+    pub per_identity_connections: usize,
     /// How long a client gets to finish the TLS handshake.
     pub handshake_timeout: Duration,
     /// How long after the handshake the first call must start (covers clients that
@@ -58,13 +61,17 @@ impl Limits {
     /// (a node certificate) and not counted per source: 32 unproven connections leave a
     /// source (or a NAT of a few machines) plenty, and let a flood from one address
     /// hold at most 32. Eight handshakes at once per source: a whole cluster restarting
-    /// reconnects one connection per address. A TLS 1.3 handshake takes one round trip;
+    /// reconnects one connection per address. A node holds one or two connections to a
+    /// curator (its heartbeat channel, a reconnect racing the old one), an admin one per
+    /// command running: 8 each are kept from eviction, so that one stolen node or admin
+    /// key cannot hold the seats of everyone else. A TLS 1.3 handshake takes one round trip;
     /// 5 s allows slow links. Clients call right after connecting (10 s), and nodes
     /// heartbeat every 5 s, so 120 s without a call means the connection is abandoned.
     pub const PRODUCTION: Limits = Limits {
         max_connections: 4096,
         per_source_connections: 32,
         per_source_handshakes: 8,
+        per_identity_connections: 8,
         handshake_timeout: Duration::from_secs(5),
         first_call_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(120),

@@ -26,6 +26,7 @@ fn small(max_connections: usize, per_source_handshakes: usize) -> Limits {
         max_connections,
         per_source_connections: 32,
         per_source_handshakes,
+        per_identity_connections: 8,
         handshake_timeout: Duration::from_millis(400),
         first_call_timeout: Duration::from_millis(400),
         idle_timeout: Duration::from_millis(400),
@@ -561,18 +562,19 @@ fn a_connection_whose_latest_call_no_longer_proves_it_is_evictable_again() {
         max: 16,
         per_source: 2,
         handshakes_per_source: 1,
+        per_identity: 8,
     });
     let source: std::net::IpAddr = "127.0.0.9".parse().unwrap();
     let demotions = table.demotions();
     let admin = Arc::new(Calls::new(demotions.clone()));
     table.admit(source, admin.clone()).unwrap();
-    admin.set_proven(true);
+    admin.set_proven(Some(Arc::from("user owner")));
     let stranger = || Arc::new(Calls::new(demotions.clone()));
     for _ in 0..2 {
         let seated = table.admit(source, stranger()).unwrap();
         assert!(seated.evicted.is_empty(), "the admin's seat is not counted");
     }
-    admin.set_proven(false);
+    admin.set_proven(None);
     let seated = table.admit(source, stranger()).unwrap();
     assert_eq!(seated.evicted.len(), 1);
     assert!(
