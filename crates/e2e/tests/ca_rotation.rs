@@ -318,6 +318,32 @@ fn the_cluster_ca_rotates_online_through_a_leader_failover() -> Result<()> {
             "backup from {name}: {inspected}"
         );
     }
+    // A configuration idle for longer than a retired CA's handover is followed (180
+    // days since a curator last answered it) is refused, saying how to re-pin it.
+    let long_idle = dir.path().join("long-idle-config");
+    std::fs::create_dir(&long_idle)?;
+    std::fs::set_permissions(
+        &long_idle,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )?;
+    for entry in std::fs::read_dir(&idle)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), long_idle.join(entry.file_name()))?;
+        }
+    }
+    let long_ago = pki::unix_now() - 181 * 86_400;
+    std::fs::write(long_idle.join("ca-confirmed"), format!("{long_ago}\n"))?;
+    let (ok, _, err) = ctl_as(&long_idle, &["cluster", "info"])?;
+    assert!(
+        !ok,
+        "a configuration idle for 181 days must not follow: {err}"
+    );
+    assert!(
+        err.contains("181 days ago") && err.contains("takeownership --ca-fingerprint"),
+        "{err}"
+    );
+    assert_eq!(pem_blocks(&long_idle.join("ca.pem"))?, vec![old_ca.clone()]);
     // The idle configuration follows the old CA's handover to the new one by itself:
     // pinned anew, its owner certificate renewed under the new CA, the command served.
     let (ok, _, err) = ctl_as(&idle, &["cluster", "info"])?;

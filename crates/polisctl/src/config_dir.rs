@@ -92,6 +92,39 @@ pub(crate) fn ca_path(config: &Path) -> PathBuf {
     config.join("ca.pem")
 }
 
+/// When a curator last answered this configuration under its pinned CA (unix seconds,
+/// one line): a handover of a CA this configuration pins is followed only within
+/// [`crate::trust::HANDOVER_WINDOW_SECS`] of that (`trust::follow_handover`).
+pub(crate) fn ca_confirmed_path(config: &Path) -> PathBuf {
+    config.join("ca-confirmed")
+}
+
+/// Records that a curator answered under the pinned CA now (at most once an hour).
+pub(crate) fn confirm_ca(config: &Path) -> Result<()> {
+    let now = pki::unix_now();
+    if ca_confirmed_unix(config).is_some_and(|at| at <= now && now - at < 3600) {
+        return Ok(());
+    }
+    let path = ca_confirmed_path(config);
+    write_private(&path, format!("{now}\n").as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// When the pinned CA was last confirmed: the `ca-confirmed` file, else (a
+/// configuration made before it existed) when the CA was pinned (`ca.pem`'s time).
+pub(crate) fn ca_confirmed_unix(config: &Path) -> Option<u64> {
+    if let Ok(text) = std::fs::read_to_string(ca_confirmed_path(config))
+        && let Ok(at) = text.trim().parse()
+    {
+        return Some(at);
+    }
+    let modified = std::fs::metadata(ca_path(config)).ok()?.modified().ok()?;
+    modified
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_secs())
+}
+
 /// The newest cluster CRL polisctl has seen: curators' certificates are checked
 /// against it, so that a removed node cannot pose as one.
 pub(crate) fn crl_path(config: &Path) -> PathBuf {

@@ -14,8 +14,8 @@ use proto::api;
 use tonic::transport::Channel;
 
 use crate::config_dir::{
-    ca_path, crl_path, drop_foreign_crl, endpoints, epoch_path, load_owner_key,
-    owner_certificate_path, owner_key_path, read_pem, saved_crl, write_pem,
+    ca_confirmed_unix, ca_path, confirm_ca, crl_path, drop_foreign_crl, endpoints, epoch_path,
+    load_owner_key, owner_certificate_path, owner_key_path, read_pem, saved_crl, write_pem,
 };
 use crate::session::{OwnerSession, call_error, escrow};
 
@@ -159,6 +159,7 @@ pub(crate) async fn take_ownership(
     )
     .await?;
     write_pem(&ca_path(config), "CERTIFICATE", &ca)?;
+    confirm_ca(config)?;
     write_pem(
         &owner_certificate_path(config),
         "CERTIFICATE",
@@ -216,7 +217,28 @@ pub(crate) async fn follow_handover(config: &Path, raw_endpoints: &[String]) -> 
     if pinned.contains(&presented) || !pki::handed_over(&pinned, &answer.handovers, &presented) {
         return Ok(false);
     }
+    let confirmed = ca_confirmed_unix(config);
+    if !within_handover_window(confirmed, pki::unix_now()) {
+        bail!(
+            "the cluster CA was rotated: the CA {} pins (SHA256:{}) handed over to SHA256:{}, \
+             but a curator last answered this configuration under its pinned CA {}, longer \
+             ago than the {} days a retired CA's handover is followed (whoever holds a retired \
+             CA's key could sign one). Check that fingerprint with an admin of the cluster \
+             (`polisctl cluster ca`), move {} aside and run `polisctl takeownership \
+             --ca-fingerprint <it>` with this configuration",
+            ca_path(config).display(),
+            rpc::fingerprint(&pinned[0]),
+            rpc::fingerprint(&presented),
+            confirmed.map_or("never (no record)".to_string(), |at| format!(
+                "{} days ago",
+                pki::unix_now().saturating_sub(at) / 86_400
+            )),
+            HANDOVER_WINDOW_SECS / 86_400,
+            ca_path(config).display()
+        );
+    }
     write_pem(&ca_path(config), "CERTIFICATE", &presented)?;
+    confirm_ca(config)?;
     drop_foreign_crl(config, &presented)?;
     eprintln!(
         "polisctl: the cluster CA was rotated since this configuration was last used: the CA \
@@ -225,6 +247,20 @@ pub(crate) async fn follow_handover(config: &Path, raw_endpoints: &[String]) -> 
         rpc::fingerprint(&presented)
     );
     Ok(true)
+}
+
+/// How long after a curator last answered a configuration under its pinned CA a
+/// handover of that CA is still followed. A CA's key stays valid for 20 years: without
+/// a bound, whoever got hold of a retired CA's key could re-pin any idle configuration
+/// to a CA of their choosing for that long. With it, a retired key is of use at most
+/// this long after the retirement (a configuration used since pins the new CA), and a
+/// configuration idle for longer is re-pinned by hand, by fingerprint.
+pub(crate) const HANDOVER_WINDOW_SECS: u64 = 180 * 86_400;
+
+/// Whether a handover may be followed by a configuration whose pinned CA was last
+/// confirmed at `confirmed` (unix seconds; none: unknown), at `now` (pure).
+pub(crate) fn within_handover_window(confirmed: Option<u64>, now: u64) -> bool {
+    confirmed.is_some_and(|at| now.saturating_sub(at) <= HANDOVER_WINDOW_SECS)
 }
 
 /// The operator name and role a certificate is marked for; `None` for the owner's.
@@ -247,5 +283,22 @@ mod tests {
         assert!(approve_ca("abcd", &CaApproval::Fingerprint("AB:CD".into())).is_ok());
         let err = approve_ca("abcd", &CaApproval::Fingerprint("ffff".into())).unwrap_err();
         assert!(err.to_string().contains("mismatch"));
+    }
+
+    #[test]
+    fn a_handover_is_followed_only_within_its_window_of_the_last_confirmation() {
+        let now = 1_800_000_000;
+        assert!(within_handover_window(Some(now), now));
+        assert!(within_handover_window(
+            Some(now - HANDOVER_WINDOW_SECS),
+            now
+        ));
+        assert!(!within_handover_window(
+            Some(now - HANDOVER_WINDOW_SECS - 1),
+            now
+        ));
+        assert!(!within_handover_window(None, now));
+        // A confirmation in the future (a clock set back since) does not widen it.
+        assert!(within_handover_window(Some(now + 10), now));
     }
 }

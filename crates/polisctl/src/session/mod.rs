@@ -157,7 +157,11 @@ impl OwnerSession {
             })
             .await;
         let outcome = match fetched {
-            Ok(answer) => self.take_trust(answer),
+            // A curator answered under the pinned CA: the pin is confirmed (the window
+            // in which a handover of it is followed starts again).
+            Ok(answer) => self
+                .take_trust(answer)
+                .and_then(|()| crate::config_dir::confirm_ca(&self.config)),
             Err(e) => Err(anyhow!("{e}")),
         };
         if let Err(e) = outcome {
