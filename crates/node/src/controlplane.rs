@@ -511,7 +511,7 @@ async fn record_claim(
     // Every lease is an election lease of a curator of before the recovery (this
     // process has none yet): all are dead by the recovery's own decision, so the
     // campaign need not wait for evidence that their holders stopped renewing.
-    revoke_old_leases(curator_ns.client()).await;
+    crate::restore::revoke_old_leases(curator_ns.client()).await;
     epochs::finish_recover(&settings.root, &recorded)?;
     tracing::warn!(
         epoch = proto::epoch::describe(&recorded),
@@ -519,30 +519,6 @@ async fn record_claim(
         "this cluster's new epoch is recorded"
     );
     Ok(recorded)
-}
-
-/// Revokes every lease of the recovered etcd (see `record_claim`; a restore's too); a
-/// failure only costs the campaign its usual wait.
-pub(crate) async fn revoke_old_leases(mut client: etcd_client::Client) {
-    let leases = match client.leases().await {
-        Ok(answer) => answer.leases().iter().map(|l| l.id()).collect::<Vec<_>>(),
-        Err(e) => {
-            tracing::warn!("listing the leases of before the recovery: {e}");
-            return;
-        }
-    };
-    for id in &leases {
-        if let Err(e) = client.lease_revoke(*id).await {
-            tracing::warn!(
-                lease = format!("{id:x}"),
-                "revoking a lease of before the recovery: {e}"
-            );
-        }
-    }
-    tracing::info!(
-        leases = leases.len(),
-        "revoked the election leases of before the recovery"
-    );
 }
 
 /// Keeps beside the data the epoch its etcd holds (a member that joined a recovered or

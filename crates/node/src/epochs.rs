@@ -4,7 +4,9 @@
 //! node ports (CuratorLocal.GetConsensusStatus on :7836, answered with or without a
 //! quorum) — the question `recover` asks before it changes anything, and that every
 //! member asks before and while it serves (`controlplane`), so that a member of an older
-//! epoch never serves once a newer one exists.
+//! epoch never serves once a newer one exists. Also whether the others' etcd peer ports
+//! answer at all (`answering_peers`, `majority_answering`): what `recover` and
+//! `restore` ask before they make a cluster of one.
 //!
 //! ```text
 //!   recover: claim (parent = data's epoch, parent_revision = data's revision)
@@ -259,6 +261,35 @@ pub fn data_revision(etcdctl: &Path, root: &Root) -> Result<DataRevision> {
 fn parse_status_revision(json: &[u8]) -> Option<i64> {
     let value: serde_json::Value = serde_json::from_slice(json).ok()?;
     value.get("revision")?.as_i64()
+}
+
+/// How long a peer port gets to accept a connection.
+const PEER_ANSWER: Duration = Duration::from_millis(700);
+
+/// Whether `answering` of `others` members make a majority of them: then the cluster
+/// may still have its quorum, and a recovery would make a second cluster.
+pub fn majority_answering(answering: usize, others: usize) -> bool {
+    others > 0 && 2 * answering > others
+}
+
+/// The etcd peer endpoints of `others` that accept a TCP connection within
+/// [`PEER_ANSWER`], asked all at once.
+pub async fn answering_peers(others: &[SocketAddr]) -> Vec<SocketAddr> {
+    let mut asks = tokio::task::JoinSet::new();
+    for peer in others.iter().copied() {
+        asks.spawn(async move {
+            let connect = tokio::net::TcpStream::connect(peer);
+            matches!(tokio::time::timeout(PEER_ANSWER, connect).await, Ok(Ok(_))).then_some(peer)
+        });
+    }
+    let mut answering = Vec::new();
+    while let Some(answer) = asks.join_next().await {
+        if let Ok(Some(peer)) = answer {
+            answering.push(peer);
+        }
+    }
+    answering.sort();
+    answering
 }
 
 /// What one other member answered on its node port, or why it did not.

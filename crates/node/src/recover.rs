@@ -71,15 +71,6 @@ pub struct RecoverFlags {
     pub raft_timing: consensus::RaftTiming,
 }
 
-/// How long a peer port gets to accept a connection.
-const PEER_ANSWER: Duration = Duration::from_millis(700);
-
-/// Whether `answering` of `others` members make a majority of them: then the cluster
-/// may still have its quorum, and a recovery would make a second cluster.
-pub fn majority_answering(answering: usize, others: usize) -> bool {
-    others > 0 && 2 * answering > others
-}
-
 /// What `recover` starts with: the lock, the address, the plan and the data volume
 /// (with `--data-device`).
 pub type Recovering = (RootLock, IpAddr, Plan, Option<datafs::Volume>);
@@ -205,8 +196,8 @@ async fn checks(root: &Root, flags: &RecoverFlags, address: IpAddr) -> Result<Pl
         .iter()
         .map(|ip| SocketAddr::new(*ip, consensus::config::PEER_PORT))
         .collect();
-    let answering = answering_peers(&others).await;
-    if majority_answering(answering.len(), others.len()) {
+    let answering = epochs::answering_peers(&others).await;
+    if epochs::majority_answering(answering.len(), others.len()) {
         let list = answering
             .iter()
             .map(|a| a.to_string())
@@ -437,26 +428,6 @@ fn scratch_dir() -> Result<tempfile::TempDir> {
         .with_context(|| format!("creating a scratch directory in {}", base.display()))
 }
 
-/// The etcd peer endpoints of `others` that accept a TCP connection within
-/// [`PEER_ANSWER`], asked all at once.
-pub(crate) async fn answering_peers(others: &[SocketAddr]) -> Vec<SocketAddr> {
-    let mut asks = tokio::task::JoinSet::new();
-    for peer in others.iter().copied() {
-        asks.spawn(async move {
-            let connect = tokio::net::TcpStream::connect(peer);
-            matches!(tokio::time::timeout(PEER_ANSWER, connect).await, Ok(Ok(_))).then_some(peer)
-        });
-    }
-    let mut answering = Vec::new();
-    while let Some(answer) = asks.join_next().await {
-        if let Ok(Some(peer)) = answer {
-            answering.push(peer);
-        }
-    }
-    answering.sort();
-    answering
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -477,7 +448,7 @@ mod tests {
         ];
         for (answering, others, refused) in cases {
             assert_eq!(
-                majority_answering(answering, others),
+                epochs::majority_answering(answering, others),
                 refused,
                 "{answering} of {others}"
             );
@@ -518,7 +489,7 @@ mod tests {
             let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             gone.local_addr().unwrap()
         };
-        let answering = answering_peers(&[listening, closed]).await;
+        let answering = epochs::answering_peers(&[listening, closed]).await;
         assert_eq!(answering, vec![listening]);
         drop(held);
     }

@@ -469,7 +469,7 @@ async fn write_cluster_state(
     mark_former_members(&curator_ns, &node_id).await?;
     // Every lease is one of the backup's curators: without them, the restored curator
     // would name the backup's leader (clients would follow it) until its lease ran out.
-    crate::controlplane::revoke_old_leases(running.client.clone()).await;
+    revoke_old_leases(running.client.clone()).await;
     Ok((cluster_ca.cert_der, quota))
 }
 
@@ -552,7 +552,7 @@ pub fn refusal(
         .filter(|(_, ip)| answering.contains(ip))
         .map(|(id, ip)| format!("{id} ({ip})"))
         .collect();
-    if force || !crate::recover::majority_answering(live.len(), others.len()) {
+    if force || !crate::epochs::majority_answering(live.len(), others.len()) {
         return None;
     }
     Some(format!(
@@ -581,7 +581,7 @@ async fn check_former_members(
         .filter(|(_, ip)| *ip != flags.address)
         .map(|(_, ip)| std::net::SocketAddr::new(*ip, consensus::config::PEER_PORT))
         .collect();
-    let answering: Vec<IpAddr> = crate::recover::answering_peers(&peers)
+    let answering: Vec<IpAddr> = crate::epochs::answering_peers(&peers)
         .await
         .into_iter()
         .map(|a| a.ip())
@@ -609,6 +609,30 @@ async fn check_former_members(
         );
     }
     Ok(())
+}
+
+/// Revokes every lease of the recovered etcd (see `record_claim`; a restore's too); a
+/// failure only costs the campaign its usual wait.
+pub(crate) async fn revoke_old_leases(mut client: etcd_client::Client) {
+    let leases = match client.leases().await {
+        Ok(answer) => answer.leases().iter().map(|l| l.id()).collect::<Vec<_>>(),
+        Err(e) => {
+            tracing::warn!("listing the leases of before the recovery: {e}");
+            return;
+        }
+    };
+    for id in &leases {
+        if let Err(e) = client.lease_revoke(*id).await {
+            tracing::warn!(
+                lease = format!("{id:x}"),
+                "revoking a lease of before the recovery: {e}"
+            );
+        }
+    }
+    tracing::info!(
+        leases = leases.len(),
+        "revoked the election leases of before the recovery"
+    );
 }
 
 /// Signs both CAs' CRLs again with numbers past every CRL issued before now
