@@ -56,14 +56,46 @@ pub struct NodeValues {
     pub etcd_peer_trust_loaded: event::Value<Vec<u8>>,
 }
 
-/// The epoch slot of a node, holding what `root` saved, saving every newer epoch.
+/// The epoch slot of a node, holding what `root` saved, saving every newer epoch. A
+/// malformed file (a disk error, a hand edit) does not keep the node from starting: it
+/// is moved aside (`epoch-seen.malformed`, kept for whoever looks into it), said so,
+/// and the node takes the epoch its curators answer with from then on.
 pub fn saved_epoch_seen(root: &Root) -> Result<rpc::epoch::EpochSlot> {
     let path = root.node_dir().join("epoch-seen");
     let seen = match std::fs::read_to_string(&path) {
-        Ok(text) => Some(rpc::epoch::from_saved_text(&text).with_context(|| {
-            format!("the saved cluster epoch in {} is malformed", path.display())
-        })?),
+        Ok(text) => match rpc::epoch::from_saved_text(&text) {
+            Some(epoch) => Some(epoch),
+            None => {
+                let aside = path.with_file_name("epoch-seen.malformed");
+                std::fs::rename(&path, &aside).with_context(|| {
+                    format!(
+                        "moving the malformed saved cluster epoch {} aside to {}",
+                        path.display(),
+                        aside.display()
+                    )
+                })?;
+                tracing::error!(
+                    path = %path.display(),
+                    aside = %aside.display(),
+                    "the saved cluster epoch is malformed: moved aside; this node takes the \
+                     epoch its curators answer with from now on (until then it cannot tell a \
+                     superseded curator from a current one)"
+                );
+                None
+            }
+        },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        // Not valid UTF-8 is malformed too.
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            let aside = path.with_file_name("epoch-seen.malformed");
+            std::fs::rename(&path, &aside)
+                .with_context(|| format!("moving {} aside", path.display()))?;
+            tracing::error!(
+                path = %path.display(),
+                "the saved cluster epoch is not text: moved aside"
+            );
+            None
+        }
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     let save = std::sync::Arc::new(move |epoch: &proto::config::ClusterEpoch| {
@@ -133,4 +165,35 @@ pub fn apply_contact(state: &event::Value<ClusterState>, contact: Contact) -> bo
             .unwrap_or(ClusterState::Unknown)
             .after(contact)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_malformed_saved_epoch_is_moved_aside_and_the_node_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path().join("root"));
+        std::fs::create_dir_all(root.node_dir()).unwrap();
+        let path = root.node_dir().join("epoch-seen");
+        for junk in [b"9-x-recover-polis\n".as_slice(), &[0xff, 0xfe, 0x00]] {
+            std::fs::write(&path, junk).unwrap();
+            let slot = saved_epoch_seen(&root).expect("the node starts");
+            assert_eq!(slot.current(), None);
+            assert!(!path.exists());
+            let aside = root.node_dir().join("epoch-seen.malformed");
+            assert_eq!(std::fs::read(&aside).unwrap(), junk);
+        }
+        // A well-formed one is taken as it is.
+        let epoch = proto::config::ClusterEpoch {
+            number: 2,
+            made_unix_ms: 5,
+            kind: "restore".into(),
+            made_by: "polis-a".into(),
+            ..Default::default()
+        };
+        std::fs::write(&path, rpc::epoch::saved_text(&epoch)).unwrap();
+        assert_eq!(saved_epoch_seen(&root).unwrap().current(), Some(epoch));
+    }
 }
