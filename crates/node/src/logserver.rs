@@ -78,6 +78,7 @@ impl api::node_logs_server::NodeLogs for Logs {
             .get::<rpc::server::ClientCertificate>()
             .cloned();
         let crl_slot = self.crl.clone();
+        let certificate_here = certificate.clone();
         let request = request.into_inner();
         let filter = LineFilter {
             runnable_prefix: request.runnable_prefix,
@@ -142,9 +143,10 @@ impl api::node_logs_server::NodeLogs for Logs {
             }
         };
         tokio::spawn(task.instrument(tracing::Span::current()));
-        Ok(Response::new(Box::pin(
+        Ok(Response::new(Box::pin(rpc::server::ending_at_expiry(
             tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+            certificate_here.as_ref(),
+        ))))
     }
 }
 

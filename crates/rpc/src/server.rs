@@ -60,6 +60,7 @@ mod audit;
 mod auth;
 mod calls;
 mod conn;
+mod expiry;
 mod limits;
 mod rate;
 mod settings;
@@ -75,6 +76,7 @@ pub use auth::{
     TrustSource, denied_status,
 };
 pub use conn::{PeerInfo, TlsConn};
+pub use expiry::{Expiring, STREAM_EXPIRED, ending_at_expiry};
 pub use limits::{Limits, Port};
 pub use rate::{Buckets, LIMITED, RateLayer, RateService, RateSettings, STREAMED};
 pub use settings::{

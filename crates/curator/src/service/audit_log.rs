@@ -90,6 +90,7 @@ impl api::audit_server::Audit for Services {
             .get::<rpc::server::ClientCertificate>()
             .cloned();
         let caller = super::status::identity(&request);
+        let certificate_here = certificate.clone();
         let request = request.into_inner();
         let filter = Filter {
             node_id: request.node_id,
@@ -214,8 +215,9 @@ impl api::audit_server::Audit for Services {
             }
         };
         tokio::spawn(task.instrument(tracing::Span::current()));
-        Ok(Response::new(Box::pin(
+        Ok(Response::new(Box::pin(rpc::server::ending_at_expiry(
             tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+            certificate_here.as_ref(),
+        ))))
     }
 }

@@ -537,6 +537,10 @@ impl api::curator_server::Curator for Services {
         let trusted = self.0.trusted_wire.clone();
         let peer_trusted = self.0.peer_trusted.clone();
         let seat = self.0.watchers.open(&id);
+        let certificate = request
+            .extensions()
+            .get::<rpc::server::ClientCertificate>()
+            .cloned();
         let stream = snapshot_stream(&self.0, serial, move |nodes| {
             let trusted = trusted.current();
             let member = nodes
@@ -568,7 +572,10 @@ impl api::curator_server::Curator for Services {
             }))
         });
         Ok(Response::new(Box::pin(super::watchers::seated(
-            stream.map(|view| view.map(|NodeView(update)| update)),
+            rpc::server::ending_at_expiry(
+                stream.map(|view| view.map(|NodeView(update)| update)),
+                certificate.as_ref(),
+            ),
             seat,
         ))))
     }
