@@ -58,6 +58,13 @@ pub fn source_key(address: IpAddr) -> IpAddr {
     }
 }
 
+/// A prover whose seats are all kept from eviction, beyond any share: a curator the
+/// listener trusts to forward calls (`AuthLayer::with_forwarders`), on a connection
+/// whose latest call it forwarded, holds one connection per forwarded call, e.g. per
+/// registration waiting for approval. Curators are the consensus members: their keys
+/// reach etcd already.
+pub(crate) const UNCAPPED: &str = "forwarder ";
+
 /// What the table asks of a seat's connection.
 pub(crate) trait Occupant {
     /// Who proved it: the identity of the node's or admin's certificate its latest
@@ -245,7 +252,7 @@ impl<T: Occupant + Clone> Table<T> {
             return false;
         };
         let held = self.exempt.get(&prover).copied().unwrap_or(0);
-        if held >= self.caps.per_identity {
+        if held >= self.caps.per_identity && !prover.starts_with(UNCAPPED) {
             return false;
         }
         self.exempt.insert(prover.clone(), held + 1);
@@ -613,5 +620,25 @@ mod tests {
         // A proven seat that leaves gives its share back.
         t.leave(0);
         assert_eq!(t.exempt.get("node polis-w").copied(), Some(1));
+    }
+
+    #[test]
+    fn a_forwarding_curator_keeps_every_seat() {
+        let mut t = Table::new(CAPS);
+        let forwarded: Vec<Conn> = ["f1", "f2", "f3", "f4", "f5", "f6"]
+            .map(|name| Conn {
+                by: Some("forwarder node polis-c"),
+                ..conn(name)
+            })
+            .to_vec();
+        for c in &forwarded {
+            t.admit(ip("127.0.0.7"), c.clone()).unwrap();
+            c.proven.set(true);
+        }
+        assert_eq!(
+            t.admit(ip("127.0.0.8"), conn("new")).err(),
+            Some(Refusal::ListenerFull),
+            "none of the forwarder's seats is taken"
+        );
     }
 }

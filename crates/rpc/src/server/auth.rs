@@ -223,10 +223,25 @@ where
             // admin, a deleted node), the connection counts again (it stays open; this
             // call's refusal is answered on it).
             // Up to `Limits::per_identity` of one identity's connections (`admission`).
+            // A curator trusted to forward calls keeps every connection it forwards on
+            // (one per forwarded call: a registration waits on its own for approval);
+            // its own calls count like any node's.
             if let Some(connection) = &connection {
+                let forwarder = request
+                    .headers()
+                    .contains_key(crate::forward::FORWARDED_IDENTITY)
+                    && matches!(&caller, Identity::Node { id, .. }
+                        if layer.forwarders.as_ref().is_some_and(|f| f(id)));
                 let proves = matches!(caller, Identity::Node { .. })
                     || caller.holds(crate::authz::OperatorRole::Admin);
-                connection.set_proven(proves.then(|| Arc::from(caller.to_string())));
+                connection.set_proven(proves.then(|| {
+                    let prefix = if forwarder {
+                        super::admission::UNCAPPED
+                    } else {
+                        ""
+                    };
+                    Arc::from(format!("{prefix}{caller}"))
+                }));
             }
             // A forwarded call: the identity a curator verified, if this caller is one.
             let forwarded = request
