@@ -18,6 +18,9 @@
 //!
 //! Invariants:
 //! - Read-only: nothing here writes to the files, and etcd must not run on them.
+//! - Bounded by the files: no bbolt page is read past the database's length, no WAL
+//!   record beyond 64 MiB; of the log, only each entry's index, term and verdict are
+//!   kept in memory.
 //! - An upper bound, never an estimate: an entry is counted as a write (one revision)
 //!   unless it is known not to change etcd's key space (lease grants, compactions,
 //!   alarms, v2 store requests, transactions without a write). Entries past the member's
@@ -66,7 +69,7 @@ pub fn unapplied(data_dir: &Path) -> Result<Unapplied, OnDiskError> {
     let writes = entries
         .iter()
         .filter(|e| e.index > consistent_index)
-        .map(|e| u64::from(e.may_write()))
+        .map(|e| u64::from(e.writes))
         .sum();
     Ok(Unapplied {
         consistent_index,
@@ -121,6 +124,8 @@ enum Tree<'a> {
 
 struct Bolt<'p> {
     file: File,
+    /// The file's length: no page is read past it.
+    len: u64,
     path: &'p Path,
     page_size: usize,
     root: Tree<'static>,
@@ -128,8 +133,16 @@ struct Bolt<'p> {
 
 impl<'p> Bolt<'p> {
     fn open(file: File, path: &'p Path) -> Result<Self, OnDiskError> {
+        let len = file
+            .metadata()
+            .map_err(|source| OnDiskError::Io {
+                path: path.to_owned(),
+                source,
+            })?
+            .len();
         let mut bolt = Bolt {
             file,
+            len,
             path,
             page_size: 4096,
             root: Tree::Page(0),
@@ -173,16 +186,28 @@ impl<'p> Bolt<'p> {
         let offset = id
             .checked_mul(self.page_size as u64)
             .ok_or_else(|| self.corrupt(format!("page {id} out of range")))?;
+        let within = |pages: u64| {
+            pages
+                .checked_mul(self.page_size as u64)
+                .and_then(|bytes| bytes.checked_add(offset))
+                .is_some_and(|end| end <= self.len)
+        };
+        if !within(1) {
+            return Err(self.corrupt(format!("page {id} lies past the end of the file")));
+        }
         let head = self.read_at(offset, self.page_size)?;
-        let overflow = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes")) as usize;
+        let overflow = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes"));
         if overflow == 0 {
             return Ok(head);
         }
-        let pages = overflow
-            .checked_add(1)
-            .filter(|p| p.saturating_mul(self.page_size) <= 1 << 30)
-            .ok_or_else(|| self.corrupt(format!("page {id} overflows {overflow} pages")))?;
-        self.read_at(offset, pages * self.page_size)
+        // A corrupt overflow count never makes this read more than the file holds.
+        let pages = u64::from(overflow) + 1;
+        if !within(pages) {
+            return Err(self.corrupt(format!(
+                "page {id} overflows {overflow} pages, past the end of the file"
+            )));
+        }
+        self.read_at(offset, pages as usize * self.page_size)
     }
 
     /// The tree of the bucket whose header (and inline page) is `value`.
@@ -330,20 +355,14 @@ const NORMAL_ENTRY: u64 = 0;
 /// A record longer than this is a torn or corrupt frame (etcd's own bound is 10 MB + 1 KB).
 const MAX_RECORD: u64 = 64 << 20;
 
-/// One raft entry of the log.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One raft entry of the log, as far as a revision count needs it (its data is judged
+/// while read and not kept: a log holds up to a few hundred megabytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
     pub index: u64,
     pub term: u64,
-    pub kind: u64,
-    pub data: Vec<u8>,
-}
-
-impl Entry {
-    /// Whether applying this entry may add a revision to etcd's key space.
-    pub fn may_write(&self) -> bool {
-        self.kind == NORMAL_ENTRY && may_write(&self.data)
-    }
+    /// Whether applying it may add a revision to etcd's key space ([`may_write`]).
+    pub writes: bool,
 }
 
 /// The entries of the log in `wal_dir`, in order, later entries replacing the ones they
@@ -445,22 +464,22 @@ fn record_fields(record: &[u8]) -> Option<(i64, &[u8])> {
 
 /// raftpb.Entry: (type = 1, term = 2, index = 3, data = 4).
 fn entry_fields(entry: &[u8]) -> Option<Entry> {
-    let mut out = Entry {
-        index: 0,
-        term: 0,
-        kind: NORMAL_ENTRY,
-        data: Vec::new(),
-    };
+    let (mut index, mut term, mut kind) = (0, 0, NORMAL_ENTRY);
+    let mut data: &[u8] = &[];
     for field in Fields(entry) {
         match field? {
-            (1, Value::Varint(v)) => out.kind = v,
-            (2, Value::Varint(v)) => out.term = v,
-            (3, Value::Varint(v)) => out.index = v,
-            (4, Value::Bytes(b)) => out.data = b.to_vec(),
+            (1, Value::Varint(v)) => kind = v,
+            (2, Value::Varint(v)) => term = v,
+            (3, Value::Varint(v)) => index = v,
+            (4, Value::Bytes(b)) => data = b,
             _ => {}
         }
     }
-    Some(out)
+    Some(Entry {
+        index,
+        term,
+        writes: kind == NORMAL_ENTRY && may_write(data),
+    })
 }
 
 /// The v2 store's methods: an entry that is a bare `etcdserverpb.Request` (etcd 3.4
@@ -714,7 +733,7 @@ mod tests {
         let entries = read_wal(dir.path()).unwrap();
         let indexes: Vec<_> = entries.iter().map(|e| (e.term, e.index)).collect();
         assert_eq!(indexes, vec![(1, 1), (1, 2), (1, 3), (2, 4)]);
-        assert_eq!(entries.iter().filter(|e| e.may_write()).count(), 3);
+        assert_eq!(entries.iter().filter(|e| e.writes).count(), 3);
     }
 
     #[test]
@@ -726,6 +745,30 @@ mod tests {
         assert_eq!(branch_child(&children, b"d"), Some(2));
         assert_eq!(branch_child(&children, b"z"), Some(3));
         assert_eq!(branch_child(&[], b"a"), None);
+    }
+
+    #[test]
+    fn a_page_past_the_end_of_the_database_is_refused_before_it_is_read() {
+        // Two valid meta pages whose root names page 100 of a two-page file.
+        let mut file = vec![0u8; 8192];
+        for (page, txid) in [(0usize, 1u64), (1, 2)] {
+            let at = page * 4096;
+            file[at..at + 8].copy_from_slice(&(page as u64).to_le_bytes());
+            file[at + 8..at + 10].copy_from_slice(&0x04u16.to_le_bytes());
+            let m = at + PAGE_HEADER;
+            file[m..m + 4].copy_from_slice(&META_MAGIC.to_le_bytes());
+            file[m + 4..m + 8].copy_from_slice(&2u32.to_le_bytes());
+            file[m + 8..m + 12].copy_from_slice(&4096u32.to_le_bytes());
+            file[m + 16..m + 24].copy_from_slice(&100u64.to_le_bytes());
+            file[m + 48..m + 56].copy_from_slice(&txid.to_le_bytes());
+            let sum = fnv1a64(&file[m..m + 56]);
+            file[m + 56..m + 64].copy_from_slice(&sum.to_le_bytes());
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("db");
+        std::fs::write(&db, &file).unwrap();
+        let err = consistent_index(&db).unwrap_err();
+        assert!(err.to_string().contains("page 100 lies past the end"), "{err}");
     }
 
     #[test]

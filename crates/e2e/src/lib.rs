@@ -25,7 +25,7 @@
 //!      etcd      BareEtcd: etcd alone, with polis-node's flags and peer TLS files
 //!      scrape_bench  scrape_members(): every member's /metrics timed (bench-heartbeats
 //!                --scrape, `scripts/bench metrics`)
-//!   1  ctl       polisctl(): the CLI wrapper
+//!   1  ctl       polisctl(): the CLI wrapper; copy_config()
 //!      impostor  Impostor: a TLS server presenting a given certificate (posing as a
 //!                curator), stopped on drop
 //!      scrape    http_get(), scrape() of /metrics, promtool_check(), Prometheus server
@@ -68,7 +68,7 @@ mod wait;
 pub use bench::{Calls, cpu_time, median, seconds_and_rounds, timed_calls};
 pub use certs::{peer_accepts, pem_der};
 pub use cluster::{Cluster, endpoints, write_label, write_labels};
-pub use ctl::polisctl;
+pub use ctl::{copy_config, polisctl};
 pub use datadev::{Mounts, data_image, fscrypt_usable};
 pub use etcd::BareEtcd;
 pub use floor::{Floor, curator_shaped_txn, floor_write};

@@ -86,14 +86,7 @@ fn the_cluster_ca_rotates_online_through_a_leader_failover() -> Result<()> {
     assert_eq!(before["phase"], "settled", "{before}");
     // A copy of the configuration that is not used during the whole rotation.
     let idle = dir.path().join("idle-config");
-    std::fs::create_dir(&idle)?;
-    std::fs::set_permissions(&idle, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-    for entry in std::fs::read_dir(&config)? {
-        let entry = entry?;
-        if entry.file_type()?.is_file() {
-            std::fs::copy(entry.path(), idle.join(entry.file_name()))?;
-        }
-    }
+    e2e::copy_config(&config, &idle, &[])?;
 
     // A node that registers after the rotation with parameters made before it.
     let mut late = cluster.new_node("late")?;
@@ -321,17 +314,7 @@ fn the_cluster_ca_rotates_online_through_a_leader_failover() -> Result<()> {
     // A configuration idle for longer than a retired CA's handover is followed (180
     // days since a curator last answered it) is refused, saying how to re-pin it.
     let long_idle = dir.path().join("long-idle-config");
-    std::fs::create_dir(&long_idle)?;
-    std::fs::set_permissions(
-        &long_idle,
-        std::os::unix::fs::PermissionsExt::from_mode(0o700),
-    )?;
-    for entry in std::fs::read_dir(&idle)? {
-        let entry = entry?;
-        if entry.file_type()?.is_file() {
-            std::fs::copy(entry.path(), long_idle.join(entry.file_name()))?;
-        }
-    }
+    e2e::copy_config(&idle, &long_idle, &[])?;
     let long_ago = pki::unix_now() - 181 * 86_400;
     std::fs::write(long_idle.join("ca-confirmed"), format!("{long_ago}\n"))?;
     let (ok, _, err) = ctl_as(&long_idle, &["cluster", "info"])?;

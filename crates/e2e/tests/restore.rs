@@ -155,16 +155,9 @@ fn restore_from_a_backup_file_brings_the_cluster_back_on_a_new_root() -> Result<
     let drill_endpoint = drill.address.to_string();
     let drill_id = drill.key_node_id()?;
     // A config of the drill's own (the owner's, without the epoch it has seen) works
-    // with the drill once the drill's curator leads (until the backup's election lease
-    // runs out it names the live cluster's leader), then refuses the live cluster.
+    // with the drill once the drill's curator leads, then refuses the live cluster.
     let drill_config = dir.path().join("drill-config");
-    std::fs::create_dir_all(&drill_config)?;
-    for entry in std::fs::read_dir(&cluster.config)? {
-        let entry = entry?;
-        if entry.file_type()?.is_file() && entry.file_name() != "epoch" {
-            std::fs::copy(entry.path(), drill_config.join(entry.file_name()))?;
-        }
-    }
+    e2e::copy_config(&cluster.config, &drill_config, &["epoch"])?;
     let drill_config_str = drill_config.to_str().context("utf-8")?;
     let ctl_drill = |endpoints: &str| {
         e2e::polisctl(&[

@@ -62,10 +62,12 @@ pub struct NodeValues {
 /// and the node takes the epoch its curators answer with from then on.
 pub fn saved_epoch_seen(root: &Root) -> Result<rpc::epoch::EpochSlot> {
     let path = root.node_dir().join("epoch-seen");
-    let seen = match std::fs::read_to_string(&path) {
-        Ok(text) => match rpc::epoch::from_saved_text(&text) {
-            Some(epoch) => Some(epoch),
-            None => {
+    let seen = match std::fs::read(&path) {
+        Ok(bytes) => {
+            let parsed = std::str::from_utf8(&bytes)
+                .ok()
+                .and_then(rpc::epoch::from_saved_text);
+            if parsed.is_none() {
                 let aside = path.with_file_name("epoch-seen.malformed");
                 std::fs::rename(&path, &aside).with_context(|| {
                     format!(
@@ -81,21 +83,10 @@ pub fn saved_epoch_seen(root: &Root) -> Result<rpc::epoch::EpochSlot> {
                      epoch its curators answer with from now on (until then it cannot tell a \
                      superseded curator from a current one)"
                 );
-                None
             }
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        // Not valid UTF-8 is malformed too.
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-            let aside = path.with_file_name("epoch-seen.malformed");
-            std::fs::rename(&path, &aside)
-                .with_context(|| format!("moving {} aside", path.display()))?;
-            tracing::error!(
-                path = %path.display(),
-                "the saved cluster epoch is not text: moved aside"
-            );
-            None
+            parsed
         }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     let save = std::sync::Arc::new(move |epoch: &proto::config::ClusterEpoch| {
