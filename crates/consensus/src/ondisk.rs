@@ -768,7 +768,10 @@ mod tests {
         let db = dir.path().join("db");
         std::fs::write(&db, &file).unwrap();
         let err = consistent_index(&db).unwrap_err();
-        assert!(err.to_string().contains("page 100 lies past the end"), "{err}");
+        assert!(
+            err.to_string().contains("page 100 lies past the end"),
+            "{err}"
+        );
     }
 
     #[test]

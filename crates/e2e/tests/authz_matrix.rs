@@ -273,6 +273,13 @@ async fn allowed(
             .commit_node(api::CommitNodeRequest {})
             .await
             .err(),
+        // No certificate shown: InvalidArgument means the call got through.
+        "ReissueNodeCertificate" => {
+            api::curator_client::CuratorClient::new(channel_for_curator.clone())
+                .reissue_node_certificate(api::ReissueNodeCertificateRequest::default())
+                .await
+                .err()
+        }
         // Scheduled snapshots: a bad name (InvalidArgument) means the call got through.
         "ListSnapshots" => api::backup_client::BackupClient::new(channel_for_curator.clone())
             .list_snapshots(api::ListSnapshotsRequest {})
@@ -400,6 +407,7 @@ async fn allowed(
                 "SetSnapshotSchedule",
                 "IssueKubernetesCertificates",
                 "IssueKubernetesCredentials",
+                "ReissueNodeCertificate",
             ]
             .contains(&method)
                 && s.code() == tonic::Code::InvalidArgument =>
@@ -558,6 +566,7 @@ async fn authorization_matrix_over_real_tls() -> Result<()> {
         ("IssueKubernetesCredentials", USERS),
         ("RegisterNode", &["self-signed"]),
         ("CommitNode", &["self-signed"]),
+        ("ReissueNodeCertificate", &["self-signed"]),
         ("CreateRegisterTicket", ADMINS),
         ("ListRegisterTickets", USERS),
         ("RevokeRegisterTicket", ADMINS),

@@ -145,6 +145,25 @@ pub fn apply_trust(
     Ok(())
 }
 
+/// Puts `certificate` (DER, for the key `slot` holds) in use: loaded first (a
+/// certificate rustls refuses never reaches the disk), saved, then applied to every
+/// client and the curator's server (their next handshake uses it).
+pub fn install_node_certificate(
+    settings: &Settings,
+    slot: &rpc::CredentialSlot,
+    certificate: &[u8],
+) -> Result<()> {
+    let renewed = rpc::Credentials {
+        certificate: certificate.to_vec(),
+        key_pkcs8: slot.credentials().key_pkcs8,
+    };
+    rpc::CredentialSlot::new(renewed.clone()).context("loading the new node certificate")?;
+    crate::storage::write_atomic(&settings.root.node_certificate(), certificate)
+        .context("saving the new node certificate")?;
+    slot.replace(renewed)
+        .context("applying the new node certificate")
+}
+
 /// The SHA-256 fingerprints of the cluster CAs this node trusts, and of the one that
 /// issued `certificate` (empty when none of them did): what it reports in its status.
 pub fn trust_report(values: &NodeValues, certificate: &[u8]) -> (Vec<String>, String) {

@@ -11,8 +11,11 @@
 //!                                           the curators in the directory (CA pinned from
 //!                                           the sealed configuration, CRL: the ESP's copy
 //!                                           or newer from any curator, `crlfetch`); none
-//!                                           answers → Split, waiting; refused (or every
-//!                                           curator untrusted, revoked) → exit 1
+//!                                           answers → Split, waiting; every curator
+//!                                           untrusted: the CA's handovers followed
+//!                                           (`handover`: a rotation missed while off);
+//!                                           refused (or untrusted without a handover,
+//!                                           revoked) → exit 1
 //!   both:                                   key = HKDF(local ‖ cluster) → datafs::open
 //! ```
 //! A consensus member also asks the other members' unlock listeners (`datapeers`: their
@@ -45,6 +48,7 @@ use crate::crlfetch;
 use crate::datakeys;
 use crate::datapeers;
 use crate::files::read_directory;
+use crate::handover;
 use crate::retry::{Backoff, ProblemLog};
 use crate::storage::{Root, read_proto};
 
@@ -283,6 +287,14 @@ pub async fn close(volume: datafs::Volume) {
     }
 }
 
+/// [`handover::follow`], its refusal logged: whether the slot trusts another CA now.
+fn follow_logged(slot: &rpc::TrustSlot, answer: &api::GetCaCertificateResponse) -> bool {
+    handover::follow(slot, answer).unwrap_or_else(|e| {
+        tracing::warn!("not following the cluster CA's handovers: {e:#}");
+        false
+    })
+}
+
 /// Whether a refusal can never turn into an answer by retrying.
 fn permanent(e: &rpc::CallError) -> bool {
     use tonic::Code;
@@ -403,6 +415,18 @@ async fn unlock(
                  current curators (polis-node set-curators): {e}",
                 root.directory().display()
             ),
+            // A CA rotation this node missed while it was off: the curators present a
+            // CA it does not trust yet. Followed in memory when the handovers lead
+            // there from a CA it trusts (the half is checked by the device anyway);
+            // the running node saves it (`catchup`).
+            Err(e)
+                if e.all_untrusted()
+                    && handover::ask(&endpoints)
+                        .await
+                        .is_some_and(|answer| follow_logged(&crl, &answer)) =>
+            {
+                problems.resolved("followed the cluster CA's handovers");
+            }
             Err(e) if permanent(&e) => {
                 bail!("the cluster refuses to unlock this node's data device: {e}")
             }

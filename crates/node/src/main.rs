@@ -30,6 +30,8 @@
 //!       ├── heartbeat            tells the curator this node is alive, with its status;
 //!       │                        Split when no curator answers for the timeout
 //!       ├── renew                renews the node (and etcd peer) certificate, live
+//!       ├── catchup              not Home: follows CA rotations it missed (handovers),
+//!       │                        exchanges a retired CA's node certificate
 //!       └── logs                 this node's log lines for the owner (NodeLogs, :7836)
 //! ```
 //! Every log line also goes to a bounded buffer and `ROOT/data/log/node.log`
@@ -52,6 +54,8 @@
 //!   rolefetch       this node's record: roles, curators, CRL, decommission
 //!   heartbeat       alive + status; Home ⇄ Split
 //!   renew           node and etcd peer certificates, applied live
+//!   catchup         a CA rotation missed: handovers followed, node certificate
+//!                   reissued (ReissueNodeCertificate)
 //!   logserver       root.role.logs: NodeLogs on :7836 (owner only) from logcapture
 //!   ─────────────── start paths (once per start; never import a runnable) ──────────
 //!   recover         `polis-node recover`: its refusals (on top of preflight's), then a
@@ -85,6 +89,7 @@
 //!   rejoin          is this node's etcd member still a member? (JoinConsensus answer,
 //!                   the pure rule `verdict`); the control plane acts on it
 //!   curator_client  client with the node certificate; cluster CRL intake and saving
+//!   handover        the CA's handovers asked for (unverified) and followed (pure rule)
 //!   crlfetch        the CRL before that client runs (registering, data locked): from
 //!                   the parameters or the ESP's copy and from every curator known;
 //!                   its saving (on datakeys, storage)
@@ -144,6 +149,7 @@ mod epochs;
 mod exporter;
 mod fatal;
 mod files;
+mod handover;
 mod logfile;
 mod logring;
 mod memberbook;
@@ -172,6 +178,7 @@ mod restore;
 mod set_curators;
 
 // Runnables.
+mod catchup;
 mod cluster;
 mod controlplane;
 mod heartbeat;

@@ -35,7 +35,7 @@ use pki::Validity;
 use proto::api;
 
 use crate::cluster_state::ClusterState;
-use crate::curator_client::curator_client;
+use crate::curator_client::{curator_client, install_node_certificate};
 use crate::files::read_pem_certificate;
 use crate::retry::{Backoff, ProblemLog, pause};
 use crate::settings::Settings;
@@ -207,16 +207,7 @@ async fn renew(
         );
     }
     if node_renewed {
-        let renewed = rpc::Credentials {
-            certificate: answer.node_certificate.clone(),
-            key_pkcs8: current.key_pkcs8.clone(),
-        };
-        // Loaded before it is written: a certificate rustls refuses never reaches the disk.
-        rpc::CredentialSlot::new(renewed.clone()).context("loading the renewed certificate")?;
-        write_atomic(&settings.root.node_certificate(), &answer.node_certificate)
-            .context("saving the renewed node certificate")?;
-        slot.replace(renewed)
-            .context("applying the renewed node certificate")?;
+        install_node_certificate(settings, slot, &answer.node_certificate)?;
         let validity = Validity::of(&answer.node_certificate)?;
         tracing::info!(
             serial = hex::encode(pki::certificate_serial(&answer.node_certificate)?),

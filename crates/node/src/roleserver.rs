@@ -137,6 +137,10 @@ pub async fn run(
     ctx.run("renew", move |ctx| {
         renew::run(ctx, renew_settings.clone(), renew_values.clone())
     })?;
+    let (catchup_settings, catchup_values) = (settings.clone(), values.clone());
+    ctx.run("catchup", move |ctx| {
+        crate::catchup::run(ctx, catchup_settings.clone(), catchup_values.clone())
+    })?;
     let (logs_settings, logs_values) = (settings.clone(), values.clone());
     ctx.run("logs", move |ctx| {
         crate::logserver::run(ctx, logs_settings.clone(), logs_values.clone())

@@ -180,6 +180,12 @@ pub const METHODS: &[(&str, Permission)] = &[
     // A registering node has no certificate but a self-signed one for its key.
     ("/polis.api.Curator/RegisterNode", Permission::ProvenKey),
     ("/polis.api.Curator/CommitNode", Permission::ProvenKey),
+    // A node that missed a CA rotation: its node key, and its certificate of the
+    // retired CA in the request (checked by the handler).
+    (
+        "/polis.api.Curator/ReissueNodeCertificate",
+        Permission::ProvenKey,
+    ),
     ("/polis.api.DataUnlock/UnlockData", Permission::ProvenKey),
     // etcd upkeep: the curator leader asks a member's curator to defragment its own
     // etcd member; the handler also requires an UP ConsensusMember caller.

@@ -27,6 +27,9 @@
 //!   reserve, so the caps decide before EMFILE does; when descriptors run out anyway,
 //!   the oldest idle stranger is closed and the accept loop pauses briefly instead of
 //!   spinning on the error (EMFILE, ENFILE, ENOBUFS, ENOMEM).
+//! - A connection whose certificate verified is closed once it no longer does (its CA
+//!   retired by a rotation, its serial revoked, its time run out; checked as the
+//!   anchors change, and every 30 s): the streams it carries end with it.
 //! - Refusals, evictions and accept errors are logged at most once a second, with a
 //!   count.
 //!
@@ -39,6 +42,8 @@
 //!   conn      TlsConn, PeerInfo  ◀───────────────  identity, authorize; counts
 //!      │                                           each call in flight; proven
 //!      ▼                                      │    while the latest is a node/admin
+//!   sweep     Sweeper: connections whose certificate verified, evicted once it
+//!      │      no longer does under the current anchors (owned by auth)
 //!   calls     Calls: in flight, proven, evicted ◀┘
 //!      │
 //!      ▼
@@ -65,6 +70,7 @@ mod limits;
 mod rate;
 mod settings;
 mod streams;
+mod sweep;
 
 pub use accept::{LogBudget, incoming, incoming_with};
 pub use admission::source_key;

@@ -110,6 +110,7 @@ mod operators;
 mod pki_prune;
 mod quorum;
 mod reconciler;
+mod reissue;
 mod removal;
 mod scheduled;
 mod scheduled_api;

@@ -19,6 +19,8 @@
 //!                                          at most once per period per node
 //!   RenewCertificates (node certificate) ─▶ issuance::renew: new node (and peer)
 //!                                          certificate
+//!   ReissueNodeCertificate (self-signed, ─▶ reissue: a node that missed a CA rotation
+//!     the retired CA's certificate shown)  (its certificate of a retired CA)
 //!   JoinConsensus (node certificate) ────▶ membership::join
 //! ```
 //! Handlers check the request and build the answer; certificates come from `issuance`,
@@ -628,6 +630,17 @@ impl api::curator_server::Curator for Services {
             peer_certificate,
             peer_ca_certificate,
         }))
+    }
+
+    async fn reissue_node_certificate(
+        &self,
+        request: Request<api::ReissueNodeCertificateRequest>,
+    ) -> Result<Response<api::RenewCertificatesResponse>, Status> {
+        let key = self_signed_key(&request)?;
+        let previous = request.into_inner().previous_certificate;
+        super::reissue::node_certificate(&self.0, &key, &previous)
+            .await
+            .map(Response::new)
     }
 
     async fn issue_kubernetes_certificates(

@@ -15,8 +15,10 @@ use rustls::pki_types::{CertificateDer, UnixTime};
 
 use super::calls::CallGuard;
 use super::conn::PeerInfo;
+use super::sweep::Sweeper;
+pub use super::sweep::TrustSource;
 use crate::authz::{Denied, Identity, authorize};
-use crate::tls::{Anchors, Authenticator};
+use crate::tls::Authenticator;
 
 /// The certificate chain the caller presented (shared with its connection, not copied),
 /// for calls not forwarded by another curator: a stream handler ends the stream once
@@ -46,17 +48,13 @@ impl ClientCertificate {
 pub const STREAM_REVOKED: &str =
     "the caller's certificate was revoked (or its key removed); the stream ends";
 
-/// Fetches what callers' certificates are checked against now: the cluster CAs
-/// trusted and their current CRLs (an error when a CRL is not known yet).
-pub type TrustSource =
-    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<Anchors, String>> + Send>> + Send + Sync>;
-
 /// Tower layer: classifies the caller, applies the permission table, and hands the
 /// [`Identity`] to the handler through the request extensions.
 #[derive(Clone)]
 pub struct AuthLayer {
     authenticator: Arc<Authenticator>,
     trust: TrustSource,
+    sweeper: Arc<Sweeper>,
     forwarders: Option<Forwarders>,
     denials: Option<DenialHook>,
 }
@@ -86,6 +84,7 @@ impl AuthLayer {
         AuthLayer {
             authenticator,
             trust,
+            sweeper: Sweeper::new(),
             forwarders: None,
             denials: None,
         }
@@ -226,6 +225,15 @@ where
             // A curator trusted to forward calls keeps every connection it forwards on
             // (one per forwarded call: a registration waits on its own for approval);
             // its own calls count like any node's.
+            // A connection whose certificate verified is closed once it no longer
+            // does (a CA retired, a revocation, an expiry): `sweep`.
+            if let (Some(connection), Some(chain)) = (&connection, &leaf)
+                && (matches!(caller, Identity::Node { .. }) || caller.is_user())
+            {
+                layer
+                    .sweeper
+                    .register(connection, chain, &layer.authenticator, &layer.trust);
+            }
             if let Some(connection) = &connection {
                 let forwarder = request
                     .headers()

@@ -25,6 +25,8 @@ pub(crate) struct Calls {
     /// Told when `proven` goes from some to none (the seat table's).
     demotions: Arc<Demotions>,
     evicted: AtomicBool,
+    /// Whether the sweeper keeps this connection (`sweep`): registered once.
+    swept: AtomicBool,
     /// Whoever waits for the connection's bytes (the handshake, then the connection's
     /// reads): woken by an eviction.
     waiter: Mutex<Option<Waker>>,
@@ -39,6 +41,7 @@ impl Calls {
             proven: Mutex::new(None),
             demotions,
             evicted: AtomicBool::new(false),
+            swept: AtomicBool::new(false),
             waiter: Mutex::new(None),
         }
     }
@@ -74,6 +77,16 @@ impl Calls {
         if let Some(waker) = self.waiter.lock().expect("calls lock poisoned").take() {
             waker.wake();
         }
+    }
+
+    /// Whether the connection was evicted (it closes at its next read).
+    pub(super) fn is_evicted(&self) -> bool {
+        self.evicted.load(Ordering::SeqCst)
+    }
+
+    /// True the first time only: the sweeper registers a connection once.
+    pub(super) fn mark_swept(&self) -> bool {
+        !self.swept.swap(true, Ordering::SeqCst)
     }
 
     /// Ready once the connection is evicted; registers `cx` to be woken otherwise.

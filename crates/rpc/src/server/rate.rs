@@ -1,5 +1,5 @@
 //! Per-source limits on the calls anyone may make without a cluster certificate
-//! ([`LIMITED`]: RegisterNode, CommitNode, Escrow, UnlockData): a token bucket per
+//! ([`LIMITED`]: RegisterNode, CommitNode, ReissueNodeCertificate, Escrow, UnlockData): a token bucket per
 //! source address, in a table of bounded size, answering ResourceExhausted once a
 //! source's bucket is empty; and for those answered with a stream that stays open
 //! ([`STREAMED`]: RegisterNode), a cap on the streams a source (and all sources) hold
@@ -42,6 +42,7 @@ use super::streams::{HeldBody, OpenStreams, Place};
 pub const LIMITED: &[&str] = &[
     "/polis.api.Curator/RegisterNode",
     "/polis.api.Curator/CommitNode",
+    "/polis.api.Curator/ReissueNodeCertificate",
     "/polis.api.AAA/Escrow",
     "/polis.api.DataUnlock/UnlockData",
 ];

@@ -582,3 +582,140 @@ fn a_connection_whose_latest_call_no_longer_proves_it_is_evictable_again() {
         "the removed admin's seat, the oldest, goes first"
     );
 }
+
+/// A node certificate of `ca` for a fresh key, as client credentials.
+fn node_credentials(ca: &pki::Ca) -> Credentials {
+    let key = identity::NodeKey::generate().unwrap();
+    let template = pki::Template {
+        common_name: key.node_id(),
+        dns_names: vec![key.node_id()],
+        ip_addresses: vec!["127.0.0.1".parse().unwrap()],
+        usage: pki::Usage::ServerAndClient,
+        lifetime: Duration::from_secs(3600),
+        kind: pki::CertificateKind::Node,
+    };
+    Credentials {
+        certificate: ca.issue(&template, &key.public_key()).unwrap().der,
+        key_pkcs8: key.pkcs8_der().to_vec(),
+    }
+}
+
+/// A channel to `address` with `credentials`, and a second descriptor of its socket
+/// (to see the server close it).
+async fn channel_with_socket(
+    address: SocketAddr,
+    credentials: &Credentials,
+) -> (tonic::transport::Channel, std::net::TcpStream) {
+    let (socket_tx, socket_rx) = std::sync::mpsc::channel();
+    let connector = tokio_rustls::TlsConnector::from(
+        client_config(&ServerTrust::FirstUse, Some(credentials)).unwrap(),
+    );
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_| {
+            let (connector, socket_tx) = (connector.clone(), socket_tx.clone());
+            async move {
+                let tcp = TcpStream::connect(address).await?;
+                let std = tcp.into_std()?;
+                socket_tx.send(std.try_clone()?).expect("test alive");
+                let tcp = TcpStream::from_std(std)?;
+                let name = rustls::pki_types::ServerName::IpAddress(address.ip().into());
+                let tls = connector.connect(name, tcp).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+            }
+        }))
+        .await
+        .unwrap();
+    (channel, socket_rx.try_recv().expect("one connection"))
+}
+
+/// Whether the server closed `socket` (EOF or reset) within `within`.
+async fn closed_within(socket: &std::net::TcpStream, within: Duration) -> bool {
+    socket.set_nonblocking(true).unwrap();
+    let started = StdInstant::now();
+    while started.elapsed() < within {
+        let mut buf = [0u8; 1];
+        match socket.peek(&mut buf) {
+            Ok(0) => return true,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+            Err(_) => return true,
+            Ok(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_connection_is_closed_once_its_certificate_no_longer_verifies() {
+    let (listener, address) = bind().await;
+    let old = pki::Ca::generate("old CA", pki::CA_LIFETIME).unwrap();
+    let new = pki::Ca::generate("new CA", pki::CA_LIFETIME).unwrap();
+    let trusting = |cas: &[&pki::Ca]| Anchors {
+        cas: cas.iter().map(|c| c.cert_der.clone()).collect(),
+        crls: cas.iter().map(|c| c.crl(&[], 1).unwrap()).collect(),
+    };
+    let anchors = Arc::new(std::sync::Mutex::new(trusting(&[&old, &new])));
+    let source = anchors.clone();
+    let trust: TrustSource = Arc::new(move || {
+        let anchors = source.lock().unwrap().clone();
+        Box::pin(async move { Ok(anchors) })
+    });
+    let limits = Limits {
+        idle_timeout: Duration::from_secs(60),
+        first_call_timeout: Duration::from_secs(60),
+        ..small(16, 16)
+    };
+    tokio::spawn(
+        builder()
+            .layer(AuthLayer::new(Arc::new(Authenticator::new()), trust))
+            .add_service(api::curator_local_server::CuratorLocalServer::new(Slow {
+                delay: Duration::ZERO,
+            }))
+            .serve_with_incoming(incoming_with(
+                listener,
+                server_config(&server_credentials()).unwrap(),
+                limits,
+            )),
+    );
+    let call = async |channel: &tonic::transport::Channel| {
+        api::curator_local_client::CuratorLocalClient::new(channel.clone())
+            .get_current_leader(api::GetCurrentLeaderRequest {})
+            .await
+            .map(|_| ())
+    };
+    let (of_old, old_socket) = channel_with_socket(address, &node_credentials(&old)).await;
+    let new_credentials = node_credentials(&new);
+    let (of_new, new_socket) = channel_with_socket(address, &new_credentials).await;
+    let (stranger, stranger_socket) = channel_with_socket(address, &server_credentials()).await;
+    for channel in [&of_old, &of_new, &stranger] {
+        call(channel).await.expect("a call gets through");
+    }
+    // Nothing changed: every connection stays (the sweep looks every 2 s).
+    assert!(!closed_within(&old_socket, Duration::from_secs(3)).await);
+
+    // The old CA retired: its certificate's connection closes; the others stay.
+    *anchors.lock().unwrap() = trusting(&[&new]);
+    assert!(
+        closed_within(&old_socket, WAIT).await,
+        "the connection of a retired CA's certificate stayed open"
+    );
+    assert!(!closed_within(&new_socket, Duration::from_millis(100)).await);
+    assert!(!closed_within(&stranger_socket, Duration::from_millis(100)).await);
+    call(&of_new).await.expect("the new CA's connection serves");
+    call(&stranger)
+        .await
+        .expect("a self-signed caller is not swept");
+
+    // Its serial revoked (a removed operator, a deleted node): that one closes too.
+    let serial = pki::certificate_serial(&new_credentials.certificate).unwrap();
+    *anchors.lock().unwrap() = Anchors {
+        cas: vec![new.cert_der.clone()],
+        crls: vec![new.crl(&[serial], 2).unwrap()],
+    };
+    assert!(
+        closed_within(&new_socket, WAIT).await,
+        "the connection of a revoked certificate stayed open"
+    );
+    assert!(!closed_within(&stranger_socket, Duration::from_millis(100)).await);
+}
