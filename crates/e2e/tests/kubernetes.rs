@@ -5,7 +5,8 @@
 //! - KubernetesController is refused on a worker, and ConsensusMember cannot be removed
 //!   from a controller;
 //! - with the owner's polisctl-made kubeconfig, `/readyz` is ok, a namespace and a
-//!   ConfigMap are created and read back;
+//!   ConfigMap are created and read back; each controller's `node describe` names its
+//!   three components running;
 //! - a reader's kubeconfig lists but cannot create;
 //! - the apiserver's etcd (the proxy's socket) shows none of Polis's keys, refuses a
 //!   snapshot, the cluster PKI's keys (in the same etcd) are out of reach, and what the
@@ -128,6 +129,34 @@ fn kubernetes_controllers_serve_a_confined_highly_available_api() -> Result<()> 
     let ready = kubectl_ok(&owner, &["get", "--raw", "/readyz"])?;
     ensure!(ready.trim() == "ok", "{ready}");
     println!("role added -> apiserver ready: {:?}", started.elapsed());
+    // Each controller's status names its components, running (node describe).
+    for id in [&id0, &id1, &id2] {
+        wait_until(
+            "node describe names the running components",
+            TIMEOUT,
+            || {
+                cluster
+                    .ctl(&["node", "describe", id, "-o", "json"])
+                    .is_ok_and(|(ok, out, _)| {
+                        ok && serde_json::from_str::<serde_json::Value>(&out).is_ok_and(|v| {
+                            let programs = v["status"]["programs"].as_array().cloned();
+                            [
+                                "kube-apiserver",
+                                "kube-controller-manager",
+                                "kube-scheduler",
+                            ]
+                            .iter()
+                            .all(|name| {
+                                programs
+                                    .iter()
+                                    .flatten()
+                                    .any(|p| p["name"] == *name && p["running"] == true)
+                            })
+                        })
+                    })
+            },
+        )?;
+    }
     kubectl_ok(&owner, &["create", "namespace", "demo"])?;
     kubectl_ok(
         &owner,

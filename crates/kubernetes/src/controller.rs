@@ -12,7 +12,8 @@
 //!   restarted one by one (the other controllers serve meanwhile)
 //! ```
 //! A component that exits is restarted by the supervisor with its backoff, named in
-//! the log. Stopping this runnable (the role taken away) stops every component.
+//! the log and on the node's board (`board`: its restarts and last error in the node's
+//! status). Stopping this runnable (the role taken away) stops every component.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -40,6 +41,8 @@ pub struct ControllerSettings {
     pub certificate_lifetime: Option<Duration>,
     /// Asks the curator leader for certificates (the node's own mTLS client).
     pub issue: Issuer,
+    /// Where each component's state is kept for the node's status.
+    pub board: crate::board::ComponentBoard,
 }
 
 pub type Issuer = Arc<
@@ -145,13 +148,23 @@ fn component_runnable(
     binaries: PathBuf,
     program: &'static str,
     args: Vec<String>,
+    board: crate::board::ComponentBoard,
 ) -> impl Fn(supervisor::Context) -> BoxFuture<'static, supervisor::RunnableResult> + Send + Sync {
     move |ctx| {
-        let (binaries, args) = (binaries.clone(), args.clone());
+        let (binaries, args, board) = (binaries.clone(), args.clone(), board.clone());
         Box::pin(async move {
             ctx.signal_healthy();
-            component::run(&binaries, program, &args, ctx.cancelled()).await?;
-            Ok(())
+            board.started(program, crate::board::now_unix_ms());
+            match component::run(&binaries, program, &args, ctx.cancelled()).await {
+                Ok(()) => {
+                    board.stopped(program);
+                    Ok(())
+                }
+                Err(e) => {
+                    board.exited(program, &e.to_string(), crate::board::now_unix_ms());
+                    Err(e.into())
+                }
+            }
         })
     }
 }
@@ -253,10 +266,15 @@ pub async fn run(
     ctx: supervisor::Context,
     settings: ControllerSettings,
 ) -> supervisor::RunnableResult {
-    for (_, program) in COMPONENTS {
-        component::check_binary(&settings.binaries, program)?;
+    for program in COMPONENTS.map(|(_, p)| p).into_iter().chain(["kubectl"]) {
+        if let Err(e) = component::check_binary(&settings.binaries, program) {
+            // Named in the node's status too, not only in its log.
+            settings
+                .board
+                .exited(program, &e.to_string(), crate::board::now_unix_ms());
+            return Err(e.into());
+        }
     }
-    component::check_binary(&settings.binaries, "kubectl")?;
     let (layout, lifetime) = credentials(&settings).await?;
     tracing::info!(
         lifetime_s = lifetime.as_secs(),
@@ -286,7 +304,12 @@ pub async fn run(
         };
         ctx.run_stoppable(
             name,
-            component_runnable(settings.binaries.clone(), program, args),
+            component_runnable(
+                settings.binaries.clone(),
+                program,
+                args,
+                settings.board.clone(),
+            ),
         )
     };
     for (name, program) in COMPONENTS {
@@ -329,5 +352,6 @@ pub async fn run(
     for component in running {
         component.stop().await;
     }
+    settings.board.clear();
     Ok(())
 }

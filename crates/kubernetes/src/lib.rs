@@ -8,6 +8,8 @@
 //!     ├─ component  one upstream program as a child (PDEATHSIG, klog → node log)
 //!     ├─ etcdproxy  etcd's gRPC API on a unix socket, every key under /polis-k8s
 //!     │    └─ namespace  the rewriting (pure, proptested)
+//!     ├─ board      each component's state for the node's status (running,
+//!     │             restarts, last error)
 //!     ├─ config     files, flags, kubeconfigs, RBAC bindings (pure)
 //!     └─ certs      what each certificate says; Polis role → Kubernetes group (pure)
 //! ```
@@ -19,6 +21,7 @@
 //!   the curator leader (fenced); the service-account key is the cluster's.
 //! - Every child program dies with polis-node, and stopping the runnable stops them all.
 
+pub mod board;
 pub mod certs;
 pub mod component;
 pub mod config;

@@ -295,22 +295,104 @@ pub async fn answering_peers(others: &[SocketAddr]) -> Vec<SocketAddr> {
 /// What one other member answered on its node port, or why it did not.
 pub type MemberAnswer = (IpAddr, Result<api::GetConsensusStatusResponse, String>);
 
-/// Asks each of `members` (addresses of consensus members) on its node port, all at
-/// once, each bounded by `bound`, presenting `credentials` and accepting any node
-/// certificate of the cluster (`trust`).
+/// Another consensus member to ask on its node port: its address and, when this node's
+/// member book names it, its node ID. Only that node's certificate may answer for it:
+/// an address a stale directory lists may be another node's now, and a node that is
+/// no member must not make this one wipe, hold back or refuse a recover.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberToAsk {
+    pub ip: IpAddr,
+    pub node_id: Option<String>,
+}
+
+/// The host of an etcd peer URL (`https://IP:PORT`, IPv6 in brackets) (pure).
+pub fn peer_url_ip(url: &str) -> Option<IpAddr> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (host, _port) = rest.rsplit_once(':')?;
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .ok()
+}
+
+/// The other members to ask (pure): those of `book` (the etcd members this node last
+/// listed, `memberbook`) with their node IDs, then the `directory`'s other addresses
+/// (curators the book does not name: a member added, or a restore's new node, since
+/// the book was written) without one; never `own`.
+pub fn members_to_ask(
+    book: &[consensus::membership::Member],
+    directory: &[IpAddr],
+    own: IpAddr,
+) -> Vec<MemberToAsk> {
+    let mut members: Vec<MemberToAsk> = book
+        .iter()
+        .filter_map(|m| {
+            let ip = m.peer_urls.first().and_then(|u| peer_url_ip(u))?;
+            Some(MemberToAsk {
+                ip,
+                node_id: Some(m.name.clone()).filter(|n| !n.is_empty()),
+            })
+        })
+        .collect();
+    for ip in directory {
+        if !members.iter().any(|m| m.ip == *ip) {
+            members.push(MemberToAsk {
+                ip: *ip,
+                node_id: None,
+            });
+        }
+    }
+    members.retain(|m| m.ip != own);
+    // The book's entry first for an address listed twice.
+    members.sort_by(|a, b| {
+        a.ip.cmp(&b.ip)
+            .then(b.node_id.is_some().cmp(&a.node_id.is_some()))
+    });
+    members.dedup_by(|a, b| a.ip == b.ip);
+    members
+}
+
+/// The answer of a node this one does not know as a member (pure): taken only when the
+/// epoch it names is the bootstrap's or signed by one of `cas` (a cluster CA's key
+/// vouches for it); otherwise refused, so that no node can make this one hold back,
+/// wipe or refuse a recover with an epoch it made up.
+pub fn credible(
+    answer: api::GetConsensusStatusResponse,
+    cas: &[Vec<u8>],
+) -> Result<api::GetConsensusStatusResponse, String> {
+    let epoch = answered_epoch(&answer);
+    let signature = hex::encode(&answer.epoch_signature);
+    if rpc::epoch::verified(&epoch, Some(&signature), cas) {
+        Ok(answer)
+    } else {
+        Err(format!(
+            "node {} is not in this node's member book and named {} without a signature of \
+             a cluster CA this node trusts: not taken",
+            answer.node_id,
+            proto::epoch::describe(&epoch)
+        ))
+    }
+}
+
+/// Asks each of `members` on its node port, all at once, each bounded by `bound`,
+/// presenting `credentials`. Where this node knows the member's ID, that node's
+/// certificate answers, unsigned; otherwise (or when another node holds that address
+/// now: a restore at a former member's address) any node of the cluster (`trust`) for
+/// the address dialed, whose epoch is then taken only when signed (`credible`).
 pub async fn ask_members(
-    members: &[IpAddr],
-    trust: &rpc::ServerTrust,
+    members: &[MemberToAsk],
+    trust: &rpc::TrustSlot,
     credentials: &rpc::CredentialSlot,
     bound: Duration,
 ) -> Vec<MemberAnswer> {
     let mut asks = tokio::task::JoinSet::new();
-    for ip in members.iter().copied() {
+    for member in members.iter().cloned() {
         let (trust, credentials) = (trust.clone(), credentials.clone());
+        let cas = trust.cas();
         asks.spawn(async move {
-            let endpoint = SocketAddr::new(ip, rpc::NODE_LOGS_PORT);
-            let ask = async {
-                let channel = rpc::connect_with(endpoint, &trust, Some(&credentials))
+            let endpoint = SocketAddr::new(member.ip, rpc::NODE_LOGS_PORT);
+            let status = async |server: rpc::ServerTrust| {
+                let channel = rpc::connect_with(endpoint, &server, Some(&credentials))
                     .await
                     .map_err(|e| e.to_string())?;
                 api::curator_local_client::CuratorLocalClient::new(channel)
@@ -319,11 +401,36 @@ pub async fn ask_members(
                     .map(|r| r.into_inner())
                     .map_err(|s| s.message().to_string())
             };
+            let any_node = rpc::ServerTrust::ClusterMember {
+                trust: trust.clone(),
+            };
+            let ask = async {
+                let Some(id) = &member.node_id else {
+                    return credible(status(any_node).await?, &cas);
+                };
+                let as_member = rpc::ServerTrust::ClusterNode {
+                    trust: trust.clone(),
+                    node_id: id.clone(),
+                };
+                match status(as_member).await {
+                    Ok(answer) if answer.node_id == *id => Ok(answer),
+                    Ok(answer) => Err(format!(
+                        "answered as node {}, not as member {id}",
+                        answer.node_id
+                    )),
+                    // Another node at that address now (a restore at a former member's
+                    // address): believed only with a signed epoch, like a stranger.
+                    Err(as_member) => match status(any_node).await {
+                        Ok(answer) => credible(answer, &cas),
+                        Err(_) => Err(as_member),
+                    },
+                }
+            };
             let answer = match tokio::time::timeout(bound, ask).await {
                 Ok(answer) => answer,
                 Err(_) => Err(format!("no answer within {} ms", bound.as_millis())),
             };
-            (ip, answer)
+            (member.ip, answer)
         });
     }
     let mut answers = Vec::new();
@@ -362,6 +469,87 @@ mod tests {
         assert_eq!(parse_status_revision(json), Some(3));
         assert_eq!(parse_status_revision(b"{}"), None);
         assert_eq!(parse_status_revision(b"not json"), None);
+    }
+
+    #[test]
+    fn only_the_members_of_the_book_are_asked_by_node_id() {
+        let member = |id: u64, name: &str, url: &str| consensus::membership::Member {
+            id,
+            name: name.into(),
+            peer_urls: vec![url.into()],
+            is_learner: false,
+        };
+        let own: IpAddr = "127.0.0.1".parse().unwrap();
+        let directory: Vec<IpAddr> = ["127.0.0.2", "127.0.0.9"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let book = vec![
+            member(1, "polis-a", "https://127.0.0.1:7834"),
+            member(2, "polis-b", "https://127.0.0.2:7834"),
+            member(3, "polis-c", "https://[::1]:7834"),
+        ];
+        // The book's members by ID; the directory's other address without one.
+        assert_eq!(
+            members_to_ask(&book, &directory, own),
+            vec![
+                MemberToAsk {
+                    ip: "127.0.0.2".parse().unwrap(),
+                    node_id: Some("polis-b".into())
+                },
+                MemberToAsk {
+                    ip: "127.0.0.9".parse().unwrap(),
+                    node_id: None
+                },
+                MemberToAsk {
+                    ip: "::1".parse().unwrap(),
+                    node_id: Some("polis-c".into())
+                },
+            ]
+        );
+        // No book: the directory, any node answering for its own address.
+        assert_eq!(
+            members_to_ask(&[], &directory, own)
+                .iter()
+                .map(|m| (m.ip, m.node_id.clone()))
+                .collect::<Vec<_>>(),
+            vec![(directory[0], None), (directory[1], None)]
+        );
+        assert_eq!(
+            peer_url_ip("https://10.0.0.1:7834"),
+            Some("10.0.0.1".parse().unwrap())
+        );
+        assert_eq!(peer_url_ip("garbage"), None);
+    }
+
+    #[test]
+    fn a_stranger_is_believed_only_with_a_signed_epoch() {
+        let ca = pki::Ca::generate("cluster", pki::CA_LIFETIME).unwrap();
+        let cas = vec![ca.cert_der.clone()];
+        let newer = ClusterEpoch {
+            number: 1,
+            made_unix_ms: 10,
+            made_by: "polis-r".into(),
+            kind: "restore".into(),
+            ..Default::default()
+        };
+        let answer = |signature: Vec<u8>| api::GetConsensusStatusResponse {
+            node_id: "polis-w".into(),
+            epoch: Some(newer.clone()),
+            epoch_signature: signature,
+            ..Default::default()
+        };
+        assert!(credible(answer(vec![]), &cas).is_err());
+        let forged = pki::Ca::generate("worker's", pki::CA_LIFETIME)
+            .unwrap()
+            .sign(&rpc::epoch::signed_message(&newer))
+            .unwrap();
+        assert!(credible(answer(forged), &cas).is_err());
+        let signed = ca.sign(&rpc::epoch::signed_message(&newer)).unwrap();
+        assert!(credible(answer(signed), &cas).is_ok());
+        // The bootstrap's epoch makes no one hold back: no signature needed.
+        let plain = api::GetConsensusStatusResponse::default();
+        assert!(credible(plain, &cas).is_ok());
     }
 
     #[test]

@@ -153,5 +153,6 @@ fn node_status(settings: &Settings, values: &NodeValues) -> NodeStatus {
         certificate_ca_fingerprint,
         etcd_loaded_peer_ca_fingerprints,
         etcd_peer_certificate_ca_fingerprint,
+        services: values.components.snapshot(),
     }
 }

@@ -335,6 +335,13 @@ impl api::curator_local_server::CuratorLocal for MemberStatus {
             answer.epoch = Some(recorded);
         }
         answer.held_back = held.map(|h| h.reason).unwrap_or_default();
+        // Signed with the CA key this member's etcd holds: a node that asks this address
+        // without knowing it as a member takes a newer epoch only when this verifies.
+        if let Some(epoch) = &answer.epoch
+            && let Some(signature) = curator::service::epoch_signature(&client, epoch).await
+        {
+            answer.epoch_signature = signature;
+        }
         Ok(Response::new(answer))
     }
 

@@ -448,6 +448,7 @@ async fn run(start: Start) -> Result<()> {
         epoch_seen: crate::values::saved_epoch_seen(&root)?,
         etcd_peer_cas: event::Value::new(),
         etcd_peer_trust_loaded: event::Value::new(),
+        components: Default::default(),
     };
     values.services.set(Default::default());
     values.cluster_state.set(ClusterState::Unknown);

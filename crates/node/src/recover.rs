@@ -181,7 +181,8 @@ async fn checks(root: &Root, flags: &RecoverFlags, address: IpAddr) -> Result<Pl
     let own_revision = epochs::data_revision(&etcdctl, root)
         .with_context(|| format!("reading the revision of node {node}'s etcd data"))?
         .applied;
-    let answers = ask_members(root, &member_ips).await?;
+    let book = crate::memberbook::load(root)?;
+    let answers = ask_members(root, &epochs::members_to_ask(&book, &member_ips, address)).await?;
     for (ip, answer) in &answers {
         match answer {
             Ok(answer) => {
@@ -239,7 +240,10 @@ const MEMBER_ANSWER: Duration = Duration::from_secs(2);
 
 /// Asks the other consensus members `ips` on their node ports, with this node's
 /// certificate (the node does not run: its root is locked by this command).
-async fn ask_members(root: &Root, ips: &[IpAddr]) -> Result<Vec<epochs::MemberAnswer>> {
+async fn ask_members(
+    root: &Root,
+    members: &[epochs::MemberToAsk],
+) -> Result<Vec<epochs::MemberAnswer>> {
     let credentials = crate::values::NodeCredentials::default().slot(root)?;
     let ca = crate::storage::read_file(&root.cluster_ca(), "cluster CA certificate")?;
     let crl = crate::curator_client::saved_slot(&root.cluster_trust(), ca)?;
@@ -250,8 +254,7 @@ async fn ask_members(root: &Root, ips: &[IpAddr]) -> Result<Vec<epochs::MemberAn
             tracing::warn!("ignoring the saved cluster CRL: {e}");
         }
     }
-    let trust = rpc::ServerTrust::ClusterMember { trust: crl };
-    Ok(epochs::ask_members(ips, &trust, &credentials, MEMBER_ANSWER).await)
+    Ok(epochs::ask_members(members, &crl, &credentials, MEMBER_ANSWER).await)
 }
 
 /// Why the answer of member `ip` forbids recovering this node (pure), whose data

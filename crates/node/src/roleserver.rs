@@ -101,6 +101,7 @@ fn kubernetes_settings(
             .join(consensus::config::CLIENT_SOCKET_NAME),
         certificate_lifetime: settings.kubernetes_certificate_lifetime,
         issue,
+        board: values.components.clone(),
     })
 }
 

@@ -54,32 +54,29 @@ impl Newer {
     }
 }
 
-/// The other consensus members this node knows (its directory's curators), by address.
-fn other_members(settings: &Settings, values: &NodeValues) -> Vec<IpAddr> {
-    let mut ips: Vec<IpAddr> = values
+/// The other consensus members this node knows: its member book's (by node ID), else
+/// its directory's curators (by address).
+fn other_members(settings: &Settings, values: &NodeValues) -> Result<Vec<epochs::MemberToAsk>> {
+    let directory: Vec<IpAddr> = values
         .curators
         .current()
         .unwrap_or_default()
         .iter()
         .map(|c| c.ip())
-        .filter(|ip| *ip != settings.address)
         .collect();
-    ips.sort();
-    ips.dedup();
-    ips
+    let book = crate::memberbook::load(&settings.root)?;
+    Ok(epochs::members_to_ask(&book, &directory, settings.address))
 }
 
 /// Asks the other members once; the first with a newer epoch than this node's data.
 pub async fn check(settings: &Settings, values: &NodeValues) -> Result<Option<Newer>> {
-    let members = other_members(settings, values);
+    let members = other_members(settings, values)?;
     if members.is_empty() {
         return Ok(None);
     }
     let own = epochs::load(&settings.root)?;
     let credentials = values.credentials.slot(&settings.root)?;
-    let trust = rpc::ServerTrust::ClusterMember {
-        trust: crate::curator_client::trust(settings, values)?,
-    };
+    let trust = crate::curator_client::trust(settings, values)?;
     let answers = epochs::ask_members(&members, &trust, &credentials, ASK_BOUND).await;
     Ok(
         epochs::newer_member(&own, &answers).map(|(ip, answer)| Newer {

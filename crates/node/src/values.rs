@@ -54,6 +54,9 @@ pub struct NodeValues {
     /// The peer trust file (PEM) as this node's running etcd loaded it at its start (set
     /// by the control plane; empty while no etcd runs): etcd trusts exactly these.
     pub etcd_peer_trust_loaded: event::Value<Vec<u8>>,
+    /// The Kubernetes components this node runs for its roles, and how they fare
+    /// (reported with its heartbeats).
+    pub components: kubernetes::board::ComponentBoard,
 }
 
 /// The epoch slot of a node, holding what `root` saved, saving every newer epoch. A

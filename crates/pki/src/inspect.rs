@@ -86,6 +86,20 @@ pub fn crl_serials(crl_der: &[u8]) -> Result<Vec<Vec<u8>>, PkiError> {
         .collect())
 }
 
+/// Whether `signature` is the CA `ca_der`'s Ed25519 signature of `message`
+/// (`Ca::sign`). A CA that does not parse signed nothing.
+pub fn signed_by(ca_der: &[u8], message: &[u8], signature: &[u8]) -> bool {
+    let Ok((_, ca)) = x509_parser::parse_x509_certificate(ca_der) else {
+        return false;
+    };
+    ring::signature::UnparsedPublicKey::new(
+        &ring::signature::ED25519,
+        &ca.public_key().subject_public_key.data,
+    )
+    .verify(message, signature)
+    .is_ok()
+}
+
 /// Whether the CA `ca_der` issued the certificate `der`: its issuer is the CA's subject
 /// and the CA's key verifies its signature (Ed25519, as every CA here signs). A
 /// certificate or CA that does not parse was not.

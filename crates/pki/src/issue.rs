@@ -145,6 +145,17 @@ impl Ca {
         &self.key_pkcs8
     }
 
+    /// An Ed25519 signature of `message` by the CA's key: for statements a client checks
+    /// against the CAs it trusts (`crate::signed_by`), such as a cluster epoch.
+    pub fn sign(&self, message: &[u8]) -> Result<Vec<u8>, PkiError> {
+        let pair = ring::signature::Ed25519KeyPair::from_pkcs8_maybe_unchecked(&self.key_pkcs8)
+            .map_err(|e| PkiError::Invalid {
+                what: "CA private key",
+                reason: e.to_string(),
+            })?;
+        Ok(pair.sign(message).as_ref().to_vec())
+    }
+
     pub(crate) fn issuer(&self) -> Result<Issuer<'static, KeyPair>, PkiError> {
         let key = KeyPair::try_from(self.key_pkcs8.as_slice())?;
         Ok(Issuer::from_ca_cert_der(

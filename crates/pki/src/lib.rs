@@ -59,7 +59,7 @@ mod store;
 
 pub use handover::{MAX_HANDOVERS, handed_over};
 pub use inspect::{
-    certificate_public_key, common_name, crl_serials, issued_by, time_to_expiry,
+    certificate_public_key, common_name, crl_serials, issued_by, signed_by, time_to_expiry,
     verified_crl_number,
 };
 pub use issue::{Ca, Issued, Template, Usage, random_serial};

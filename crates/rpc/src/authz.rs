@@ -511,6 +511,7 @@ mod tests {
                 "/polis.api.Curator/IssueKubernetesCertificates",
                 "/polis.api.Curator/JoinConsensus",
                 "/polis.api.Curator/RegisterNode",
+                "/polis.api.Curator/ReissueNodeCertificate",
                 "/polis.api.Curator/RenewCertificates",
                 "/polis.api.CuratorLocal/DefragmentMember",
                 "/polis.api.DataUnlock/UnlockData",
@@ -535,7 +536,7 @@ mod tests {
     }
 
     #[test]
-    fn self_signed_callers_reach_only_local_escrow_and_registration() {
+    fn self_signed_callers_reach_only_local_escrow_registration_and_reissue() {
         let caller = Identity::SelfSigned {
             public_key: vec![1; 32],
         };
@@ -551,6 +552,7 @@ mod tests {
                 "/polis.api.AAA/Escrow",
                 "/polis.api.Curator/CommitNode",
                 "/polis.api.Curator/RegisterNode",
+                "/polis.api.Curator/ReissueNodeCertificate",
                 "/polis.api.CuratorLocal/GetCACertificate",
                 "/polis.api.CuratorLocal/GetCurrentLeader",
                 "/polis.api.DataUnlock/UnlockData",

@@ -327,6 +327,18 @@ impl CuratorClient {
         }
     }
 
+    /// The CAs this client checks curators against (none for trust on first use): what
+    /// a curator's epoch signature must verify under.
+    fn trusted_cas(&self) -> Vec<Vec<u8>> {
+        match &self.trust {
+            ServerTrust::PinnedCa(ca) => vec![ca.clone()],
+            ServerTrust::ClusterCa { trust }
+            | ServerTrust::ClusterNode { trust, .. }
+            | ServerTrust::ClusterMember { trust } => trust.cas(),
+            ServerTrust::FirstUse => Vec::new(),
+        }
+    }
+
     /// Takes the epoch `endpoint` answered with (none: a curator of a version before
     /// epochs, taken as the bootstrap's); an older one than seen refuses its answer.
     fn epoch_of(
@@ -339,7 +351,11 @@ impl CuratorClient {
             .and_then(|v| v.to_str().ok())
             .and_then(crate::epoch::decode)
             .unwrap_or_default();
-        self.epoch.offer(&answered).map_err(|seen| {
+        let signature = metadata
+            .get(crate::epoch::EPOCH_SIGNATURE_HEADER)
+            .and_then(|v| v.to_str().ok());
+        let verified = crate::epoch::verified(&answered, signature, &self.trusted_cas());
+        self.epoch.offer(&answered, verified).map_err(|seen| {
             if proto::epoch::is_drill(&answered) != proto::epoch::is_drill(&seen) {
                 let (drill, live) = if proto::epoch::is_drill(&answered) {
                     (

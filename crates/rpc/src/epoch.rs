@@ -11,7 +11,15 @@
 //! A curator of an older epoch serves only until it sees the newer one (a few seconds,
 //! `node::superseded`); what it answers meanwhile is refused by clients that know better.
 //! The header value is `<number>-<made_unix_ms>-<kind>-<made_by>` (`0-0--` for the
-//! bootstrap's epoch). A leaf beside `tls`: may not connect nor authenticate.
+//! bootstrap's epoch).
+//!
+//! A client keeps a newer epoch only when it can verify it: the curator signs its
+//! epoch with the cluster CA's key (`x-polis-epoch-signature`, hex; re-signed when
+//! the signing CA changes) and the client checks that signature against the CAs it
+//! trusts ([`verified`]). An answer with a newer epoch it cannot verify is taken (the
+//! curator's certificate verified) but the epoch is not kept: whoever holds a curator's
+//! key, not the CA's, cannot make clients refuse every other curator with a forged
+//! far-future epoch. A leaf beside `tls`: may not connect nor authenticate.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -22,6 +30,29 @@ use proto::config::ClusterEpoch;
 
 /// The header every curator answer carries: the curator's own epoch.
 pub const EPOCH_HEADER: &str = "x-polis-epoch";
+
+/// The header that carries the curator's signature of its epoch (hex).
+pub const EPOCH_SIGNATURE_HEADER: &str = "x-polis-epoch-signature";
+
+/// What the cluster CA signs of an epoch: its header value, with a purpose line.
+pub fn signed_message(epoch: &ClusterEpoch) -> Vec<u8> {
+    format!("polis cluster epoch v1\n{}", encode(epoch)).into_bytes()
+}
+
+/// Whether `epoch` may be kept by a client trusting `cas`: the bootstrap's needs no
+/// signature (no epoch is older); any other must carry `signature_hex`, a signature of
+/// [`signed_message`] by one of `cas`.
+pub fn verified(epoch: &ClusterEpoch, signature_hex: Option<&str>, cas: &[Vec<u8>]) -> bool {
+    if proto::epoch::same(epoch, &ClusterEpoch::default()) {
+        return true;
+    }
+    let Some(signature) = signature_hex.and_then(|h| hex::decode(h).ok()) else {
+        return false;
+    };
+    let message = signed_message(epoch);
+    cas.iter()
+        .any(|ca| pki::signed_by(ca, &message, &signature))
+}
 
 /// The header value of `epoch`.
 pub fn encode(epoch: &ClusterEpoch) -> String {
@@ -96,10 +127,12 @@ impl EpochSlot {
         self.held.lock().expect("epoch slot lock").clone()
     }
 
-    /// Takes `answered` (a curator's epoch): `Err` with the epoch held when it is older,
-    /// or of the other line (a drill's where the client holds the cluster's, or the
-    /// reverse); otherwise kept when newer (the hook told).
-    pub fn offer(&self, answered: &ClusterEpoch) -> Result<(), ClusterEpoch> {
+    /// Takes `answered` (a curator's epoch; `verified`: its signature checks out, see
+    /// [`verified`]): `Err` with the epoch held when it is older, or of the other line (a
+    /// drill's where the client holds the cluster's, or the reverse); otherwise kept
+    /// when newer and verified (the hook told). A newer one that is not verified is
+    /// taken for this answer only.
+    pub fn offer(&self, answered: &ClusterEpoch, verified: bool) -> Result<(), ClusterEpoch> {
         let newer = {
             let mut held = self.held.lock().expect("epoch slot lock");
             match held.as_ref() {
@@ -110,6 +143,14 @@ impl EpochSlot {
                 }
                 Some(h) if proto::epoch::newer(h, answered) => return Err(h.clone()),
                 Some(h) if proto::epoch::same(h, answered) => false,
+                _ if !verified => {
+                    tracing::warn!(
+                        epoch = proto::epoch::describe(answered),
+                        "a curator named a newer cluster epoch without a signature of a CA \
+                         this client trusts: not kept"
+                    );
+                    false
+                }
                 _ => {
                     *held = Some(answered.clone());
                     true
@@ -123,17 +164,33 @@ impl EpochSlot {
     }
 }
 
-/// The curator's side: names its epoch on every answer.
+/// The curator's side: names its epoch on every answer, signed once [`Self::sign`]
+/// was given the signature (by the CA that signs now; again when that changes).
 #[derive(Clone)]
 pub struct EpochLayer {
-    header: http::HeaderValue,
+    epoch: ClusterEpoch,
+    headers: Arc<std::sync::RwLock<(http::HeaderValue, Option<http::HeaderValue>)>>,
 }
 
 impl EpochLayer {
     pub fn new(own: ClusterEpoch) -> EpochLayer {
         let header = http::HeaderValue::from_str(&encode(&own))
             .unwrap_or_else(|_| http::HeaderValue::from_static("0-0--"));
-        EpochLayer { header }
+        EpochLayer {
+            epoch: own,
+            headers: Arc::new(std::sync::RwLock::new((header, None))),
+        }
+    }
+
+    /// The epoch named.
+    pub fn epoch(&self) -> &ClusterEpoch {
+        &self.epoch
+    }
+
+    /// Names `signature` (of [`signed_message`] of the epoch) from now on.
+    pub fn sign(&self, signature: &[u8]) {
+        let value = http::HeaderValue::from_str(&hex::encode(signature)).ok();
+        self.headers.write().expect("epoch headers lock").1 = value;
     }
 }
 
@@ -173,13 +230,23 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let header = self.layer.header.clone();
+        let (header, signature) = self
+            .layer
+            .headers
+            .read()
+            .expect("epoch headers lock")
+            .clone();
         // The clone is not ready; keep the ready one for this call.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
             let mut response = inner.call(request).await?;
             response.headers_mut().insert(EPOCH_HEADER, header);
+            if let Some(signature) = signature {
+                response
+                    .headers_mut()
+                    .insert(EPOCH_SIGNATURE_HEADER, signature);
+            }
             Ok(response)
         })
     }
@@ -231,13 +298,41 @@ mod tests {
         );
         let one = epoch(1, 10, "polis-a");
         let two = epoch(2, 20, "polis-b");
-        assert_eq!(slot.offer(&ClusterEpoch::default()), Ok(()));
-        assert_eq!(slot.offer(&one), Ok(()));
-        assert_eq!(slot.offer(&one), Ok(()));
-        assert_eq!(slot.offer(&two), Ok(()));
-        assert_eq!(slot.offer(&one), Err(two.clone()));
+        assert_eq!(slot.offer(&ClusterEpoch::default(), true), Ok(()));
+        assert_eq!(slot.offer(&one, true), Ok(()));
+        assert_eq!(slot.offer(&one, true), Ok(()));
+        assert_eq!(slot.offer(&two, true), Ok(()));
+        assert_eq!(slot.offer(&one, true), Err(two.clone()));
         assert_eq!(slot.current(), Some(two));
         assert_eq!(*told.lock().unwrap(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn only_an_epoch_signed_by_a_trusted_ca_is_kept() {
+        let ca = pki::Ca::generate("cluster", pki::CA_LIFETIME).unwrap();
+        let stranger = pki::Ca::generate("stranger", pki::CA_LIFETIME).unwrap();
+        let one = epoch(1, 10, "polis-a");
+        let far = epoch(u64::MAX, u64::MAX, "polis-forged");
+        let signature = hex::encode(ca.sign(&signed_message(&one)).unwrap());
+        let forged = hex::encode(stranger.sign(&signed_message(&far)).unwrap());
+        let cas = vec![ca.cert_der.clone()];
+        assert!(verified(&one, Some(&signature), &cas));
+        assert!(verified(&ClusterEpoch::default(), None, &cas));
+        // Unsigned, signed by another CA, signed for another epoch, garbage: not verified.
+        assert!(!verified(&one, None, &cas));
+        assert!(!verified(&far, Some(&forged), &cas));
+        assert!(!verified(&far, Some(&signature), &cas));
+        assert!(!verified(&one, Some("zz"), &cas));
+        // A client offered the forged far-future epoch takes that answer but keeps what
+        // it held: the next curator's answer of the real epoch is not refused.
+        let slot = EpochSlot::new(Some(one.clone()), None);
+        assert_eq!(slot.offer(&far, false), Ok(()));
+        assert_eq!(slot.current(), Some(one.clone()));
+        assert_eq!(slot.offer(&one, true), Ok(()));
+        // An older epoch is refused whatever its signature.
+        let newer = epoch(2, 20, "polis-b");
+        assert_eq!(slot.offer(&newer, true), Ok(()));
+        assert_eq!(slot.offer(&one, true), Err(newer));
     }
 
     #[test]
@@ -250,19 +345,19 @@ mod tests {
         assert_eq!(drill.kind, proto::epoch::DRILL);
         // A client of the live cluster refuses the drill, newer as its number is.
         let client = EpochSlot::new(Some(live.clone()), None);
-        assert_eq!(client.offer(&drill), Err(live.clone()));
+        assert_eq!(client.offer(&drill, true), Err(live.clone()));
         assert_eq!(client.current(), Some(live.clone()));
         // A later epoch of the live cluster is still taken.
         let later = proto::epoch::successor(&live, 30, "polis-b", "recover", 9);
-        assert_eq!(client.offer(&later), Ok(()));
+        assert_eq!(client.offer(&later, true), Ok(()));
         // A client of the drill refuses the live cluster, and what continues a drill is
         // a drill's too.
         let rehearsal = EpochSlot::new(Some(drill.clone()), None);
-        assert_eq!(rehearsal.offer(&later), Err(drill.clone()));
+        assert_eq!(rehearsal.offer(&later, true), Err(drill.clone()));
         let recovered = proto::epoch::successor(&drill, 40, "polis-d", "recover", 12);
         assert!(proto::epoch::is_drill(&recovered));
-        assert_eq!(rehearsal.offer(&recovered), Ok(()));
-        assert_eq!(client.offer(&recovered), Err(later));
+        assert_eq!(rehearsal.offer(&recovered, true), Ok(()));
+        assert_eq!(client.offer(&recovered, true), Err(later));
     }
 }
 

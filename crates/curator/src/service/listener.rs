@@ -144,6 +144,15 @@ pub(super) async fn serve(
         .await
         .map_err(|e| format!("reading the cluster's epochs: {e}"))?;
     let epoch = rpc::epoch::EpochLayer::new(proto::epoch::latest(&chain));
+    // Signed by the CA that signs (clients keep only a verified newer epoch); stopped
+    // with this listener.
+    let signed_by = super::epoch_signer::sign_first(&shared, &epoch).await;
+    let signer_stop = ctx.cancellation_token().child_token();
+    let _signer_guard = signer_stop.clone().drop_guard();
+    tokio::spawn(tracing::Instrument::instrument(
+        super::epoch_signer::run(shared.clone(), epoch.clone(), signed_by, signer_stop),
+        tracing::Span::current(),
+    ));
     let services = Services(shared.clone());
     tracing::info!(listen = %config.listen, "curator serving");
     ctx.signal_healthy();

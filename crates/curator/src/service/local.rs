@@ -121,6 +121,21 @@ impl api::curator_local_server::CuratorLocal for Services {
     }
 }
 
+/// The cluster CA's signature of `epoch` with the key the local etcd member (`client`)
+/// holds, read without a quorum; None when it cannot be read (or signed).
+pub async fn epoch_signature(
+    client: &etcd_client::Client,
+    epoch: &proto::config::ClusterEpoch,
+) -> Option<Vec<u8>> {
+    let store = crate::layout::cluster_pki(&consensus::Namespaced::new(
+        client.clone(),
+        crate::layout::NAMESPACE,
+    ));
+    let read = tokio::time::timeout(QUORUM_READ_BOUND, store.load_ca_local()).await;
+    let ca = read.ok()?.ok()??;
+    ca.sign(&rpc::epoch::signed_message(epoch)).ok()
+}
+
 /// What the local etcd member (`client`) says of itself and its cluster, answered
 /// without a quorum: GetConsensusStatus, here and on a member's own port while its
 /// curator cannot run (`polis-node`'s log port; no scheduled-snapshot fields there).

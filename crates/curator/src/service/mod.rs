@@ -92,6 +92,7 @@ mod confirm;
 mod crl;
 mod curator_certificate;
 mod decommission;
+mod epoch_signer;
 mod etcd_members;
 mod fence;
 mod follows;
@@ -127,7 +128,7 @@ use std::sync::{Arc, Mutex};
 
 use consensus::Namespaced;
 
-pub use local::{member_status, peer_answers, with_peer_view};
+pub use local::{epoch_signature, member_status, peer_answers, with_peer_view};
 pub use shared::{CuratorConfig, NodeSnapshot, Services, Shared, Snapshot, SnapshotSettings};
 
 use crate::election::{self, ElectionConfig, Role};

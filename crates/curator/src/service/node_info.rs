@@ -1,7 +1,7 @@
 //! The API view of node records (`NodeInfo`, for ListNodes, DescribeNode and the
 //! answers of calls that change a node): the record with this tenure's health verdict,
-//! the decommission progress, the certificate expiry warnings and what a running CA
-//! rotation waits for from the node.
+//! the decommission progress, the certificate expiry warnings, what a running CA
+//! rotation waits for from the node, and a role's program that keeps crashing.
 //!
 //! Reads memory only (the heartbeat book, the certificate view, the trusted CAs): may
 //! not call etcd.
@@ -58,6 +58,19 @@ impl Shared {
                             .map(|why| format!("CA rotation: it {why}")),
                     );
                 }
+                // A role's program that keeps crashing (a Kubernetes component).
+                warnings.extend(
+                    node.status
+                        .iter()
+                        .flat_map(|s| &s.services)
+                        .filter(|s| kubernetes::board::crash_looping(s))
+                        .map(|s| {
+                            format!(
+                                "{} keeps crashing ({} restarts): {}",
+                                s.name, s.restarts, s.last_error
+                            )
+                        }),
+                );
                 if let Some(peer) = &peer_trusted {
                     warnings.extend(
                         ca_rotation::node_holds_up(Rotated::EtcdPeer, &peer.trusted, &node)

@@ -87,8 +87,27 @@ fn check_status(status: &NodeStatus) -> Result<(), Status> {
             "a CA fingerprint in the status is not 64 hex digits (SHA-256)",
         ));
     }
+    if status.services.len() > MAX_SERVICES
+        || status.services.iter().any(|s| {
+            s.name.is_empty()
+                || s.name.len() > MAX_VERSION_LEN
+                || s.last_error.len() > MAX_SERVICE_ERROR_LEN
+        })
+    {
+        return Err(Status::invalid_argument(format!(
+            "the status names more than {MAX_SERVICES} services, or one with an empty or \
+             overlong name or error"
+        )));
+    }
     Ok(())
 }
+
+/// The most services a node's status names (a node runs a handful per role).
+const MAX_SERVICES: usize = 16;
+
+/// The longest error a service's state carries (the node's board bounds it so:
+/// `kubernetes::board::MAX_ERROR_LEN`).
+const MAX_SERVICE_ERROR_LEN: usize = kubernetes::board::MAX_ERROR_LEN;
 
 /// The version-skew policy: a node this curator may not work with is told why, with
 /// both versions, on every heartbeat. Its status is still recorded (at most once a
@@ -684,6 +703,30 @@ mod node_view_tests {
             ..ok.clone()
         };
         assert!(check_status(&too_many).is_err());
+        let service = proto::state::ServiceState {
+            name: "kube-apiserver".into(),
+            last_error: "x".repeat(256),
+            ..Default::default()
+        };
+        let services = NodeStatus {
+            services: vec![service.clone(); MAX_SERVICES],
+            ..ok.clone()
+        };
+        assert!(check_status(&services).is_ok());
+        for bad in [
+            vec![service.clone(); MAX_SERVICES + 1],
+            vec![proto::state::ServiceState {
+                last_error: "x".repeat(257),
+                ..service.clone()
+            }],
+            vec![proto::state::ServiceState::default()],
+        ] {
+            let refused = NodeStatus {
+                services: bad,
+                ..ok.clone()
+            };
+            assert!(check_status(&refused).is_err());
+        }
         let long = NodeStatus {
             trusted_ca_fingerprints: vec!["a".repeat(10_000)],
             ..ok.clone()

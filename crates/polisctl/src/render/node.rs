@@ -50,7 +50,41 @@ fn status_json(status: &NodeStatus) -> Value {
         "curator_running": status.curator_running,
         "started_at_unix_ms": status.started_at_unix_ms,
         "started_at": output::utc_time(status.started_at_unix_ms),
+        "programs": status.services.iter().map(|s| json!({
+            "name": s.name,
+            "running": s.running,
+            "restarts": s.restarts,
+            "last_error": s.last_error,
+            "since_unix_ms": s.since_unix_ms,
+        })).collect::<Vec<_>>(),
     })
+}
+
+/// One line per program a role runs: `kube-apiserver: running since …, 2 restarts
+/// (last: …)`.
+fn program_lines(status: &NodeStatus) -> Vec<String> {
+    status
+        .services
+        .iter()
+        .map(|s| {
+            let mut line = format!(
+                "{}: {}",
+                escape(&s.name),
+                match (s.running, s.since_unix_ms) {
+                    (true, at) => format!("running since {}", output::utc_time(at)),
+                    (false, 0) => "stopped".to_string(),
+                    (false, at) => format!("exited at {}", output::utc_time(at)),
+                }
+            );
+            if s.restarts > 0 {
+                line.push_str(&format!(", {} restarts", s.restarts));
+            }
+            if !s.last_error.is_empty() {
+                line.push_str(&format!(" (last: {})", escape(&s.last_error)));
+            }
+            line
+        })
+        .collect()
 }
 
 fn hex_encode(bytes: &[u8]) -> String {
@@ -154,6 +188,13 @@ pub(crate) fn print_node(node: &api::NodeInfo, format: Format) {
                         "  Started:   {}",
                         output::utc_time(status.started_at_unix_ms)
                     );
+                    let programs = program_lines(status);
+                    if !programs.is_empty() {
+                        println!("  Programs:");
+                        for line in programs {
+                            println!("    {line}");
+                        }
+                    }
                 }
             }
         }
