@@ -1,4 +1,4 @@
-//! A rolling upgrade (issue 27, README "Upgrading"): a cluster of 3 members and 2
+//! A rolling upgrade (issue 27, docs/upgrades.md): a cluster of 3 members and 2
 //! workers started from the binaries of an older commit (built from git by
 //! `scripts/old-binaries`, which `scripts/test` runs; never committed binaries) is
 //! upgraded node by node to this build's polis-node while an owner writes labels

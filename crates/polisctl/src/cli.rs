@@ -412,7 +412,7 @@ pub(crate) enum NodeCommand {
         #[arg(required = true)]
         ids: Vec<String>,
     },
-    /// Whether this node may be restarted on the next version now (README "Upgrading"):
+    /// Whether this node may be restarted on the next version now (docs/upgrades.md, "Upgrading"):
     /// the cluster allows an upgrade step (`cluster versions`), the node is UP, and a
     /// consensus member's restart leaves a quorum of HEALTHY members. Exits 1 with the
     /// reasons when it may not.

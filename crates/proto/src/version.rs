@@ -3,7 +3,7 @@
 //! A node and a curator work together while their versions have the same major number
 //! and minor numbers at most [`MAX_MINOR_SKEW`] apart, in either direction; the patch
 //! number never matters. A cluster is upgraded one minor version at a time, one node at
-//! a time (README, "Upgrading"): every node of the old version keeps talking to every
+//! a time (docs/upgrades.md, "Upgrading"): every node of the old version keeps talking to every
 //! node of the new one throughout. The curator refuses the heartbeats of a node outside
 //! the policy, naming both versions; `polisctl cluster versions` shows where each node
 //! stands.

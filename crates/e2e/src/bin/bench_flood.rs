@@ -12,7 +12,7 @@
 //! JSON line per minute is printed; the last line is the summary:
 //! `{"bench":"flood","seconds":…,"calls":…,"answered":…,"db_in_use_start":…,
 //! "db_in_use_max":…,"db_in_use_end":…,"db_size_max":…,"growth_bound_bytes":…}`.
-//! The bound holds by construction (README "Limits"): the audit log's budget (8 MiB),
+//! The bound holds by construction (docs/limits.md): the audit log's budget (8 MiB),
 //! the history the upkeep lets etcd keep (16 MiB), and what refused calls can write
 //! while history is too young to compact (30 s) plus one upkeep period (10 s): at most
 //! 1 024 tally windows and one overflow window per audited RPC (20) and status code

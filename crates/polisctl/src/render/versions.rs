@@ -1,7 +1,7 @@
 //! `cluster versions`: each node's version against the version-skew policy
 //! (`proto::version`), and whether the next upgrade step may start.
 //!
-//! An upgrade step (one node restarted on the next version, README "Upgrading") may
+//! An upgrade step (one node restarted on the next version, docs/upgrades.md) may
 //! start when every node reports a readable version, the oldest and the newest are
 //! within the policy, and every node that is UP is HEALTHY (no member behind, no node
 //! that would be lost with the one restarting). Pure: the node list in, a report out.
