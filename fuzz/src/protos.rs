@@ -298,6 +298,13 @@ pub fn records_seeds() -> Vec<Vec<u8>> {
             certificate_ca_fingerprint: "ab".repeat(32),
             etcd_loaded_peer_ca_fingerprints: vec!["ef".repeat(32)],
             etcd_peer_certificate_ca_fingerprint: "ef".repeat(32),
+            services: vec![state::ServiceState {
+                name: "kube-apiserver".into(),
+                running: true,
+                restarts: 2,
+                last_error: "kube-apiserver exited (exit status: 1)".into(),
+                since_unix_ms: 1_795_000_000_000,
+            }],
         }),
         health: 1,
         data_join_key: vec![2; 32],
