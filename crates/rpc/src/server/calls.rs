@@ -27,6 +27,8 @@ pub(crate) struct Calls {
     evicted: AtomicBool,
     /// Whether the sweeper keeps this connection (`sweep`): registered once.
     swept: AtomicBool,
+    /// Whether the sweeper decided to close it (after a grace when busy).
+    doomed: AtomicBool,
     /// Whoever waits for the connection's bytes (the handshake, then the connection's
     /// reads): woken by an eviction.
     waiter: Mutex<Option<Waker>>,
@@ -42,6 +44,7 @@ impl Calls {
             demotions,
             evicted: AtomicBool::new(false),
             swept: AtomicBool::new(false),
+            doomed: AtomicBool::new(false),
             waiter: Mutex::new(None),
         }
     }
@@ -82,6 +85,15 @@ impl Calls {
     /// Whether the connection was evicted (it closes at its next read).
     pub(super) fn is_evicted(&self) -> bool {
         self.evicted.load(Ordering::SeqCst)
+    }
+
+    /// Marks the connection as one the sweeper closes (see `sweep`).
+    pub(super) fn doom(&self) {
+        self.doomed.store(true, Ordering::SeqCst);
+    }
+
+    pub(super) fn is_doomed(&self) -> bool {
+        self.doomed.load(Ordering::SeqCst)
     }
 
     /// True the first time only: the sweeper registers a connection once.

@@ -9,7 +9,9 @@
 //!                                           (once per connection; weak: no seat kept)
 //!   sweeper task, every CHECK: the anchors (trust source) changed, or FULL passed ─▶
 //!     each registered connection's leaf classified again under them: Invalid ─▶
-//!     the connection evicted (closed at its next read; its streams end with it)
+//!     the connection evicted (closed at its next read; its streams end with it) —
+//!     at once when no call is in flight on it, else after GRACE (30 s), so that a call
+//!     under way ends with its own answer
 //! ```
 //! Only what verified before and does not now is closed: a self-signed caller (a
 //! registering node, an unlocking one) stays self-signed under any anchors.
@@ -35,6 +37,10 @@ pub type TrustSource =
 
 /// How often the anchors are looked at.
 const CHECK: Duration = Duration::from_secs(2);
+/// How long calls in flight on a connection to be closed get to finish: the longest a
+/// unary call may take on a curator (its request timeout), so that every call under
+/// way ends with its own answer; a stream ends with the connection then.
+const GRACE: Duration = Duration::from_secs(30);
 /// How often every connection is classified again although the anchors did not change
 /// (a certificate that expired meanwhile).
 const FULL: Duration = Duration::from_secs(30);
@@ -107,13 +113,38 @@ impl Sweeper {
                 tracing::info!(
                     "closing a connection whose certificate no longer verifies: {reason}"
                 );
-                calls.evict();
+                evict_after_grace(&calls);
                 evicted += 1;
             }
         }
-        connections.retain(|e| e.calls.upgrade().is_some_and(|c| !c.is_evicted()));
+        // Evicted ones, and those whose eviction is under way, are not looked at again.
+        connections.retain(|e| {
+            e.calls
+                .upgrade()
+                .is_some_and(|c| !c.is_evicted() && !c.is_doomed())
+        });
         evicted
     }
+}
+
+/// Evicts `calls`' connection now when no call is in flight on it; otherwise after
+/// [`GRACE`], so that a call under way (a renewal racing the revocation that made its
+/// certificate invalid) ends with its own answer rather than a cut connection, while a
+/// stream still ends within the grace.
+fn evict_after_grace(calls: &Arc<Calls>) {
+    use super::admission::Occupant as _;
+    calls.doom();
+    if !calls.busy() {
+        calls.evict();
+        return;
+    }
+    let weak = Arc::downgrade(calls);
+    tokio::spawn(async move {
+        tokio::time::sleep(GRACE).await;
+        if let Some(calls) = weak.upgrade() {
+            calls.evict();
+        }
+    });
 }
 
 /// The task: ends once every `AuthLayer` holding the sweeper is gone.

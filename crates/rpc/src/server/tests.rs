@@ -719,3 +719,58 @@ async fn a_connection_is_closed_once_its_certificate_no_longer_verifies() {
     );
     assert!(!closed_within(&stranger_socket, Duration::from_millis(100)).await);
 }
+
+#[tokio::test]
+async fn a_call_in_flight_ends_with_its_answer_before_its_connection_is_closed() {
+    let (listener, address) = bind().await;
+    let old = pki::Ca::generate("old CA", pki::CA_LIFETIME).unwrap();
+    let new = pki::Ca::generate("new CA", pki::CA_LIFETIME).unwrap();
+    let trusting = |cas: &[&pki::Ca]| Anchors {
+        cas: cas.iter().map(|c| c.cert_der.clone()).collect(),
+        crls: cas.iter().map(|c| c.crl(&[], 1).unwrap()).collect(),
+    };
+    let anchors = Arc::new(std::sync::Mutex::new(trusting(&[&old, &new])));
+    let source = anchors.clone();
+    let trust: TrustSource = Arc::new(move || {
+        let anchors = source.lock().unwrap().clone();
+        Box::pin(async move { Ok(anchors) })
+    });
+    let limits = Limits {
+        idle_timeout: Duration::from_secs(60),
+        first_call_timeout: Duration::from_secs(60),
+        ..small(16, 16)
+    };
+    tokio::spawn(
+        builder()
+            .layer(AuthLayer::new(Arc::new(Authenticator::new()), trust))
+            .add_service(api::curator_local_server::CuratorLocalServer::new(Slow {
+                delay: Duration::from_secs(3),
+            }))
+            .serve_with_incoming(incoming_with(
+                listener,
+                server_config(&server_credentials()).unwrap(),
+                limits,
+            )),
+    );
+    let (channel, socket) = channel_with_socket(address, &node_credentials(&old)).await;
+    // Kept open by the test (a dropped channel leaves unread bytes that hide the close).
+    let calling = channel.clone();
+    let call = tokio::spawn(async move {
+        api::curator_local_client::CuratorLocalClient::new(calling)
+            .get_current_leader(api::GetCurrentLeaderRequest {})
+            .await
+            .map(|_| ())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The CA retired while the call runs: the call still gets its answer…
+    *anchors.lock().unwrap() = trusting(&[&new]);
+    call.await
+        .unwrap()
+        .expect("a call under way ends with its own answer");
+    // …and the connection is closed after the grace.
+    assert!(
+        closed_within(&socket, Duration::from_secs(40)).await,
+        "the connection of a retired CA's certificate stayed open"
+    );
+    drop(channel);
+}
