@@ -357,6 +357,7 @@ pub fn records_seeds() -> Vec<Vec<u8>> {
             config::LocalRoles {
                 consensus_member: true,
                 kubernetes_controller: true,
+                kubernetes_worker: false,
             }
             .encode_to_vec(),
         ),

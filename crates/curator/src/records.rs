@@ -109,6 +109,13 @@ pub fn role_names(node: &Node) -> Vec<String> {
     {
         roles.push(proto::ROLE_KUBERNETES_CONTROLLER.to_string());
     }
+    if node
+        .roles
+        .as_ref()
+        .is_some_and(|r| r.kubernetes_worker.is_some())
+    {
+        roles.push(proto::ROLE_KUBERNETES_WORKER.to_string());
+    }
     roles
 }
 

@@ -19,11 +19,10 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::{Cluster, Node, Proc, TIMEOUT, endpoints, wait_until};
+use e2e::{Cluster, Node, TIMEOUT, endpoints, wait_until};
 
 /// Components' certificate lifetime: renewed (at 2/3) while the test runs.
 const LIFETIME_S: &str = "45";
@@ -44,17 +43,7 @@ fn binaries() -> Result<PathBuf> {
 
 /// kubectl with `kubeconfig`: (success, stdout, stderr).
 fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<(bool, String, String)> {
-    let out = Command::new(binaries()?.join("kubectl"))
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .arg("--request-timeout=5s")
-        .args(args)
-        .output()
-        .context("running kubectl")?;
-    Ok((
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    ))
+    e2e::kubectl(&binaries()?, kubeconfig, args)
 }
 
 /// kubectl until it succeeds (within `TIMEOUT`); its output.
@@ -292,31 +281,7 @@ fn kubernetes_controllers_serve_a_confined_highly_available_api() -> Result<()> 
     );
 
     // Through the proxy, kubectl survives the loss of the apiserver it was using.
-    let proxy_address = SocketAddr::new(e2e::unique_loopback(), 16443);
-    let mut proxy_cmd = Command::new(e2e::bin("polisctl"));
-    proxy_cmd.args([
-        "--config",
-        cluster.config.to_str().context("utf-8")?,
-        "kubernetes",
-        "proxy",
-        "--listen",
-        &proxy_address.to_string(),
-    ]);
-    let mut proxy = Proc::spawn(
-        "polisctl kubernetes proxy",
-        proxy_cmd,
-        &dir.path().join("proxy.log"),
-    )?;
-    proxy.wait_for_line(TIMEOUT, |l| l.contains("forwarding"))?;
-    let via = dir.path().join("via.kubeconfig");
-    cluster.ctl_retry(&[
-        "kubernetes",
-        "credentials",
-        "--out",
-        via.to_str().context("utf-8")?,
-        "--via",
-        &proxy_address.to_string(),
-    ])?;
+    let (_proxy, via) = e2e::kubernetes_proxy(&cluster, dir.path())?;
     kubectl_ok(&via, &["-n", "demo", "get", "configmap", "greeting"])?;
     // The proxy prefers the first apiserver by address: that node is killed.
     let mut members = [n0, m1, m2];

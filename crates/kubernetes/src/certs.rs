@@ -82,8 +82,28 @@ pub fn spec(purpose: Purpose, node_id: &str, address: IpAddr, domain: &str) -> O
             &format!("polis:node:{node_id}"),
             &["system:masters"],
         ),
+        // What the Node authorizer and NodeRestriction know a kubelet by.
+        Purpose::KubeletClient => client(
+            Signer::Kubernetes,
+            &format!("system:node:{node_id}"),
+            &["system:nodes"],
+        ),
+        Purpose::KubeletServing => Spec {
+            signer: Signer::Kubernetes,
+            common_name: format!("system:node:{node_id}"),
+            organizations: vec!["system:nodes".into()],
+            dns_names: vec![node_id.to_string()],
+            ip_addresses: vec![address],
+            server: true,
+        },
         Purpose::Unspecified => return None,
     })
+}
+
+/// Which role a purpose is issued for: a worker's kubelet, or a controller's
+/// components (pure).
+pub fn for_worker(purpose: Purpose) -> bool {
+    matches!(purpose, Purpose::KubeletClient | Purpose::KubeletServing)
 }
 
 /// The names every apiserver serves under.
@@ -163,6 +183,12 @@ mod tests {
             );
         }
         assert_eq!(spec(Purpose::Unspecified, "polis-a", address, ""), None);
+        let kubelet = spec(Purpose::KubeletClient, "polis-a", address, "").unwrap();
+        assert_eq!(kubelet.common_name, "system:node:polis-a");
+        assert_eq!(kubelet.organizations, vec!["system:nodes".to_string()]);
+        assert!(for_worker(Purpose::KubeletServing) && !for_worker(Purpose::ApiserverServing));
+        let serving = spec(Purpose::KubeletServing, "polis-a", address, "").unwrap();
+        assert!(serving.server && serving.ip_addresses == vec![address]);
     }
 
     #[test]

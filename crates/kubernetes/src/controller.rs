@@ -74,42 +74,72 @@ fn pem(tag: &str, der: &[u8]) -> String {
     ::pem::encode(&::pem::Pem::new(tag, der.to_vec()))
 }
 
-fn write(path: PathBuf, contents: &[u8]) -> Result<(), String> {
+pub(crate) fn write(path: PathBuf, contents: &[u8]) -> Result<(), String> {
     privatefs::write_atomic(&path, contents).map_err(|e| format!("writing {}: {e}", path.display()))
 }
 
-/// Makes a key per purpose, asks for their certificates, writes every file the
-/// components read (each replaced atomically); returns the layout and the lifetime.
-async fn credentials(settings: &ControllerSettings) -> Result<(Layout, Duration), String> {
-    privatefs::ensure_private_dir(&settings.dir)
-        .map_err(|e| format!("making {}: {e}", settings.dir.display()))?;
+/// Makes a key per purpose, asks the curator for their certificates, and writes in
+/// `dir` (made 0700) the Kubernetes CA (`ca.pem`) and each purpose's `STEM.key` and
+/// `STEM.pem` (each replaced atomically); returns the curator's answer.
+pub(crate) async fn issue_into(
+    dir: &std::path::Path,
+    lifetime: Option<Duration>,
+    issue: &Issuer,
+    purposes: &[(Purpose, &str)],
+) -> Result<api::IssueKubernetesCertificatesResponse, String> {
+    privatefs::ensure_private_dir(dir).map_err(|e| format!("making {}: {e}", dir.display()))?;
     let mut keys = Vec::new();
     let mut request = api::IssueKubernetesCertificatesRequest {
-        lifetime_seconds: settings
-            .certificate_lifetime
-            .map(|d| d.as_secs())
-            .unwrap_or_default(),
+        lifetime_seconds: lifetime.map(|d| d.as_secs()).unwrap_or_default(),
         ..Default::default()
     };
-    for (purpose, stem) in PURPOSES {
+    for (purpose, stem) in purposes {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519)
             .map_err(|e| format!("making the {stem} key: {e}"))?;
         request.keys.push(api::KubernetesKey {
-            purpose: purpose as i32,
+            purpose: *purpose as i32,
             public_key: key.public_key_raw().to_vec(),
         });
-        keys.push((purpose, stem, key));
+        keys.push((*purpose, *stem, key));
     }
-    let issued = (settings.issue)(request).await?;
+    let issued = issue(request).await?;
+    write(
+        dir.join("ca.pem"),
+        pem("CERTIFICATE", &issued.ca_certificate).as_bytes(),
+    )?;
+    for (purpose, stem, key) in keys {
+        let cert = issued
+            .certificates
+            .iter()
+            .find(|c| c.purpose == purpose as i32)
+            .ok_or_else(|| format!("the curator issued no {stem} certificate"))?;
+        write(
+            dir.join(format!("{stem}.key")),
+            key.serialize_pem().as_bytes(),
+        )?;
+        write(
+            dir.join(format!("{stem}.pem")),
+            pem("CERTIFICATE", &cert.certificate).as_bytes(),
+        )?;
+    }
+    Ok(issued)
+}
+
+/// Every file the components read (see [`issue_into`]), with the front-proxy CA, the
+/// service-account key and the kubeconfigs; returns the layout and the lifetime.
+async fn credentials(settings: &ControllerSettings) -> Result<(Layout, Duration), String> {
+    let issued = issue_into(
+        &settings.dir,
+        settings.certificate_lifetime,
+        &settings.issue,
+        &PURPOSES,
+    )
+    .await?;
     let layout = Layout {
         dir: settings.dir.clone(),
         address: settings.address,
         cluster_domain: issued.cluster_domain.clone(),
     };
-    write(
-        layout.path("ca.pem"),
-        pem("CERTIFICATE", &issued.ca_certificate).as_bytes(),
-    )?;
     write(
         layout.path("front-proxy-ca.pem"),
         pem("CERTIFICATE", &issued.front_proxy_ca_certificate).as_bytes(),
@@ -119,21 +149,6 @@ async fn credentials(settings: &ControllerSettings) -> Result<(Layout, Duration)
         layout.path("sa.pub"),
         &issued.service_account_public_key_pem,
     )?;
-    for (purpose, stem, key) in keys {
-        let cert = issued
-            .certificates
-            .iter()
-            .find(|c| c.purpose == purpose as i32)
-            .ok_or_else(|| format!("the curator issued no {stem} certificate"))?;
-        write(
-            layout.path(&format!("{stem}.key")),
-            key.serialize_pem().as_bytes(),
-        )?;
-        write(
-            layout.path(&format!("{stem}.pem")),
-            pem("CERTIFICATE", &cert.certificate).as_bytes(),
-        )?;
-    }
     for user in ["controller-manager", "scheduler", "polis-admin"] {
         write(
             layout.path(&format!("{user}.kubeconfig")),
@@ -144,7 +159,7 @@ async fn credentials(settings: &ControllerSettings) -> Result<(Layout, Duration)
 }
 
 /// The component runnable `program` with `args`.
-fn component_runnable(
+pub(crate) fn component_runnable(
     binaries: PathBuf,
     program: &'static str,
     args: Vec<String>,

@@ -12,6 +12,11 @@
 //!     │             restarts, last error)
 //!     ├─ config     files, flags, kubeconfigs, RBAC bindings (pure)
 //!     └─ certs      what each certificate says; Polis role → Kubernetes group (pure)
+//!   worker      root.role.kubeworker: kubelet keys ─▶ curator leader ─▶ files ─▶
+//!     │           apiproxy · containerd · images imported · kubelet
+//!     ├─ workerconfig  containerd.toml, kubelet.yaml and kubeconfig, CNI (pure)
+//!     └─ apiproxy   a TCP forwarder to the first apiserver that accepts (also
+//!                   `polisctl kubernetes proxy`)
 //! ```
 //! Invariants:
 //! - The apiserver is never given the etcd member: only the proxy's socket (0600, in a
@@ -21,6 +26,7 @@
 //!   the curator leader (fenced); the service-account key is the cluster's.
 //! - Every child program dies with polis-node, and stopping the runnable stops them all.
 
+pub mod apiproxy;
 pub mod board;
 pub mod certs;
 pub mod component;
@@ -28,3 +34,5 @@ pub mod config;
 pub mod controller;
 pub mod etcdproxy;
 pub mod namespace;
+pub mod worker;
+pub mod workerconfig;

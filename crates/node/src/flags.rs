@@ -172,6 +172,26 @@ pub(crate) struct Common {
         default_value = "/usr/lib/polis/kubernetes"
     )]
     pub(crate) kubernetes_binaries: PathBuf,
+    /// The folder holding containerd, containerd-shim-runc-v2, runc and ctr, for the
+    /// KubernetesWorker role (`scripts/runtime-binaries` prints it).
+    #[arg(
+        long,
+        env = "POLIS_RUNTIME_BINARIES",
+        default_value = "/usr/lib/polis/runtime"
+    )]
+    pub(crate) runtime_binaries: PathBuf,
+    /// A folder of OCI image archives (`*.tar`) a KubernetesWorker imports into
+    /// containerd when it starts: the pause image and the images its pods use (no
+    /// registry is asked; pods use `imagePullPolicy: Never`).
+    #[arg(
+        long,
+        env = "POLIS_KUBERNETES_IMAGES",
+        default_value = "/usr/lib/polis/images"
+    )]
+    pub(crate) kubernetes_images: PathBuf,
+    /// The CNI plugins' folder (Debian's containernetworking-plugins).
+    #[arg(long, default_value = "/usr/lib/cni")]
+    pub(crate) cni_plugins: PathBuf,
     /// Lifetime of the Kubernetes components' certificates in seconds (for tests; 0:
     /// the curator's default, 24 h); renewed at 2/3 of it.
     #[arg(long, hide = true, default_value_t = 0)]

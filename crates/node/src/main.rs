@@ -475,6 +475,9 @@ async fn run(start: Start) -> Result<()> {
         kubernetes_binaries: args.kubernetes_binaries.clone(),
         kubernetes_certificate_lifetime: (args.kubernetes_certificate_lifetime_s > 0)
             .then(|| Duration::from_secs(args.kubernetes_certificate_lifetime_s)),
+        runtime_binaries: args.runtime_binaries.clone(),
+        kubernetes_images: args.kubernetes_images.clone(),
+        cni_plugins: args.cni_plugins.clone(),
     };
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
     let node_root = root.clone();

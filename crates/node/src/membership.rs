@@ -73,6 +73,7 @@ pub fn roles_from_names(names: &[String]) -> LocalRoles {
     LocalRoles {
         consensus_member: names.iter().any(|r| r == proto::ROLE_CONSENSUS_MEMBER),
         kubernetes_controller: names.iter().any(|r| r == proto::ROLE_KUBERNETES_CONTROLLER),
+        kubernetes_worker: names.iter().any(|r| r == proto::ROLE_KUBERNETES_WORKER),
     }
 }
 

@@ -105,6 +105,26 @@ fn kubernetes_settings(
     })
 }
 
+/// What the Kubernetes worker runnable needs of this node (see `kubernetes_settings`).
+fn worker_settings(
+    settings: &Settings,
+    values: &NodeValues,
+) -> anyhow::Result<kubernetes::worker::WorkerSettings> {
+    let controller = kubernetes_settings(settings, values)?;
+    Ok(kubernetes::worker::WorkerSettings {
+        node_id: controller.node_id,
+        address: settings.address,
+        dir: settings.root.data().join("kubernetes-worker"),
+        binaries: settings.kubernetes_binaries.clone(),
+        runtime: settings.runtime_binaries.clone(),
+        cni_bin: settings.cni_plugins.clone(),
+        images: Some(settings.kubernetes_images.clone()).filter(|p| p.is_dir()),
+        certificate_lifetime: settings.kubernetes_certificate_lifetime,
+        issue: controller.issue,
+        board: values.components.clone(),
+    })
+}
+
 /// The `root.role` runnable: waits until the node belongs to a cluster, then runs
 /// rolefetch, heartbeat and renew, and the control plane while the roles call for it.
 pub async fn run(
@@ -152,6 +172,7 @@ pub async fn run(
     // plane the KubernetesController role, while this node is a consensus member.
     let mut controlplane: Option<supervisor::Stoppable> = None;
     let mut kubernetes: Option<supervisor::Stoppable> = None;
+    let mut worker: Option<supervisor::Stoppable> = None;
     let mut roles = values.roles.watch();
     let mut came_back = None;
     loop {
@@ -177,6 +198,26 @@ pub async fn run(
                 );
                 if let Some(k) = kubernetes.take() {
                     k.stop().await;
+                }
+            }
+            _ => {}
+        }
+        match (current.kubernetes_worker, worker.is_some()) {
+            (true, false) => {
+                tracing::info!(
+                    "this node is a Kubernetes worker: starting containerd and the kubelet"
+                );
+                let settings = worker_settings(&settings, &values)?;
+                worker = Some(ctx.run_stoppable("kubeworker", move |ctx| {
+                    kubernetes::worker::run(ctx, settings.clone())
+                })?);
+            }
+            (false, true) => {
+                tracing::info!(
+                    "the KubernetesWorker role was taken away: stopping the kubelet and containerd"
+                );
+                if let Some(w) = worker.take() {
+                    w.stop().await;
                 }
             }
             _ => {}

@@ -35,4 +35,10 @@ pub struct Settings {
     pub kubernetes_binaries: PathBuf,
     /// The Kubernetes components' certificate lifetime to ask for (`None`: the default).
     pub kubernetes_certificate_lifetime: Option<Duration>,
+    /// The container runtime's programs (KubernetesWorker).
+    pub runtime_binaries: PathBuf,
+    /// OCI image archives a worker imports at start.
+    pub kubernetes_images: PathBuf,
+    /// The CNI plugins' folder.
+    pub cni_plugins: PathBuf,
 }

@@ -44,3 +44,5 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 pub const ROLE_CONSENSUS_MEMBER: &str = "ConsensusMember";
 /// The role that runs Kubernetes' control plane (requires ConsensusMember).
 pub const ROLE_KUBERNETES_CONTROLLER: &str = "KubernetesController";
+/// The role of a node that runs pods: containerd and a kubelet (issue 37).
+pub const ROLE_KUBERNETES_WORKER: &str = "KubernetesWorker";

@@ -51,6 +51,39 @@ pub fn is_controller(node: &Node) -> bool {
         .is_some_and(|r| r.kubernetes_controller.is_some())
 }
 
+/// Whether `node` holds KubernetesWorker.
+pub fn is_worker(node: &Node) -> bool {
+    node.roles
+        .as_ref()
+        .is_some_and(|r| r.kubernetes_worker.is_some())
+}
+
+/// Which Kubernetes role a change names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum KubernetesRole {
+    Controller,
+    Worker,
+}
+
+/// Adds KubernetesWorker to node `id` (UP): its role server starts containerd and a
+/// kubelet, with certificates from IssueKubernetesCertificates.
+pub(super) async fn add_worker(
+    shared: &Shared,
+    leadership: &Leadership,
+    id: &str,
+) -> Result<Node, Status> {
+    set_role(shared, leadership, id, KubernetesRole::Worker, true).await
+}
+
+/// Takes KubernetesWorker from node `id`.
+pub(super) async fn remove_worker(
+    shared: &Shared,
+    leadership: &Leadership,
+    id: &str,
+) -> Result<Node, Status> {
+    set_role(shared, leadership, id, KubernetesRole::Worker, false).await
+}
+
 /// Adds KubernetesController to node `id`: it must be UP and a consensus member that is
 /// not leaving consensus.
 pub(super) async fn add_role(
@@ -74,7 +107,7 @@ pub(super) async fn add_role(
             proto::ROLE_CONSENSUS_MEMBER
         )));
     }
-    set_role(shared, leadership, id, true).await
+    set_role(shared, leadership, id, KubernetesRole::Controller, true).await
 }
 
 /// Takes KubernetesController from node `id`.
@@ -83,13 +116,14 @@ pub(super) async fn remove_role(
     leadership: &Leadership,
     id: &str,
 ) -> Result<Node, Status> {
-    set_role(shared, leadership, id, false).await
+    set_role(shared, leadership, id, KubernetesRole::Controller, false).await
 }
 
 async fn set_role(
     shared: &Shared,
     leadership: &Leadership,
     id: &str,
+    role: KubernetesRole,
     on: bool,
 ) -> Result<Node, Status> {
     let changed = writes::modify_node(&shared.curator, leadership, id, |current| {
@@ -100,10 +134,17 @@ async fn set_role(
             return Err(NodeUpdateError::NotUp(id.to_string()));
         }
         let roles = node.roles.get_or_insert_with(Default::default);
-        if roles.kubernetes_controller.is_some() == on {
+        let held = match role {
+            KubernetesRole::Controller => roles.kubernetes_controller.is_some(),
+            KubernetesRole::Worker => roles.kubernetes_worker.is_some(),
+        };
+        if held == on {
             return Ok(None);
         }
-        roles.kubernetes_controller = on.then(Default::default);
+        match role {
+            KubernetesRole::Controller => roles.kubernetes_controller = on.then(Default::default),
+            KubernetesRole::Worker => roles.kubernetes_worker = on.then(Default::default),
+        }
         Ok(Some(node))
     })
     .await
@@ -241,11 +282,25 @@ pub(super) async fn issue_for_node(
             "ask for between 1 and 8 Kubernetes certificates",
         ));
     }
+    // A controller's components' certificates for a controller, a kubelet's for a
+    // worker: each checked against the record, under its fence.
+    let purposes: Vec<Purpose> = request
+        .keys
+        .iter()
+        .map(|k| Purpose::try_from(k.purpose).unwrap_or(Purpose::Unspecified))
+        .collect();
+    let wants_worker = purposes.iter().any(|p| kubernetes_certs::for_worker(*p));
+    let wants_controller = purposes.iter().any(|p| !kubernetes_certs::for_worker(*p));
     let fence::Fence { guard, node } = fence::check(
         shared,
         id,
-        |n| n.state == proto::state::NodeState::Up as i32 && is_controller(n),
-        "only UP nodes holding KubernetesController get Kubernetes certificates",
+        |n| {
+            n.state == proto::state::NodeState::Up as i32
+                && (!wants_controller || is_controller(n))
+                && (!wants_worker || is_worker(n))
+        },
+        "only UP nodes holding KubernetesController (a kubelet's: KubernetesWorker) get \
+         those Kubernetes certificates",
     )
     .await?;
     let address = record_address(&node)?;
@@ -296,8 +351,12 @@ pub(super) async fn issue_for_node(
             certificate: issued.der,
         });
     }
-    let (service_account_key_pem, service_account_public_key_pem) =
-        service_account_key(shared, leadership).await?;
+    // The service-account signing key is the cluster's: controllers only.
+    let (service_account_key_pem, service_account_public_key_pem) = if wants_controller {
+        service_account_key(shared, leadership).await?
+    } else {
+        Default::default()
+    };
     Ok(api::IssueKubernetesCertificatesResponse {
         ca_certificate: ca.cert_der.clone(),
         front_proxy_ca_certificate: front_proxy.cert_der.clone(),
@@ -307,7 +366,22 @@ pub(super) async fn issue_for_node(
         lifetime_seconds: lifetime.as_secs(),
         service_cluster_ip_range: kubernetes_certs::SERVICE_CLUSTER_IP_RANGE.into(),
         cluster_domain: domain,
+        apiservers: apiserver_endpoints(shared).await?,
     })
+}
+
+/// The UP controllers' apiservers (ADDRESS:PORT), sorted.
+async fn apiserver_endpoints(shared: &Shared) -> Result<Vec<String>, Status> {
+    let mut apiservers: Vec<String> = records::list_nodes(&shared.curator)
+        .await
+        .map_err(status_from)?
+        .iter()
+        .filter(|n| n.state == proto::state::NodeState::Up as i32 && is_controller(n))
+        .filter_map(|n| n.address.parse::<std::net::IpAddr>().ok())
+        .map(|ip| std::net::SocketAddr::new(ip, kubernetes_certs::APISERVER_PORT).to_string())
+        .collect();
+    apiservers.sort();
+    Ok(apiservers)
 }
 
 /// IssueKubernetesCredentials for a person (owner or operator).
@@ -356,20 +430,11 @@ pub(super) async fn issue_for_user(
         &issued,
     )
     .await?;
-    let mut apiservers: Vec<String> = records::list_nodes(&shared.curator)
-        .await
-        .map_err(status_from)?
-        .iter()
-        .filter(|n| n.state == proto::state::NodeState::Up as i32 && is_controller(n))
-        .filter_map(|n| n.address.parse::<std::net::IpAddr>().ok())
-        .map(|ip| {
-            format!(
-                "https://{}",
-                std::net::SocketAddr::new(ip, kubernetes_certs::APISERVER_PORT)
-            )
-        })
+    let apiservers = apiserver_endpoints(shared)
+        .await?
+        .into_iter()
+        .map(|endpoint| format!("https://{endpoint}"))
         .collect();
-    apiservers.sort();
     Ok(api::IssueKubernetesCredentialsResponse {
         certificate: issued.der,
         ca_certificate: ca.cert_der.clone(),

@@ -209,41 +209,47 @@ impl api::management_server::Management for Services {
         let caller = identity(&request);
         let r = request.into_inner();
         check_node_id(&r.id)?;
-        // (consensus member, Kubernetes controller) named.
-        let known = |names: &[String]| -> Result<(bool, bool), Status> {
-            let mut named = (false, false);
+        // (consensus member, Kubernetes controller, Kubernetes worker) named.
+        let known = |names: &[String]| -> Result<(bool, bool, bool), Status> {
+            let mut named = (false, false, false);
             for name in names {
                 if name.eq_ignore_ascii_case(proto::ROLE_CONSENSUS_MEMBER) {
                     named.0 = true;
                 } else if name.eq_ignore_ascii_case(proto::ROLE_KUBERNETES_CONTROLLER) {
                     named.1 = true;
+                } else if name.eq_ignore_ascii_case(proto::ROLE_KUBERNETES_WORKER) {
+                    named.2 = true;
                 } else {
                     let shown: String = name.chars().take(40).collect();
                     return Err(Status::invalid_argument(format!(
-                        "unknown role {shown:?}; the roles are: {}, {}",
+                        "unknown role {shown:?}; the roles are: {}, {}, {}",
                         proto::ROLE_CONSENSUS_MEMBER,
-                        proto::ROLE_KUBERNETES_CONTROLLER
+                        proto::ROLE_KUBERNETES_CONTROLLER,
+                        proto::ROLE_KUBERNETES_WORKER
                     )));
                 }
             }
             Ok(named)
         };
         let (add, remove) = (known(&r.add)?, known(&r.remove)?);
-        if (add.0 && remove.0) || (add.1 && remove.1) {
+        if (add.0 && remove.0) || (add.1 && remove.1) || (add.2 && remove.2) {
             return Err(Status::invalid_argument(
                 "a role cannot be added and removed at once",
             ));
         }
-        // A consensus member's etcd holds the cluster CA's private key, and a Kubernetes
-        // controller holds a system:masters credential and the service-account key:
-        // whoever could give either to a node it controls could take the cluster.
-        if (add.0 || add.1) && !caller.holds(pki::OperatorRole::Admin) {
+        // A consensus member's etcd holds the cluster CA's private key, a Kubernetes
+        // controller holds a system:masters credential and the service-account key, and
+        // a worker runs whatever pods the cluster schedules on it: whoever could give
+        // any to a node it controls could take the cluster.
+        if (add.0 || add.1 || add.2) && !caller.holds(pki::OperatorRole::Admin) {
             return Err(Status::permission_denied(format!(
                 "adding {} requires an admin; caller is {caller}",
                 if add.0 {
                     proto::ROLE_CONSENSUS_MEMBER
-                } else {
+                } else if add.1 {
                     proto::ROLE_KUBERNETES_CONTROLLER
+                } else {
+                    proto::ROLE_KUBERNETES_WORKER
                 }
             )));
         }
@@ -275,6 +281,12 @@ impl api::management_server::Management for Services {
         }
         if add.1 {
             node = Some(super::kubernetes::add_role(&self.0, &leadership, &r.id).await?);
+        }
+        if add.2 {
+            node = Some(super::kubernetes::add_worker(&self.0, &leadership, &r.id).await?);
+        }
+        if remove.2 {
+            node = Some(super::kubernetes::remove_worker(&self.0, &leadership, &r.id).await?);
         }
         let node = match node {
             Some(node) => node,

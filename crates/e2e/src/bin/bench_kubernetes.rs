@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::{Cluster, Node, Proc, TIMEOUT, endpoints, median, timed_calls, wait_until};
+use e2e::{Cluster, Node, TIMEOUT, endpoints, median, timed_calls, wait_until};
 
 const ROLE: &str = "KubernetesController";
 const WRITERS: usize = 8;
@@ -166,31 +166,7 @@ fn main() -> Result<()> {
             ready(&owner, Some(*address))
         })?;
     }
-    let proxy_address = SocketAddr::new(e2e::unique_loopback(), 16443);
-    let mut proxy_cmd = Command::new(e2e::bin("polisctl"));
-    proxy_cmd.args([
-        "--config",
-        cluster.config.to_str().context("utf-8")?,
-        "kubernetes",
-        "proxy",
-        "--listen",
-        &proxy_address.to_string(),
-    ]);
-    let mut proxy = Proc::spawn(
-        "polisctl kubernetes proxy",
-        proxy_cmd,
-        &dir.path().join("proxy.log"),
-    )?;
-    proxy.wait_for_line(TIMEOUT, |l| l.contains("forwarding"))?;
-    let via = dir.path().join("via.kubeconfig");
-    cluster.ctl_retry(&[
-        "kubernetes",
-        "credentials",
-        "--out",
-        via.to_str().context("utf-8")?,
-        "--via",
-        &proxy_address.to_string(),
-    ])?;
+    let (proxy, via) = e2e::kubernetes_proxy(&cluster, dir.path())?;
     wait_until("kubectl through the proxy", TIMEOUT, || ready(&via, None))?;
     let mut failover_ms = Vec::new();
     for i in 0..samples {

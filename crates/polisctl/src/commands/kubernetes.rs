@@ -17,12 +17,8 @@ use proto::api;
 
 use crate::session::owner_session;
 
-/// How long the proxy gives one controller to accept a connection before the next.
-const CONNECT_BOUND: Duration = Duration::from_millis(1000);
 /// How often the proxy asks the curator for the controllers again.
 const REFRESH: Duration = Duration::from_secs(30);
-/// The most connections the proxy holds at once.
-const MAX_CONNECTIONS: usize = 256;
 
 fn pem_text(tag: &str, der: &[u8]) -> String {
     pem::encode(&pem::Pem::new(tag, der.to_vec()))
@@ -139,30 +135,7 @@ pub(crate) async fn proxy(
             }
         }
     });
-    let seats = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let (client, _) = listener.accept().await.context("accepting a connection")?;
-        let _ = client.set_nodelay(true);
-        let Ok(seat) = seats.clone().try_acquire_owned() else {
-            continue; // dropped: over the bound
-        };
-        let list = targets.lock().expect("targets").clone();
-        tokio::spawn(async move {
-            let _seat = seat;
-            forward(client, &list).await;
-        });
-    }
-}
-
-/// Joins `client` to the first of `targets` that accepts within the bound.
-async fn forward(mut client: tokio::net::TcpStream, targets: &[SocketAddr]) {
-    for target in targets {
-        if let Ok(Ok(mut upstream)) =
-            tokio::time::timeout(CONNECT_BOUND, tokio::net::TcpStream::connect(target)).await
-        {
-            let _ = upstream.set_nodelay(true);
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-            return;
-        }
-    }
+    kubernetes::apiproxy::serve(listener, targets)
+        .await
+        .context("accepting a connection")
 }

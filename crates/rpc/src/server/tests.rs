@@ -646,16 +646,30 @@ async fn closed_within(socket: &std::net::TcpStream, within: Duration) -> bool {
     false
 }
 
-#[tokio::test]
-async fn a_connection_is_closed_once_its_certificate_no_longer_verifies() {
-    let (listener, address) = bind().await;
-    let old = pki::Ca::generate("old CA", pki::CA_LIFETIME).unwrap();
-    let new = pki::Ca::generate("new CA", pki::CA_LIFETIME).unwrap();
-    let trusting = |cas: &[&pki::Ca]| Anchors {
+/// An old and a new CA (a rotation's two).
+fn two_cas() -> (pki::Ca, pki::Ca) {
+    (
+        pki::Ca::generate("old CA", pki::CA_LIFETIME).unwrap(),
+        pki::Ca::generate("new CA", pki::CA_LIFETIME).unwrap(),
+    )
+}
+
+/// Anchors trusting `cas`, each with an empty CRL.
+fn trusting(cas: &[&pki::Ca]) -> Anchors {
+    Anchors {
         cas: cas.iter().map(|c| c.cert_der.clone()).collect(),
         crls: cas.iter().map(|c| c.crl(&[], 1).unwrap()).collect(),
-    };
-    let anchors = Arc::new(std::sync::Mutex::new(trusting(&[&old, &new])));
+    }
+}
+
+/// A curator-like server on 127.0.0.1 whose calls take `delay`, checking callers against
+/// anchors the test replaces (the returned slot), `initial` at first.
+async fn serve_switchable(
+    initial: Anchors,
+    delay: Duration,
+) -> (SocketAddr, Arc<std::sync::Mutex<Anchors>>) {
+    let (listener, address) = bind().await;
+    let anchors = Arc::new(std::sync::Mutex::new(initial));
     let source = anchors.clone();
     let trust: TrustSource = Arc::new(move || {
         let anchors = source.lock().unwrap().clone();
@@ -670,7 +684,7 @@ async fn a_connection_is_closed_once_its_certificate_no_longer_verifies() {
         builder()
             .layer(AuthLayer::new(Arc::new(Authenticator::new()), trust))
             .add_service(api::curator_local_server::CuratorLocalServer::new(Slow {
-                delay: Duration::ZERO,
+                delay,
             }))
             .serve_with_incoming(incoming_with(
                 listener,
@@ -678,6 +692,13 @@ async fn a_connection_is_closed_once_its_certificate_no_longer_verifies() {
                 limits,
             )),
     );
+    (address, anchors)
+}
+
+#[tokio::test]
+async fn a_connection_is_closed_once_its_certificate_no_longer_verifies() {
+    let (old, new) = two_cas();
+    let (address, anchors) = serve_switchable(trusting(&[&old, &new]), Duration::ZERO).await;
     let call = async |channel: &tonic::transport::Channel| {
         api::curator_local_client::CuratorLocalClient::new(channel.clone())
             .get_current_leader(api::GetCurrentLeaderRequest {})
@@ -722,36 +743,9 @@ async fn a_connection_is_closed_once_its_certificate_no_longer_verifies() {
 
 #[tokio::test]
 async fn a_call_in_flight_ends_with_its_answer_before_its_connection_is_closed() {
-    let (listener, address) = bind().await;
-    let old = pki::Ca::generate("old CA", pki::CA_LIFETIME).unwrap();
-    let new = pki::Ca::generate("new CA", pki::CA_LIFETIME).unwrap();
-    let trusting = |cas: &[&pki::Ca]| Anchors {
-        cas: cas.iter().map(|c| c.cert_der.clone()).collect(),
-        crls: cas.iter().map(|c| c.crl(&[], 1).unwrap()).collect(),
-    };
-    let anchors = Arc::new(std::sync::Mutex::new(trusting(&[&old, &new])));
-    let source = anchors.clone();
-    let trust: TrustSource = Arc::new(move || {
-        let anchors = source.lock().unwrap().clone();
-        Box::pin(async move { Ok(anchors) })
-    });
-    let limits = Limits {
-        idle_timeout: Duration::from_secs(60),
-        first_call_timeout: Duration::from_secs(60),
-        ..small(16, 16)
-    };
-    tokio::spawn(
-        builder()
-            .layer(AuthLayer::new(Arc::new(Authenticator::new()), trust))
-            .add_service(api::curator_local_server::CuratorLocalServer::new(Slow {
-                delay: Duration::from_secs(3),
-            }))
-            .serve_with_incoming(incoming_with(
-                listener,
-                server_config(&server_credentials()).unwrap(),
-                limits,
-            )),
-    );
+    let (old, new) = two_cas();
+    let (address, anchors) =
+        serve_switchable(trusting(&[&old, &new]), Duration::from_secs(3)).await;
     let (channel, socket) = channel_with_socket(address, &node_credentials(&old)).await;
     // Kept open by the test (a dropped channel leaves unread bytes that hide the close).
     let calling = channel.clone();

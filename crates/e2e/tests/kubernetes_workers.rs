@@ -1,0 +1,226 @@
+//! Kubernetes on Polis, part 2, first stage: the KubernetesWorker role runs containerd
+//! (built by `scripts/runtime-binaries`) and upstream's kubelet on a Polis node, with a
+//! kubelet identity the curator issues (system:node:<id>) and the project's own pause
+//! image (`scripts/kubernetes-images`); `scripts/test` passes the three folders in
+//! POLIS_KUBERNETES_BINARIES, POLIS_RUNTIME_BINARIES and POLIS_KUBERNETES_IMAGES.
+//! One controller (bootstrap node) and one worker, on loopback addresses:
+//! - the role is added live: the Node named after the Polis node ID becomes Ready,
+//!   running containerd 2.3.7, and `node describe` names kubelet and containerd running;
+//! - a pod (hostNetwork, the sandbox image, `imagePullPolicy: Never`) runs on it;
+//! - the role is removed live: kubelet and containerd stop.
+//!
+//! Not yet (issue 37's later stages): a pod network across workers, Services, logs and
+//! exec (the kubelet refuses a loopback node IP: workers need addresses of their own,
+//! network namespaces in the test), Node deletion and drain on removal, revocation.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+use e2e::{Cluster, TIMEOUT, wait_until};
+
+/// Kills what a worker leaves when the test ends early: its containers (through runc,
+/// by the worker's runc root) and every process of the test's folder (containerd's
+/// shims among them).
+struct Leftovers {
+    dir: PathBuf,
+    runc: PathBuf,
+    runc_root: PathBuf,
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        let runc = |args: &[&str]| {
+            Command::new(&self.runc)
+                .arg("--root")
+                .arg(&self.runc_root)
+                .args(args)
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        };
+        if self.runc_root.exists() {
+            for id in runc(&["list", "-q"]).lines().filter(|l| !l.is_empty()) {
+                runc(&["kill", "-a", id, "KILL"]);
+                runc(&["delete", "-f", id]);
+            }
+        }
+        let needle = self.dir.display().to_string();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|p| p.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if pid != std::process::id() as i32
+                && String::from_utf8_lossy(&cmdline).contains(&needle)
+            {
+                // SAFETY: kill(2) on a process of this test's folder.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+fn program_running(cluster: &Cluster, id: &str, name: &str) -> bool {
+    cluster
+        .ctl(&["node", "describe", id, "-o", "json"])
+        .is_ok_and(|(ok, out, _)| {
+            ok && serde_json::from_str::<serde_json::Value>(&out).is_ok_and(|v| {
+                v["status"]["programs"]
+                    .as_array()
+                    .is_some_and(|p| p.iter().any(|p| p["name"] == name && p["running"] == true))
+            })
+        })
+}
+
+#[test]
+fn a_worker_runs_the_kubelet_and_a_pod() -> Result<()> {
+    let binaries = e2e::program_folder(
+        "POLIS_KUBERNETES_BINARIES",
+        "kubelet",
+        "scripts/kubernetes-binaries",
+    )?;
+    let runtime = e2e::program_folder(
+        "POLIS_RUNTIME_BINARIES",
+        "containerd",
+        "scripts/runtime-binaries",
+    )?;
+    let images = e2e::program_folder(
+        "POLIS_KUBERNETES_IMAGES",
+        "pause.tar",
+        "scripts/kubernetes-images",
+    )?;
+    let dir = tempfile::tempdir()?;
+    let _leftovers = Leftovers {
+        dir: dir.path().to_path_buf(),
+        runc: runtime.join("runc"),
+        runc_root: dir
+            .path()
+            .join("w/root/data/kubernetes-worker/containerd/runc"),
+    };
+    let cluster = Cluster::bootstrap(dir.path())?;
+    let id0 = cluster.first.key_node_id()?;
+    cluster.ctl_retry(&["node", "add-role", &id0, "KubernetesController"])?;
+    let params = cluster.register_params("w")?;
+    let (mut worker, worker_id) = cluster.add_worker_with(
+        "w",
+        &params,
+        &[
+            "--runtime-binaries",
+            runtime.to_str().context("utf-8")?,
+            "--kubernetes-images",
+            images.to_str().context("utf-8")?,
+        ],
+    )?;
+    let owner = dir.path().join("owner.kubeconfig");
+    cluster.ctl_retry(&[
+        "kubernetes",
+        "credentials",
+        "--out",
+        owner.to_str().context("utf-8")?,
+    ])?;
+    wait_until("the controller's apiserver is ready", TIMEOUT, || {
+        e2e::kubectl(&binaries, &owner, &["get", "--raw", "/readyz"]).is_ok_and(|(ok, ..)| ok)
+    })?;
+
+    // The role, live: the Node named after the Polis node becomes Ready.
+    let asked = Instant::now();
+    cluster.ctl_retry(&["node", "add-role", &worker_id, "KubernetesWorker"])?;
+    let ready = wait_until("the worker's Node is Ready", TIMEOUT, || {
+        e2e::kubectl(
+            &binaries,
+            &owner,
+            &[
+                "get",
+                "node",
+                &worker_id,
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ],
+        )
+        .is_ok_and(|(ok, out, _)| ok && out.trim() == "True")
+    });
+    if let Err(e) = ready {
+        let log = worker.proc().output();
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("kubelet") || l.contains("containerd") || l.contains("ERROR"))
+            .collect();
+        bail!(
+            "{e}: {}",
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        );
+    }
+    println!("role added -> Node Ready: {:?}", asked.elapsed());
+    let (_, runtime_version, _) = e2e::kubectl(
+        &binaries,
+        &owner,
+        &[
+            "get",
+            "node",
+            &worker_id,
+            "-o",
+            "jsonpath={.status.nodeInfo.containerRuntimeVersion}",
+        ],
+    )?;
+    ensure!(
+        runtime_version.trim() == "containerd://2.3.7",
+        "{runtime_version}"
+    );
+    for program in ["kubelet", "containerd"] {
+        wait_until(
+            &format!("node describe names {program} running"),
+            TIMEOUT,
+            || program_running(&cluster, &worker_id, program),
+        )?;
+    }
+
+    // A pod of the node's own image runs on it.
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: sleeper, namespace: default}}\nspec:\n  \
+         hostNetwork: true\n  nodeName: {worker_id}\n  terminationGracePeriodSeconds: 1\n  \
+         containers:\n  - name: sleeper\n    image: registry.k8s.io/pause:3.10.2\n    \
+         imagePullPolicy: Never\n"
+    );
+    let manifest = dir.path().join("pod.yaml");
+    std::fs::write(&manifest, pod)?;
+    // Refused until the controller-manager made the namespace's default service account.
+    let path = manifest.to_str().context("utf-8")?;
+    wait_until("the pod is accepted", TIMEOUT, || {
+        e2e::kubectl(&binaries, &owner, &["apply", "-f", path]).is_ok_and(|(ok, ..)| ok)
+    })?;
+    let started = Instant::now();
+    wait_until("the pod runs", TIMEOUT, || {
+        e2e::kubectl(
+            &binaries,
+            &owner,
+            &["get", "pod", "sleeper", "-o", "jsonpath={.status.phase}"],
+        )
+        .is_ok_and(|(ok, out, _)| ok && out.trim() == "Running")
+    })?;
+    println!("pod created -> Running: {:?}", started.elapsed());
+    let (ok, _, err) = e2e::kubectl(
+        &binaries,
+        &owner,
+        &["delete", "pod", "sleeper", "--wait=true", "--timeout=60s"],
+    )?;
+    ensure!(ok, "kubectl delete: {err}");
+
+    // The role taken away: the kubelet and containerd stop.
+    cluster.ctl_retry(&["node", "remove-role", &worker_id, "KubernetesWorker"])?;
+    wait_until("kubelet and containerd stop", TIMEOUT, || {
+        !program_running(&cluster, &worker_id, "kubelet")
+            && !program_running(&cluster, &worker_id, "containerd")
+    })?;
+    Ok(())
+}
