@@ -445,6 +445,21 @@ mod tests {
             "--kubernetes-binaries=/opt/polis/kubernetes",
         ),
         (
+            "runtime-binaries",
+            r#""/opt/polis/runtime""#,
+            "--runtime-binaries=/opt/polis/runtime",
+        ),
+        (
+            "kubernetes-images",
+            r#""/opt/polis/images""#,
+            "--kubernetes-images=/opt/polis/images",
+        ),
+        (
+            "cni-plugins",
+            r#""/opt/cni/bin""#,
+            "--cni-plugins=/opt/cni/bin",
+        ),
+        (
             "kubernetes-certificate-lifetime-s",
             "3600",
             "--kubernetes-certificate-lifetime-s=3600",
@@ -577,7 +592,7 @@ mod tests {
         let expected = format!(
             "{}:3: unknown key \"adress\"; the keys are: root, address, params, data-device, \
              data-device-format, log-format, metrics-listen, no-metrics, etcd-binary, kubernetes-binaries, \
-             etcd-heartbeat-ms, etcd-election-timeout-ms, tcp-rto-max-ms, curator-lease-ttl",
+             runtime-binaries, kubernetes-images, cni-plugins, etcd-heartbeat-ms, etcd-election-timeout-ms, tcp-rto-max-ms, curator-lease-ttl",
             f.path.display()
         );
         assert_eq!(refusal, expected);
