@@ -63,13 +63,27 @@ pub fn kubernetes_proxy(cluster: &Cluster, dir: &Path) -> Result<(Proc, PathBuf)
     )?;
     proxy.wait_for_line(TIMEOUT, |l| l.contains("forwarding"))?;
     let via = dir.join("via.kubeconfig");
-    cluster.ctl_retry(&[
+    kubernetes_credentials(cluster, &via, Some(proxy_address))?;
+    Ok((proxy, via))
+}
+
+/// The owner's kubeconfig from `polisctl kubernetes credentials` into `out` (through
+/// the proxy at `via` when given).
+pub fn kubernetes_credentials(
+    cluster: &Cluster,
+    out: &Path,
+    via: Option<SocketAddr>,
+) -> Result<()> {
+    let via = via.map(|v| v.to_string());
+    let mut args = vec![
         "kubernetes",
         "credentials",
         "--out",
-        via.to_str().context("utf-8")?,
-        "--via",
-        &proxy_address.to_string(),
-    ])?;
-    Ok((proxy, via))
+        out.to_str().context("utf-8")?,
+    ];
+    if let Some(via) = &via {
+        args.extend(["--via", via.as_str()]);
+    }
+    cluster.ctl_retry(&args)?;
+    Ok(())
 }

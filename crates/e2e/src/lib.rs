@@ -74,7 +74,7 @@ pub use datadev::{Mounts, data_image, fscrypt_usable};
 pub use etcd::BareEtcd;
 pub use floor::{Floor, curator_shaped_txn, floor_write};
 pub use impostor::Impostor;
-pub use kube::{kubectl, kubernetes_proxy, program_folder};
+pub use kube::{kubectl, kubernetes_credentials, kubernetes_proxy, program_folder};
 pub use net::{NetNs, unique_loopback};
 pub use node::{Node, etcd_kv_calls_at, is_home_line, read_register_params};
 pub use partition::{HubGuard, Partition, Slot};

@@ -109,12 +109,7 @@ fn kubernetes_controllers_serve_a_confined_highly_available_api() -> Result<()> 
     // The owner's kubeconfig: ready, a namespace and a ConfigMap written and read back.
     let owner = dir.path().join("owner.kubeconfig");
     let started = Instant::now();
-    cluster.ctl_retry(&[
-        "kubernetes",
-        "credentials",
-        "--out",
-        owner.to_str().context("utf-8")?,
-    ])?;
+    e2e::kubernetes_credentials(&cluster, &owner, None)?;
     let ready = kubectl_ok(&owner, &["get", "--raw", "/readyz"])?;
     ensure!(ready.trim() == "ok", "{ready}");
     println!("role added -> apiserver ready: {:?}", started.elapsed());
@@ -330,12 +325,7 @@ fn kubernetes_controllers_serve_a_confined_highly_available_api() -> Result<()> 
         .wait_for_line(TIMEOUT, |l| l.contains("Kubernetes certificates renewed"))
         .context("the components' certificates renew")?;
     let renewed_owner = dir.path().join("owner2.kubeconfig");
-    cluster.ctl_retry(&[
-        "kubernetes",
-        "credentials",
-        "--out",
-        renewed_owner.to_str().context("utf-8")?,
-    ])?;
+    e2e::kubernetes_credentials(&cluster, &renewed_owner, None)?;
     kubectl_ok(&via, &["-n", "demo", "get", "configmap", "greeting"])?;
     drop(binaries);
     Ok(())

@@ -123,32 +123,28 @@ fn a_worker_runs_the_kubelet_and_a_pod() -> Result<()> {
         ],
     )?;
     let owner = dir.path().join("owner.kubeconfig");
-    cluster.ctl_retry(&[
-        "kubernetes",
-        "credentials",
-        "--out",
-        owner.to_str().context("utf-8")?,
-    ])?;
+    e2e::kubernetes_credentials(&cluster, &owner, None)?;
     wait_until("the controller's apiserver is ready", TIMEOUT, || {
         e2e::kubectl(&binaries, &owner, &["get", "--raw", "/readyz"]).is_ok_and(|(ok, ..)| ok)
     })?;
+
+    // A field of the worker's Node (a kubectl JSONPath), trimmed.
+    let node_field = |path: &str| -> Result<String> {
+        let (ok, out, err) = e2e::kubectl(
+            &binaries,
+            &owner,
+            &["get", "node", &worker_id, "-o", &format!("jsonpath={path}")],
+        )?;
+        ensure!(ok, "kubectl get node: {err}");
+        Ok(out.trim().to_string())
+    };
 
     // The role, live: the Node named after the Polis node becomes Ready.
     let asked = Instant::now();
     cluster.ctl_retry(&["node", "add-role", &worker_id, "KubernetesWorker"])?;
     let ready = wait_until("the worker's Node is Ready", TIMEOUT, || {
-        e2e::kubectl(
-            &binaries,
-            &owner,
-            &[
-                "get",
-                "node",
-                &worker_id,
-                "-o",
-                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-            ],
-        )
-        .is_ok_and(|(ok, out, _)| ok && out.trim() == "True")
+        node_field("{.status.conditions[?(@.type==\"Ready\")].status}")
+            .is_ok_and(|status| status == "True")
     });
     if let Err(e) = ready {
         let log = worker.proc().output();
@@ -162,17 +158,7 @@ fn a_worker_runs_the_kubelet_and_a_pod() -> Result<()> {
         );
     }
     println!("role added -> Node Ready: {:?}", asked.elapsed());
-    let (_, runtime_version, _) = e2e::kubectl(
-        &binaries,
-        &owner,
-        &[
-            "get",
-            "node",
-            &worker_id,
-            "-o",
-            "jsonpath={.status.nodeInfo.containerRuntimeVersion}",
-        ],
-    )?;
+    let runtime_version = node_field("{.status.nodeInfo.containerRuntimeVersion}")?;
     ensure!(
         runtime_version.trim() == "containerd://2.3.7",
         "{runtime_version}"

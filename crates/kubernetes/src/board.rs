@@ -35,34 +35,37 @@ fn bounded(text: &str) -> String {
 }
 
 impl ComponentBoard {
+    /// Changes `program`'s state (a new one when the board has none).
+    fn update(&self, program: &str, change: impl FnOnce(&mut ServiceState)) {
+        let mut board = self.0.lock().expect("component board lock");
+        change(
+            board
+                .entry(program.to_string())
+                .or_insert_with(|| ServiceState {
+                    name: program.to_string(),
+                    ..Default::default()
+                }),
+        );
+    }
+
     /// `program` started (again, when it ran before: counted as a restart).
     pub fn started(&self, program: &str, now_unix_ms: u64) {
-        let mut board = self.0.lock().expect("component board lock");
-        let state = board
-            .entry(program.to_string())
-            .or_insert_with(|| ServiceState {
-                name: program.to_string(),
-                ..Default::default()
-            });
-        if state.since_unix_ms != 0 {
-            state.restarts = state.restarts.saturating_add(1);
-        }
-        state.running = true;
-        state.since_unix_ms = now_unix_ms;
+        self.update(program, |state| {
+            if state.since_unix_ms != 0 {
+                state.restarts = state.restarts.saturating_add(1);
+            }
+            state.running = true;
+            state.since_unix_ms = now_unix_ms;
+        });
     }
 
     /// `program` exited (or could not start), with `error`.
     pub fn exited(&self, program: &str, error: &str, now_unix_ms: u64) {
-        let mut board = self.0.lock().expect("component board lock");
-        let state = board
-            .entry(program.to_string())
-            .or_insert_with(|| ServiceState {
-                name: program.to_string(),
-                ..Default::default()
-            });
-        state.running = false;
-        state.last_error = bounded(error);
-        state.since_unix_ms = now_unix_ms;
+        self.update(program, |state| {
+            state.running = false;
+            state.last_error = bounded(error);
+            state.since_unix_ms = now_unix_ms;
+        });
     }
 
     /// `program` was stopped on purpose (new certificates, the role going): not an

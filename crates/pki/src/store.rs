@@ -187,22 +187,17 @@ impl CaStore {
         Self::ca_from(txn_get_value(ops.first()), txn_get_value(ops.get(1)))
     }
 
-    /// [`Self::load_ca`] from the local etcd member alone (serializable reads): answered
+    /// [`Self::load_ca`] from the local etcd member alone (serializable): answered
     /// without a quorum, possibly behind it (a member signing what it says of itself).
     pub async fn load_ca_local(&self) -> Result<Option<Ca>, PkiError> {
-        let mut client = self.ns.client();
-        let mut read = async |part: &str| -> Result<Option<Vec<u8>>, PkiError> {
-            let response = client
-                .get(
-                    self.ns.key(part),
-                    Some(GetOptions::new().with_serializable()),
-                )
-                .await?;
-            Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
+        let slot = self.range_local(&self.ns.key("ca/")).await?;
+        let value = |part: &str| {
+            let key = self.ns.key(part);
+            slot.iter()
+                .find(|(k, _)| k.as_slice() == key.as_bytes())
+                .map(|(_, v)| v.clone())
         };
-        let cert = read("ca/cert").await?;
-        let key = read("ca/key").await?;
-        Self::ca_from(cert, key)
+        Self::ca_from(value("ca/cert"), value("ca/key"))
     }
 
     /// Returns the certificate stored under `name`; if there is none, stores the one

@@ -93,4 +93,6 @@ pub use settings::{
 pub use streams::{HeldBody, OpenStreams, Place};
 
 #[cfg(test)]
+mod sweep_tests;
+#[cfg(test)]
 mod tests;

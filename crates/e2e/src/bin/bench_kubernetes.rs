@@ -142,12 +142,7 @@ fn main() -> Result<()> {
         let asked = Instant::now();
         cluster.ctl_retry(&["node", "add-role", &target_id, ROLE])?;
         if i == 0 {
-            cluster.ctl_retry(&[
-                "kubernetes",
-                "credentials",
-                "--out",
-                owner.to_str().context("utf-8")?,
-            ])?;
+            e2e::kubernetes_credentials(&cluster, &owner, None)?;
         }
         wait_until("the new apiserver is ready", TIMEOUT, || {
             ready(&owner, Some(target))

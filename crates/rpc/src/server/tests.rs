@@ -19,9 +19,9 @@ use crate::tls::{
     Anchors, Authenticator, Credentials, ServerTrust, client_config, self_signed, server_config,
 };
 
-const WAIT: Duration = Duration::from_secs(5);
+pub(super) const WAIT: Duration = Duration::from_secs(5);
 
-fn small(max_connections: usize, per_source_handshakes: usize) -> Limits {
+pub(super) fn small(max_connections: usize, per_source_handshakes: usize) -> Limits {
     Limits {
         max_connections,
         per_source_connections: 32,
@@ -42,11 +42,11 @@ async fn tcp_from(source: &str, address: SocketAddr) -> TcpStream {
     socket.connect(address).await.unwrap()
 }
 
-fn server_credentials() -> Credentials {
+pub(super) fn server_credentials() -> Credentials {
     self_signed(&identity::NodeKey::generate().unwrap()).unwrap()
 }
 
-async fn bind() -> (TcpListener, SocketAddr) {
+pub(super) async fn bind() -> (TcpListener, SocketAddr) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     (listener, address)
@@ -260,8 +260,8 @@ fn log_budget_reports_once_per_interval_with_a_count() {
 }
 
 /// CuratorLocal whose GetCurrentLeader takes `delay`.
-struct Slow {
-    delay: Duration,
+pub(super) struct Slow {
+    pub(super) delay: Duration,
 }
 
 #[tonic::async_trait]
@@ -346,47 +346,18 @@ async fn connections_without_calls_are_closed_and_calls_keep_them_open() {
     // A call longer than the idle timeout completes; once it is over, the connection is
     // closed for idleness. The test keeps a second descriptor of the client's socket to
     // see the server's FIN.
-    let (socket_tx, socket_rx) = std::sync::mpsc::channel();
-    let connector =
-        tokio_rustls::TlsConnector::from(client_config(&ServerTrust::FirstUse, None).unwrap());
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_| {
-            let (connector, socket_tx) = (connector.clone(), socket_tx.clone());
-            async move {
-                let tcp = TcpStream::connect(address).await?;
-                let std = tcp.into_std()?;
-                socket_tx.send(std.try_clone()?).expect("test alive");
-                let tcp = TcpStream::from_std(std)?;
-                let name = rustls::pki_types::ServerName::IpAddress(address.ip().into());
-                let tls = connector.connect(name, tcp).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
-            }
-        }))
-        .await
-        .unwrap();
+    let (channel, socket) = channel_with_socket(address, None).await;
     let started = StdInstant::now();
     api::curator_local_client::CuratorLocalClient::new(channel.clone())
         .get_current_leader(api::GetCurrentLeaderRequest {})
         .await
         .expect("a call longer than the idle timeout is not cut");
     assert!(started.elapsed() >= Duration::from_millis(1000));
-    let socket = socket_rx.try_recv().expect("one connection");
     let idle_since = StdInstant::now();
-    loop {
-        let mut buf = [0u8; 1];
-        match socket.peek(&mut buf) {
-            Ok(0) => break,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {}
-            Err(_) => break,
-            Ok(_) => {}
-        }
-        assert!(
-            idle_since.elapsed() < WAIT,
-            "the idle connection was not closed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        closed_within(&socket, WAIT).await,
+        "the idle connection was not closed"
+    );
     assert!(idle_since.elapsed() >= Duration::from_millis(200));
     drop(channel);
 }
@@ -583,32 +554,15 @@ fn a_connection_whose_latest_call_no_longer_proves_it_is_evictable_again() {
     );
 }
 
-/// A node certificate of `ca` for a fresh key, as client credentials.
-fn node_credentials(ca: &pki::Ca) -> Credentials {
-    let key = identity::NodeKey::generate().unwrap();
-    let template = pki::Template {
-        common_name: key.node_id(),
-        dns_names: vec![key.node_id()],
-        ip_addresses: vec!["127.0.0.1".parse().unwrap()],
-        usage: pki::Usage::ServerAndClient,
-        lifetime: Duration::from_secs(3600),
-        kind: pki::CertificateKind::Node,
-    };
-    Credentials {
-        certificate: ca.issue(&template, &key.public_key()).unwrap().der,
-        key_pkcs8: key.pkcs8_der().to_vec(),
-    }
-}
-
 /// A channel to `address` with `credentials`, and a second descriptor of its socket
 /// (to see the server close it).
-async fn channel_with_socket(
+pub(super) async fn channel_with_socket(
     address: SocketAddr,
-    credentials: &Credentials,
+    credentials: Option<&Credentials>,
 ) -> (tonic::transport::Channel, std::net::TcpStream) {
     let (socket_tx, socket_rx) = std::sync::mpsc::channel();
     let connector = tokio_rustls::TlsConnector::from(
-        client_config(&ServerTrust::FirstUse, Some(credentials)).unwrap(),
+        client_config(&ServerTrust::FirstUse, credentials).unwrap(),
     );
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
         .unwrap()
@@ -630,7 +584,7 @@ async fn channel_with_socket(
 }
 
 /// Whether the server closed `socket` (EOF or reset) within `within`.
-async fn closed_within(socket: &std::net::TcpStream, within: Duration) -> bool {
+pub(super) async fn closed_within(socket: &std::net::TcpStream, within: Duration) -> bool {
     socket.set_nonblocking(true).unwrap();
     let started = StdInstant::now();
     while started.elapsed() < within {
@@ -644,127 +598,4 @@ async fn closed_within(socket: &std::net::TcpStream, within: Duration) -> bool {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     false
-}
-
-/// An old and a new CA (a rotation's two).
-fn two_cas() -> (pki::Ca, pki::Ca) {
-    (
-        pki::Ca::generate("old CA", pki::CA_LIFETIME).unwrap(),
-        pki::Ca::generate("new CA", pki::CA_LIFETIME).unwrap(),
-    )
-}
-
-/// Anchors trusting `cas`, each with an empty CRL.
-fn trusting(cas: &[&pki::Ca]) -> Anchors {
-    Anchors {
-        cas: cas.iter().map(|c| c.cert_der.clone()).collect(),
-        crls: cas.iter().map(|c| c.crl(&[], 1).unwrap()).collect(),
-    }
-}
-
-/// A curator-like server on 127.0.0.1 whose calls take `delay`, checking callers against
-/// anchors the test replaces (the returned slot), `initial` at first.
-async fn serve_switchable(
-    initial: Anchors,
-    delay: Duration,
-) -> (SocketAddr, Arc<std::sync::Mutex<Anchors>>) {
-    let (listener, address) = bind().await;
-    let anchors = Arc::new(std::sync::Mutex::new(initial));
-    let source = anchors.clone();
-    let trust: TrustSource = Arc::new(move || {
-        let anchors = source.lock().unwrap().clone();
-        Box::pin(async move { Ok(anchors) })
-    });
-    let limits = Limits {
-        idle_timeout: Duration::from_secs(60),
-        first_call_timeout: Duration::from_secs(60),
-        ..small(16, 16)
-    };
-    tokio::spawn(
-        builder()
-            .layer(AuthLayer::new(Arc::new(Authenticator::new()), trust))
-            .add_service(api::curator_local_server::CuratorLocalServer::new(Slow {
-                delay,
-            }))
-            .serve_with_incoming(incoming_with(
-                listener,
-                server_config(&server_credentials()).unwrap(),
-                limits,
-            )),
-    );
-    (address, anchors)
-}
-
-#[tokio::test]
-async fn a_connection_is_closed_once_its_certificate_no_longer_verifies() {
-    let (old, new) = two_cas();
-    let (address, anchors) = serve_switchable(trusting(&[&old, &new]), Duration::ZERO).await;
-    let call = async |channel: &tonic::transport::Channel| {
-        api::curator_local_client::CuratorLocalClient::new(channel.clone())
-            .get_current_leader(api::GetCurrentLeaderRequest {})
-            .await
-            .map(|_| ())
-    };
-    let (of_old, old_socket) = channel_with_socket(address, &node_credentials(&old)).await;
-    let new_credentials = node_credentials(&new);
-    let (of_new, new_socket) = channel_with_socket(address, &new_credentials).await;
-    let (stranger, stranger_socket) = channel_with_socket(address, &server_credentials()).await;
-    for channel in [&of_old, &of_new, &stranger] {
-        call(channel).await.expect("a call gets through");
-    }
-    // Nothing changed: every connection stays (the sweep looks every 2 s).
-    assert!(!closed_within(&old_socket, Duration::from_secs(3)).await);
-
-    // The old CA retired: its certificate's connection closes; the others stay.
-    *anchors.lock().unwrap() = trusting(&[&new]);
-    assert!(
-        closed_within(&old_socket, WAIT).await,
-        "the connection of a retired CA's certificate stayed open"
-    );
-    assert!(!closed_within(&new_socket, Duration::from_millis(100)).await);
-    assert!(!closed_within(&stranger_socket, Duration::from_millis(100)).await);
-    call(&of_new).await.expect("the new CA's connection serves");
-    call(&stranger)
-        .await
-        .expect("a self-signed caller is not swept");
-
-    // Its serial revoked (a removed operator, a deleted node): that one closes too.
-    let serial = pki::certificate_serial(&new_credentials.certificate).unwrap();
-    *anchors.lock().unwrap() = Anchors {
-        cas: vec![new.cert_der.clone()],
-        crls: vec![new.crl(&[serial], 2).unwrap()],
-    };
-    assert!(
-        closed_within(&new_socket, WAIT).await,
-        "the connection of a revoked certificate stayed open"
-    );
-    assert!(!closed_within(&stranger_socket, Duration::from_millis(100)).await);
-}
-
-#[tokio::test]
-async fn a_call_in_flight_ends_with_its_answer_before_its_connection_is_closed() {
-    let (old, new) = two_cas();
-    let (address, anchors) =
-        serve_switchable(trusting(&[&old, &new]), Duration::from_secs(3)).await;
-    let (channel, socket) = channel_with_socket(address, &node_credentials(&old)).await;
-    // Kept open by the test (a dropped channel leaves unread bytes that hide the close).
-    let calling = channel.clone();
-    let call = tokio::spawn(async move {
-        api::curator_local_client::CuratorLocalClient::new(calling)
-            .get_current_leader(api::GetCurrentLeaderRequest {})
-            .await
-            .map(|_| ())
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // The CA retired while the call runs: the call still gets its answer…
-    *anchors.lock().unwrap() = trusting(&[&new]);
-    call.await
-        .unwrap()
-        .expect("a call under way ends with its own answer");
-    // …and the connection is closed after the grace.
-    assert!(
-        closed_within(&socket, Duration::from_secs(40)).await,
-        "the connection of a retired CA's certificate stayed open"
-    );
-    drop(channel);
 }
