@@ -66,6 +66,8 @@ pub enum NodeUpdateError {
     KeyMismatch(String),
     #[error("node {0} is not UP")]
     NotUp(String),
+    #[error("node {id} does not hold {role}")]
+    RoleMissing { id: String, role: &'static str },
     #[error("node {0} was deleted from this cluster; its key cannot register again")]
     Deleted(String),
     #[error(transparent)]

@@ -7,15 +7,22 @@
 //! - the role is added live: the Node named after the Polis node ID becomes Ready,
 //!   running containerd 2.3.7, and `node describe` names kubelet and containerd running;
 //! - a pod (hostNetwork, the sandbox image, `imagePullPolicy: Never`) runs on it;
-//! - the role is removed live: kubelet and containerd stop.
+//! - a Polis label shows on the Node as polis.dev/KEY and goes with it; `node
+//!   describe` shows the Node Ready;
+//! - the kubelet holds a token, not a client certificate: it reads its Node; a made-up
+//!   token is refused;
+//! - the role is removed live: the token is refused, the Node deleted, kubelet and
+//!   containerd stop, the worker's folder is removed;
+//! - the role comes back (Ready again, the old token stays refused), then the worker is
+//!   decommissioned: its newest token is refused within 60 s and its Node deleted.
 //!
 //! Not yet (issue 37's later stages): a pod network across workers, Services, logs and
 //! exec (the kubelet refuses a loopback node IP: workers need addresses of their own,
-//! network namespaces in the test), Node deletion and drain on removal, revocation.
+//! network namespaces in the test), pods surviving a kill -9 of polis-node.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use e2e::{Cluster, TIMEOUT, wait_until};
@@ -69,6 +76,13 @@ impl Drop for Leftovers {
             }
         }
     }
+}
+
+/// A field of `node describe -o json`'s status, when it is a string.
+fn describe_field(cluster: &Cluster, id: &str, field: &str) -> Option<String> {
+    let (ok, out, _) = cluster.ctl(&["node", "describe", id, "-o", "json"]).ok()?;
+    let value: serde_json::Value = serde_json::from_str(&out).ok().filter(|_| ok)?;
+    value["status"][field].as_str().map(str::to_string)
 }
 
 fn program_running(cluster: &Cluster, id: &str, name: &str) -> bool {
@@ -202,11 +216,105 @@ fn a_worker_runs_the_kubelet_and_a_pod() -> Result<()> {
     )?;
     ensure!(ok, "kubectl delete: {err}");
 
-    // The role taken away: the kubelet and containerd stop.
+    // Polis labels carried to the Node (polis.dev/), and the Node's readiness in
+    // node describe.
+    cluster.ctl_retry(&["node", "label", &worker_id, "zone=a"])?;
+    wait_until("the Node carries the Polis label", TIMEOUT, || {
+        node_field("{.metadata.labels.polis\\.dev/zone}").is_ok_and(|v| v == "a")
+    })?;
+    cluster.ctl_retry(&["node", "label", &worker_id, "zone-"])?;
+    wait_until("the Polis label is gone from the Node", TIMEOUT, || {
+        node_field("{.metadata.labels}").is_ok_and(|v| !v.contains("polis.dev/zone"))
+    })?;
+    wait_until("node describe shows the Node Ready", TIMEOUT, || {
+        describe_field(&cluster, &worker_id, "kubernetes_node").is_some_and(|v| v == "Ready")
+    })?;
+
+    // The kubelet's credential is a token, refused once the role goes.
+    let worker_dir = worker.root.join("data/kubernetes-worker");
+    let ca = dir.path().join("kubernetes-ca.pem");
+    std::fs::copy(worker_dir.join("ca.pem"), &ca)?;
+    ensure!(
+        !worker_dir.join("kubelet-client.key").exists(),
+        "a kubelet holds no client certificate"
+    );
+    let token = std::fs::read_to_string(worker_dir.join("kubelet.token"))?;
+    let apiserver = format!("https://{}:6443", cluster.first.address);
+    let as_kubelet = |token: &str| -> Result<(bool, String)> {
+        let (ok, _, err) = e2e::kubectl(
+            &binaries,
+            Path::new("/dev/null"),
+            &[
+                &format!("--server={apiserver}"),
+                &format!("--certificate-authority={}", ca.display()),
+                &format!("--token={}", token.trim()),
+                "get",
+                "node",
+                &worker_id,
+            ],
+        )?;
+        Ok((ok, err))
+    };
+    let (ok, err) = as_kubelet(&token)?;
+    ensure!(ok, "the kubelet's token reads its own Node: {err}");
+    let (ok, _) = as_kubelet(&format!("{worker_id}.{}", "00".repeat(32)))?;
+    ensure!(!ok, "a made-up token is refused");
+
+    // The role taken away: the Node is drained and deleted, the kubelet, its pods and
+    // containerd stop, the worker's folder goes, its token is refused.
+    let removed = Instant::now();
     cluster.ctl_retry(&["node", "remove-role", &worker_id, "KubernetesWorker"])?;
+    wait_until("the worker's token is refused", TIMEOUT, || {
+        as_kubelet(&token).is_ok_and(|(ok, err)| !ok && err.contains("Unauthorized"))
+    })?;
+    println!(
+        "role removed -> kubelet token refused: {:?}",
+        removed.elapsed()
+    );
+    wait_until("the Node is deleted", TIMEOUT, || {
+        e2e::kubectl(&binaries, &owner, &["get", "node", &worker_id])
+            .is_ok_and(|(ok, _, err)| !ok && err.contains("NotFound"))
+    })?;
     wait_until("kubelet and containerd stop", TIMEOUT, || {
         !program_running(&cluster, &worker_id, "kubelet")
             && !program_running(&cluster, &worker_id, "containerd")
     })?;
+    wait_until("the worker's folder is removed", TIMEOUT, || {
+        !worker_dir.exists()
+    })?;
+
+    // Back as a worker, then decommissioned: its newest token is refused within the
+    // stated bound (the apiserver's webhook cache, 10 s, and a quorum read).
+    cluster.ctl_retry(&["node", "add-role", &worker_id, "KubernetesWorker"])?;
+    wait_until("the worker's Node is Ready again", TIMEOUT, || {
+        node_field("{.status.conditions[?(@.type==\"Ready\")].status}")
+            .is_ok_and(|status| status == "True")
+    })?;
+    let (ok, _) = as_kubelet(&token)?;
+    ensure!(!ok, "the token of the worker's first term stays refused");
+    let newest = std::fs::read_to_string(worker_dir.join("kubelet.token"))?;
+    let (ok, err) = as_kubelet(&newest)?;
+    ensure!(ok, "the newest token is the kubelet's: {err}");
+    let decommissioned = Instant::now();
+    cluster.ctl_retry(&["node", "decommission", &worker_id])?;
+    wait_until(
+        "the decommissioned worker's token is refused",
+        TIMEOUT,
+        || as_kubelet(&newest).is_ok_and(|(ok, err)| !ok && err.contains("Unauthorized")),
+    )?;
+    let refused_after = decommissioned.elapsed();
+    println!("decommissioned -> kubelet token refused: {refused_after:?}");
+    ensure!(
+        refused_after < Duration::from_secs(60),
+        "refused only after {refused_after:?} (bound: 60 s)"
+    );
+    wait_until(
+        "the decommissioned worker's Node is deleted",
+        TIMEOUT,
+        || {
+            e2e::kubectl(&binaries, &owner, &["get", "node", &worker_id])
+                .is_ok_and(|(ok, _, err)| !ok && err.contains("NotFound"))
+        },
+    )?;
     Ok(())
 }

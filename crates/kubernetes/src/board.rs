@@ -24,7 +24,10 @@ pub fn now_unix_ms() -> u64 {
 
 /// The components' states, by program name. Cloned handles share one board.
 #[derive(Clone, Debug, Default)]
-pub struct ComponentBoard(Arc<Mutex<BTreeMap<String, ServiceState>>>);
+pub struct ComponentBoard(
+    Arc<Mutex<BTreeMap<String, ServiceState>>>,
+    Arc<Mutex<String>>,
+);
 
 fn bounded(text: &str) -> String {
     let mut end = text.len().min(MAX_ERROR_LEN);
@@ -81,6 +84,16 @@ impl ComponentBoard {
     /// Every component forgotten (the role went away).
     pub fn clear(&self) {
         self.0.lock().expect("component board lock").clear();
+        self.1.lock().expect("component board lock").clear();
+    }
+
+    /// A worker's Node as the apiserver shows it (bounded like an error).
+    pub fn set_kubernetes_node(&self, state: &str) {
+        *self.1.lock().expect("component board lock") = bounded(state);
+    }
+
+    pub fn kubernetes_node(&self) -> String {
+        self.1.lock().expect("component board lock").clone()
     }
 
     /// The states, by name.

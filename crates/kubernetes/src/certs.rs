@@ -82,12 +82,9 @@ pub fn spec(purpose: Purpose, node_id: &str, address: IpAddr, domain: &str) -> O
             &format!("polis:node:{node_id}"),
             &["system:masters"],
         ),
-        // What the Node authorizer and NodeRestriction know a kubelet by.
-        Purpose::KubeletClient => client(
-            Signer::Kubernetes,
-            &format!("system:node:{node_id}"),
-            &["system:nodes"],
-        ),
+        // Never issued: the apiserver cannot revoke a client certificate, so a kubelet
+        // proves itself with a token Polis checks (`kubelet_token`).
+        Purpose::KubeletClient => return None,
         Purpose::KubeletServing => Spec {
             signer: Signer::Kubernetes,
             common_name: format!("system:node:{node_id}"),
@@ -105,6 +102,11 @@ pub fn spec(purpose: Purpose, node_id: &str, address: IpAddr, domain: &str) -> O
 pub fn for_worker(purpose: Purpose) -> bool {
     matches!(purpose, Purpose::KubeletClient | Purpose::KubeletServing)
 }
+
+/// Why a kubelet client certificate is refused (asked for by an older node).
+pub const NO_KUBELET_CLIENT_CERTIFICATE: &str = "kubelet client certificates are not issued: \
+     the apiserver cannot revoke them; a kubelet authenticates with the token issued with \
+     its serving certificate (upgrade polis-node on this worker)";
 
 /// The names every apiserver serves under.
 pub fn apiserver_names(domain: &str) -> Vec<String> {
@@ -183,9 +185,7 @@ mod tests {
             );
         }
         assert_eq!(spec(Purpose::Unspecified, "polis-a", address, ""), None);
-        let kubelet = spec(Purpose::KubeletClient, "polis-a", address, "").unwrap();
-        assert_eq!(kubelet.common_name, "system:node:polis-a");
-        assert_eq!(kubelet.organizations, vec!["system:nodes".to_string()]);
+        assert_eq!(spec(Purpose::KubeletClient, "polis-a", address, ""), None);
         assert!(for_worker(Purpose::KubeletServing) && !for_worker(Purpose::ApiserverServing));
         let serving = spec(Purpose::KubeletServing, "polis-a", address, "").unwrap();
         assert!(serving.server && serving.ip_addresses == vec![address]);

@@ -7,6 +7,7 @@
 //!                apiserver.{pem,key} kubelet-client.{pem,key} front-proxy-client.{pem,key}
 //!                controller-manager.{pem,key,kubeconfig} scheduler.{pem,key,kubeconfig}
 //!                polis-admin.{pem,key,kubeconfig}   etcd.sock (the etcd proxy)
+//!                token-webhook.kubeconfig (the apiserver → Polis's kubelet token check)
 //!                controller-manager/ scheduler/ (their own serving certificates)
 //! ```
 
@@ -78,6 +79,16 @@ impl Layout {
             self.arg("proxy-client-cert-file", "front-proxy-client.pem"),
             self.arg("proxy-client-key-file", "front-proxy-client.key"),
             self.arg("cert-dir", "apiserver"),
+            // Kubelets hold tokens Polis checks (`tokenreview`), not certificates.
+            self.arg(
+                "authentication-token-webhook-config-file",
+                "token-webhook.kubeconfig",
+            ),
+            format!(
+                "--authentication-token-webhook-cache-ttl={}s",
+                crate::kubelet_token::TOKEN_CACHE_TTL.as_secs()
+            ),
+            "--authentication-token-webhook-version=v1".into(),
         ];
         // The lease endpoint reconciler refuses loopback addresses (local clusters):
         // then the `kubernetes` Service has no endpoints; real machines keep it.
@@ -125,6 +136,23 @@ impl Layout {
             user,
             &quoted(&self.path(&format!("{user}.pem"))),
             &quoted(&self.path(&format!("{user}.key"))),
+        )
+    }
+}
+
+impl Layout {
+    /// The apiserver's kubeconfig for Polis's token webhook (`tokenreview`) on this
+    /// node's loopback, whose certificate is the apiserver's own.
+    pub fn token_webhook_kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: polis\n  cluster:\n    \
+             certificate-authority: {ca}\n    server: https://{address}{path}\n    \
+             tls-server-name: kubernetes\nusers:\n- name: apiserver\n  user: {{}}\n\
+             contexts:\n- name: polis\n  context:\n    cluster: polis\n    user: apiserver\n\
+             current-context: polis\n",
+            ca = quoted(&self.path("ca.pem")),
+            address = crate::tokenreview::webhook_address(self.address),
+            path = crate::tokenreview::WEBHOOK_PATH,
         )
     }
 }
@@ -236,6 +264,20 @@ mod tests {
             text.contains("client-key: \"/r/data/kubernetes/scheduler.key\""),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_apiserver_asks_polis_about_tokens_on_its_own_loopback() {
+        let l = layout("127.0.0.2");
+        let args = l.apiserver_args();
+        assert!(args.contains(&"--authentication-token-webhook-cache-ttl=10s".to_string()));
+        assert!(args.contains(&"--authentication-token-webhook-version=v1".to_string()));
+        let text = l.token_webhook_kubeconfig();
+        assert!(
+            text.contains("server: https://127.0.0.2:6445/authenticate"),
+            "{text}"
+        );
+        assert!(text.contains("tls-server-name: kubernetes"));
     }
 
     #[test]

@@ -3,11 +3,15 @@
 //! ```text
 //!   root.role.kubernetes ─ binaries present? ─ keys made here ─▶ curator leader:
 //!     │                    IssueKubernetesCertificates (node mTLS) ─▶ files in DIR (0600)
+//!     ├─▶ tokenreview        the apiserver's token webhook: who a kubelet is, from
+//!     │                      Polis's records (loopback :6445)
 //!     ├─▶ etcdproxy          the apiserver's etcd: namespaced (etcdproxy), DIR/etcd.sock
 //!     ├─▶ apiserver          kube-apiserver on ADDRESS:6443
 //!     ├─▶ controllermanager  kube-controller-manager (leader-elected among controllers)
 //!     ├─▶ scheduler          kube-scheduler (leader-elected among controllers)
-//!     └─▶ rbac               once the apiserver is ready: the bindings Polis keeps
+//!     ├─▶ rbac               once the apiserver is ready: the bindings Polis keeps
+//!     └─▶ nodesync           Nodes in step with Polis: labels (polis.dev/), a Node no
+//!                            worker holds drained and deleted
 //!   at 2/3 of the certificates' lifetime: issued again, files replaced, components
 //!   restarted one by one (the other controllers serve meanwhile)
 //! ```
@@ -43,6 +47,10 @@ pub struct ControllerSettings {
     pub issue: Issuer,
     /// Where each component's state is kept for the node's status.
     pub board: crate::board::ComponentBoard,
+    /// What Polis's records say of a kubelet (the token webhook's question).
+    pub kubelet_check: crate::tokenreview::KubeletCheck,
+    /// The node records, watched (Nodes kept in step: `nodesync`).
+    pub nodes: crate::nodesync::PolisNodesWatch,
 }
 
 pub type Issuer = Arc<
@@ -149,6 +157,10 @@ async fn credentials(settings: &ControllerSettings) -> Result<(Layout, Duration)
         layout.path("sa.pub"),
         &issued.service_account_public_key_pem,
     )?;
+    write(
+        layout.path("token-webhook.kubeconfig"),
+        layout.token_webhook_kubeconfig().as_bytes(),
+    )?;
     for user in ["controller-manager", "scheduler", "polis-admin"] {
         write(
             layout.path(&format!("{user}.kubeconfig")),
@@ -184,46 +196,6 @@ pub(crate) fn component_runnable(
     }
 }
 
-/// kubectl with polis-node's own credential, `args`; stdin `input` when given.
-async fn kubectl(
-    binaries: &std::path::Path,
-    layout: &Layout,
-    args: &[&str],
-    input: Option<&str>,
-) -> Result<String, String> {
-    use tokio::io::AsyncWriteExt;
-    let mut cmd = tokio::process::Command::new(binaries.join("kubectl"));
-    cmd.arg(format!(
-        "--kubeconfig={}",
-        layout.path("polis-admin.kubeconfig").display()
-    ))
-    .arg("--request-timeout=5s")
-    .args(args)
-    .stdin(if input.is_some() {
-        std::process::Stdio::piped()
-    } else {
-        std::process::Stdio::null()
-    })
-    .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::piped())
-    .kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|e| format!("running kubectl: {e}"))?;
-    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin
-            .write_all(text.as_bytes())
-            .await
-            .map_err(|e| format!("kubectl stdin: {e}"))?;
-    }
-    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-        .await
-        .map_err(|_| "kubectl took over 30 s".to_string())?
-        .map_err(|e| format!("kubectl: {e}"))?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).to_string())
-}
-
 /// Waits for this node's apiserver to be ready, then applies the bindings Polis keeps.
 async fn keep_rbac(
     ctx: supervisor::Context,
@@ -231,7 +203,7 @@ async fn keep_rbac(
     layout: Layout,
 ) -> supervisor::RunnableResult {
     loop {
-        let probe = kubectl(&binaries, &layout, &["get", "--raw", "/readyz"], None);
+        let probe = crate::kubectl::kubectl(&binaries, &layout, &["get", "--raw", "/readyz"], None);
         let answer = tokio::select! {
             answer = probe => answer,
             () = ctx.cancelled() => return Ok(()),
@@ -249,7 +221,7 @@ async fn keep_rbac(
     }
     tracing::info!("kube-apiserver is ready");
     let bindings = config::rbac_bindings();
-    let apply = kubectl(
+    let apply = crate::kubectl::kubectl(
         &binaries,
         &layout,
         &[
@@ -310,6 +282,30 @@ pub async fn run(
             Ok(())
         }
     })?;
+    let start_webhook = |ctx: &supervisor::Context| {
+        let (layout, check) = (layout.clone(), settings.kubelet_check.clone());
+        ctx.run_stoppable("tokenreview", move |ctx| {
+            let (layout, check) = (layout.clone(), check.clone());
+            async move {
+                let tls = crate::tokenreview::tls_config(
+                    &layout.path("apiserver.pem"),
+                    &layout.path("apiserver.key"),
+                )?;
+                let address = crate::tokenreview::webhook_address(layout.address);
+                let listener = tokio::net::TcpListener::bind(address)
+                    .await
+                    .map_err(|e| format!("listening on {address} for the token webhook: {e}"))?;
+                ctx.signal_healthy();
+                tokio::select! {
+                    served = crate::tokenreview::serve(listener, tls, check) => served?,
+                    () = ctx.cancelled() => {}
+                }
+                Ok(())
+            }
+        })
+    };
+    // Before the apiserver: its first kubelet request asks it.
+    let mut webhook = start_webhook(&ctx)?;
     let mut running = Vec::new();
     let start = |ctx: &supervisor::Context, name: &str, program: &'static str| {
         let args = match program {
@@ -334,6 +330,17 @@ pub async fn run(
     ctx.run("rbac", move |ctx| {
         keep_rbac(ctx, rbac_binaries.clone(), rbac_layout.clone())
     })?;
+    let (sync_binaries, sync_layout) = (settings.binaries.clone(), layout.clone());
+    let (sync_watch, sync_check) = (settings.nodes.clone(), settings.kubelet_check.clone());
+    ctx.run("nodesync", move |ctx| {
+        crate::nodesync::run(
+            ctx,
+            sync_binaries.clone(),
+            sync_layout.clone(),
+            sync_watch.clone(),
+            sync_check.clone(),
+        )
+    })?;
     ctx.signal_healthy();
     loop {
         // Renewed at 2/3 of the lifetime, as every Polis certificate.
@@ -348,6 +355,8 @@ pub async fn run(
                     lifetime_s = renewed.as_secs(),
                     "Kubernetes certificates renewed; restarting the components"
                 );
+                webhook.stop().await;
+                webhook = start_webhook(&ctx)?;
                 for (component, (name, program)) in
                     std::mem::take(&mut running).into_iter().zip(COMPONENTS)
                 {
@@ -367,6 +376,7 @@ pub async fn run(
     for component in running {
         component.stop().await;
     }
+    webhook.stop().await;
     settings.board.clear();
     Ok(())
 }

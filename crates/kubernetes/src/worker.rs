@@ -3,8 +3,10 @@
 //! ```text
 //!   root.role.kubeworker ─ programs present? ─ kubelet keys made here ─▶ curator
 //!     │   leader: IssueKubernetesCertificates (node mTLS; KubernetesWorker only):
-//!     │   kubelet client (system:node:<id>, system:nodes) and serving certificates,
-//!     │   the controllers' apiservers ─▶ files in DIR (0600): certificates, kubeconfig,
+//!     │   the kubelet's serving certificate, its token towards the apiservers
+//!     │   (`kubelet_token`: system:node:<id>, checked by Polis on every uncached
+//!     │   request), the controllers' apiservers ─▶ files in DIR (0600): certificate,
+//!     │   token, kubeconfig,
 //!     │   containerd.toml, kubelet.yaml, cni/10-polis.conflist
 //!     ├─▶ apiproxy     127.0.0.1:6444 (a loopback node: its address) → the first
 //!     │                controller's apiserver that accepts
@@ -15,9 +17,11 @@
 //!   at 2/3 of the certificates' lifetime: issued again, files replaced, the kubelet
 //!   restarted (containerd and the pods keep running)
 //! ```
-//! Stopping this runnable (the role taken away) stops the kubelet and containerd; the
-//! containers' shims outlive them (they are not children of containerd) until
-//! containerd, started again, takes them back or cleans them up.
+//! Stopping this runnable because polis-node stops stops the kubelet and containerd;
+//! the containers and their shims outlive them (they are not children of containerd)
+//! until containerd, started again, takes them back. Stopping it because the role was
+//! taken away (`Leaving`) also stops every pod (SIGTERM, then SIGKILL after 30 s) and
+//! removes the worker's folder: keys, token, containers, images (`workerstate`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -50,18 +54,36 @@ pub struct WorkerSettings {
     pub certificate_lifetime: Option<Duration>,
     pub issue: Issuer,
     pub board: crate::board::ComponentBoard,
+    /// Set by the role server before it stops this runnable because the role went
+    /// (not because polis-node stops).
+    pub leaving: Leaving,
 }
 
-/// The kubelet's certificates, and the file stem of each.
-const PURPOSES: [(Purpose, &str); 2] = [
-    (Purpose::KubeletClient, "kubelet-client"),
-    (Purpose::KubeletServing, "kubelet"),
-];
+/// Whether the worker is being stopped for good: the role was taken away. Then its
+/// pods are stopped and its folder (keys, token, containers, images) removed; a
+/// polis-node that merely stops leaves the pods running.
+#[derive(Clone, Debug, Default)]
+pub struct Leaving(Arc<std::sync::atomic::AtomicBool>);
+
+impl Leaving {
+    pub fn leave(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_leaving(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// The kubelet's certificate, and its file stem (towards the apiservers the kubelet
+/// holds a token, not a certificate: `kubelet_token`).
+const PURPOSES: [(Purpose, &str); 1] = [(Purpose::KubeletServing, "kubelet")];
 
 /// The programs a worker runs, and the folder setting each comes from.
-fn programs(settings: &WorkerSettings) -> [(PathBuf, &'static str); 5] {
+fn programs(settings: &WorkerSettings) -> [(PathBuf, &'static str); 6] {
     [
         (settings.binaries.clone(), "kubelet"),
+        (settings.binaries.clone(), "kubectl"),
         (settings.runtime.clone(), "containerd"),
         (settings.runtime.clone(), "containerd-shim-runc-v2"),
         (settings.runtime.clone(), "runc"),
@@ -90,6 +112,17 @@ async fn credentials(settings: &WorkerSettings) -> Result<(Vec<SocketAddr>, Dura
     )
     .await?;
     let layout = layout(settings);
+    if issued.kubelet_token.is_empty() {
+        return Err("the curator issued no kubelet token (an older curator?)".into());
+    }
+    write(
+        layout.path("kubelet.token"),
+        issued.kubelet_token.as_bytes(),
+    )?;
+    // An older polis-node's kubelet client certificate: never again (not revocable).
+    for stale in ["kubelet-client.pem", "kubelet-client.key"] {
+        let _ = std::fs::remove_file(layout.path(stale));
+    }
     for sub in ["containerd", "cni", "kubelet"] {
         privatefs::ensure_private_dir(&layout.path(sub))
             .map_err(|e| format!("making {}: {e}", layout.path(sub).display()))?;
@@ -228,6 +261,19 @@ pub async fn run(ctx: supervisor::Context, settings: WorkerSettings) -> supervis
         )
     };
     let mut kubelet = start_kubelet(&ctx)?;
+    let (status_binaries, status_layout, status_board) = (
+        settings.binaries.clone(),
+        layout.clone(),
+        settings.board.clone(),
+    );
+    ctx.run("nodestate", move |ctx| {
+        crate::workerstate::report(
+            ctx,
+            status_binaries.clone(),
+            status_layout.clone(),
+            status_board.clone(),
+        )
+    })?;
     ctx.signal_healthy();
     loop {
         tokio::select! {
@@ -253,7 +299,13 @@ pub async fn run(ctx: supervisor::Context, settings: WorkerSettings) -> supervis
         }
     }
     kubelet.stop().await;
+    if settings.leaving.is_leaving() {
+        crate::workerstate::stop_pods(&settings.runtime, &layout).await;
+    }
     containerd.stop().await;
+    if settings.leaving.is_leaving() {
+        crate::workerstate::remove_folder(&settings.dir);
+    }
     settings.board.clear();
     Ok(())
 }

@@ -121,18 +121,17 @@ impl WorkerLayout {
     /// The kubelet's kubeconfig: through the forwarder, checking the apiserver's
     /// certificate against the Kubernetes CA under the name `kubernetes` (every
     /// apiserver's serving certificate names it; the forwarder's address is no name of
-    /// theirs).
+    /// theirs); the kubelet's token (`kubelet_token`) as its credential.
     pub fn kubelet_kubeconfig(&self) -> String {
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: polis\n  cluster:\n    \
              certificate-authority: {ca}\n    server: https://{proxy}\n    \
              tls-server-name: kubernetes\nusers:\n- name: kubelet\n  user:\n    \
-             client-certificate: {cert}\n    client-key: {key}\ncontexts:\n- name: polis\n  \
+             tokenFile: {token}\ncontexts:\n- name: polis\n  \
              context:\n    cluster: polis\n    user: kubelet\ncurrent-context: polis\n",
             proxy = api_proxy(self.address),
             ca = quoted(&self.path("ca.pem")),
-            cert = quoted(&self.path("kubelet-client.pem")),
-            key = quoted(&self.path("kubelet-client.key")),
+            token = quoted(&self.path("kubelet.token")),
         )
     }
 
@@ -207,6 +206,8 @@ mod tests {
                 .contains("server: https://127.0.0.7:6444")
         );
         assert!(kubeconfig.contains("tls-server-name: kubernetes"));
+        assert!(kubeconfig.contains("tokenFile: \"/r/data/kubernetes-worker/kubelet.token\""));
+        assert!(!kubeconfig.contains("client-certificate"));
         let args = l.kubelet_args();
         assert!(args.contains(&"--hostname-override=polis-w".to_string()));
         assert!(args.contains(&"--node-ip=10.1.0.2".to_string()));

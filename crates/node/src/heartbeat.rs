@@ -154,5 +154,6 @@ fn node_status(settings: &Settings, values: &NodeValues) -> NodeStatus {
         etcd_loaded_peer_ca_fingerprints,
         etcd_peer_certificate_ca_fingerprint,
         services: values.components.snapshot(),
+        kubernetes_node: values.components.kubernetes_node(),
     }
 }

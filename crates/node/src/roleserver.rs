@@ -90,7 +90,13 @@ fn kubernetes_settings(
                 .map_err(|e| format!("asking the curator for Kubernetes certificates: {e}"))
         })
     });
+    let etcd_socket = settings
+        .root
+        .consensus_run_dir()
+        .join(consensus::config::CLIENT_SOCKET_NAME);
     Ok(kubernetes::controller::ControllerSettings {
+        kubelet_check: kubelet_check(etcd_socket.clone()),
+        nodes: polis_nodes(etcd_socket),
         node_id,
         address: settings.address,
         dir: settings.root.data().join("kubernetes"),
@@ -102,6 +108,86 @@ fn kubernetes_settings(
         certificate_lifetime: settings.kubernetes_certificate_lifetime,
         issue,
         board: values.components.clone(),
+    })
+}
+
+/// The token webhook's question, answered from the node records through this
+/// member's etcd with a quorum read (a member cut off answers nothing: it fails closed):
+/// node `id`'s newest kubelet token hash while it is UP and holds KubernetesWorker.
+fn kubelet_check(etcd_socket: std::path::PathBuf) -> kubernetes::tokenreview::KubeletCheck {
+    let client = std::sync::Arc::new(tokio::sync::OnceCell::new());
+    std::sync::Arc::new(move |id: String| {
+        let (client, socket) = (client.clone(), etcd_socket.clone());
+        Box::pin(async move {
+            let curator_ns = client
+                .get_or_try_init(|| async {
+                    consensus::client::connect_unix(&socket)
+                        .await
+                        .map(|c| consensus::Namespaced::new(c, curator::layout::NAMESPACE))
+                })
+                .await
+                .map_err(|e| format!("connecting to the local etcd member: {e}"))?;
+            let node = curator::records::load_node(curator_ns, &id)
+                .await
+                .map_err(|e| format!("reading node {id}'s record: {e}"))?;
+            Ok(node.and_then(|n| {
+                let up = curator::records::node_state(&n) == proto::state::NodeState::Up;
+                let worker = n.roles.and_then(|r| r.kubernetes_worker)?;
+                (up && !worker.kubelet_token_sha256.is_empty())
+                    .then_some(worker.kubelet_token_sha256)
+            }))
+        })
+    })
+}
+
+/// The node records, watched through this member's etcd (a watch that requires a
+/// leader: a member cut off ends it), as Kubernetes' node sync reads them.
+fn polis_nodes(etcd_socket: std::path::PathBuf) -> kubernetes::nodesync::PolisNodesWatch {
+    use kubernetes::nodesync::PolisNode;
+    std::sync::Arc::new(move || {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let socket = etcd_socket.clone();
+        tokio::spawn(async move {
+            let curator_ns = match consensus::client::connect_unix(&socket).await {
+                Ok(client) => consensus::Namespaced::new(client, curator::layout::NAMESPACE),
+                Err(e) => {
+                    let _ = tx.send(Err(format!("connecting to etcd: {e}"))).await;
+                    return;
+                }
+            };
+            let mut watched = curator::records::watch_nodes(&curator_ns, |nodes, _, _| {
+                nodes
+                    .values()
+                    .map(|n| PolisNode {
+                        id: n.id.clone(),
+                        worker: curator::records::node_state(n) == proto::state::NodeState::Up
+                            && n.roles
+                                .as_ref()
+                                .is_some_and(|r| r.kubernetes_worker.is_some()),
+                        labels: n
+                            .labels
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect(),
+                    })
+                    .collect::<Vec<_>>()
+            });
+            loop {
+                let update = tokio::select! {
+                    update = watched.recv() => update,
+                    () = tx.closed() => return,
+                };
+                let update = match update {
+                    Some(update) => update.map_err(|e| e.to_string()),
+                    None => return,
+                };
+                let ended = update.is_err();
+                if tx.send(update).await.is_err() || ended {
+                    return;
+                }
+            }
+        });
+        rx
     })
 }
 
@@ -122,6 +208,7 @@ fn worker_settings(
         certificate_lifetime: settings.kubernetes_certificate_lifetime,
         issue: controller.issue,
         board: values.components.clone(),
+        leaving: Default::default(),
     })
 }
 
@@ -172,7 +259,8 @@ pub async fn run(
     // plane the KubernetesController role, while this node is a consensus member.
     let mut controlplane: Option<supervisor::Stoppable> = None;
     let mut kubernetes: Option<supervisor::Stoppable> = None;
-    let mut worker: Option<supervisor::Stoppable> = None;
+    // The worker runnable, and its flag telling it, when stopped, that the role went.
+    let mut worker: Option<(supervisor::Stoppable, kubernetes::worker::Leaving)> = None;
     let mut roles = values.roles.watch();
     let mut came_back = None;
     loop {
@@ -208,15 +296,19 @@ pub async fn run(
                     "this node is a Kubernetes worker: starting containerd and the kubelet"
                 );
                 let settings = worker_settings(&settings, &values)?;
-                worker = Some(ctx.run_stoppable("kubeworker", move |ctx| {
+                let leaving = settings.leaving.clone();
+                let runnable = ctx.run_stoppable("kubeworker", move |ctx| {
                     kubernetes::worker::run(ctx, settings.clone())
-                })?);
+                })?;
+                worker = Some((runnable, leaving));
             }
             (false, true) => {
                 tracing::info!(
-                    "the KubernetesWorker role was taken away: stopping the kubelet and containerd"
+                    "the KubernetesWorker role was taken away: stopping the kubelet, the \
+                     pods and containerd, removing the worker's files"
                 );
-                if let Some(w) = worker.take() {
+                if let Some((w, leaving)) = worker.take() {
+                    leaving.leave();
                     w.stop().await;
                 }
             }

@@ -289,6 +289,11 @@ pub(super) async fn issue_for_node(
         .iter()
         .map(|k| Purpose::try_from(k.purpose).unwrap_or(Purpose::Unspecified))
         .collect();
+    if purposes.contains(&Purpose::KubeletClient) {
+        return Err(Status::invalid_argument(
+            kubernetes_certs::NO_KUBELET_CLIENT_CERTIFICATE,
+        ));
+    }
     let wants_worker = purposes.iter().any(|p| kubernetes_certs::for_worker(*p));
     let wants_controller = purposes.iter().any(|p| !kubernetes_certs::for_worker(*p));
     let fence::Fence { guard, node } = fence::check(
@@ -351,6 +356,12 @@ pub(super) async fn issue_for_node(
             certificate: issued.der,
         });
     }
+    // A kubelet's token, new with every issuance (the older one stops working).
+    let kubelet_token = if wants_worker {
+        new_kubelet_token(shared, leadership, id).await?
+    } else {
+        String::new()
+    };
     // The service-account signing key is the cluster's: controllers only.
     let (service_account_key_pem, service_account_public_key_pem) = if wants_controller {
         service_account_key(shared, leadership).await?
@@ -367,7 +378,43 @@ pub(super) async fn issue_for_node(
         service_cluster_ip_range: kubernetes_certs::SERVICE_CLUSTER_IP_RANGE.into(),
         cluster_domain: domain,
         apiservers: apiserver_endpoints(shared).await?,
+        kubelet_token,
     })
+}
+
+/// A new token for node `id`'s kubelet; its secret's hash kept in the worker role of
+/// the record (only while the node is UP and holds the role).
+async fn new_kubelet_token(
+    shared: &Shared,
+    leadership: &Leadership,
+    id: &str,
+) -> Result<String, Status> {
+    let made = kubernetes::kubelet_token::make(id)
+        .map_err(|e| Status::internal(format!("making a kubelet token: {e}")))?;
+    let hash = made.secret_sha256.clone();
+    writes::modify_node(&shared.curator, leadership, id, |current| {
+        let mut node = current
+            .cloned()
+            .ok_or_else(|| NodeUpdateError::NotFound(id.to_string()))?;
+        if node.state != proto::state::NodeState::Up as i32 {
+            return Err(NodeUpdateError::NotUp(id.to_string()));
+        }
+        let Some(worker) = node
+            .roles
+            .as_mut()
+            .and_then(|r| r.kubernetes_worker.as_mut())
+        else {
+            return Err(NodeUpdateError::RoleMissing {
+                id: id.to_string(),
+                role: proto::ROLE_KUBERNETES_WORKER,
+            });
+        };
+        worker.kubelet_token_sha256 = hash.clone();
+        Ok(Some(node))
+    })
+    .await
+    .map_err(node_update_status)?;
+    Ok(made.token)
 }
 
 /// The UP controllers' apiservers (ADDRESS:PORT), sorted.

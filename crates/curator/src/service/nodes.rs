@@ -99,6 +99,11 @@ fn check_status(status: &NodeStatus) -> Result<(), Status> {
              overlong name or error"
         )));
     }
+    if status.kubernetes_node.len() > MAX_SERVICE_ERROR_LEN {
+        return Err(Status::invalid_argument(format!(
+            "the status's Kubernetes Node state is over {MAX_SERVICE_ERROR_LEN} bytes"
+        )));
+    }
     Ok(())
 }
 

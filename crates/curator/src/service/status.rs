@@ -30,9 +30,9 @@ pub(super) fn node_update_status(e: NodeUpdateError) -> Status {
     match e {
         NodeUpdateError::NotFound(_) => Status::not_found(e.to_string()),
         NodeUpdateError::Labels(l) => Status::invalid_argument(l.to_string()),
-        NodeUpdateError::Transition { .. } | NodeUpdateError::NotUp(_) => {
-            Status::failed_precondition(e.to_string())
-        }
+        NodeUpdateError::Transition { .. }
+        | NodeUpdateError::NotUp(_)
+        | NodeUpdateError::RoleMissing { .. } => Status::failed_precondition(e.to_string()),
         NodeUpdateError::KeyMismatch(_) | NodeUpdateError::Deleted(_) => {
             Status::permission_denied(e.to_string())
         }

@@ -57,6 +57,7 @@ fn status_json(status: &NodeStatus) -> Value {
             "last_error": s.last_error,
             "since_unix_ms": s.since_unix_ms,
         })).collect::<Vec<_>>(),
+        "kubernetes_node": status.kubernetes_node,
     })
 }
 
@@ -194,6 +195,9 @@ pub(crate) fn print_node(node: &api::NodeInfo, format: Format) {
                         for line in programs {
                             println!("    {line}");
                         }
+                    }
+                    if !status.kubernetes_node.is_empty() {
+                        println!("  Kubernetes Node: {}", escape(&status.kubernetes_node));
                     }
                 }
             }
