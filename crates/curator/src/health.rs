@@ -15,8 +15,8 @@
 //! ```
 //! - A node that is back for good recovers at its second heartbeat, which it sends a
 //!   retry pause (≤ 500 ms) after the first one answered following failures
-//!   (`node::heartbeat`); a node that only gets through now and then (gaps longer than the
-//!   timeout) stays HEARTBEAT_TIMEOUT instead of alternating.
+//!   (`node::runnables::heartbeat`); a node that only gets through now and then (gaps
+//!   longer than the timeout) stays HEARTBEAT_TIMEOUT instead of alternating.
 //! - "No heartbeat for `timeout`" counts from the latest of the last heartbeat, the
 //!   start of the observer's tenure and the moment the tenure began watching the node: a
 //!   new leader, which has seen no heartbeat yet, keeps the verdict its predecessor

@@ -218,7 +218,7 @@ pub const CA_ROTATION_KEY: &str = "cluster/ca-rotation";
 pub const ETCD_PEER_CA_ROTATION_KEY: &str = "cluster/etcd-peer-ca-rotation";
 
 /// Held (put if absent, with a lease) by the one consensus member that restarts its etcd
-/// to load changed etcd peer CAs (`node::peertrust`): the value is its node ID. One
+/// to load changed etcd peer CAs (`node::runnables::peertrust`): the value is its node ID. One
 /// member at a time keeps the quorum of the others.
 pub const ETCD_RESTART_KEY: &str = "cluster/etcd-restart";
 

@@ -16,7 +16,7 @@ use proto::api;
 use proto::state::Node as Record;
 use tonic::{Request, Response, Status};
 
-/// The member unlock port (`node::datapeers::DATA_UNLOCK_PORT`).
+/// The member unlock port (`node::data::datapeers::DATA_UNLOCK_PORT`).
 const DATA_UNLOCK_PORT: u16 = 7837;
 
 /// Answers every caller with `node_id` and a cluster half of its own making.

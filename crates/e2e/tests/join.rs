@@ -193,7 +193,7 @@ fn refusals_wrong_ticket_wrong_ca_unreachable_curators_and_no_approval() -> Resu
     let mut lonely = cluster.new_node("lonely")?;
     lonely.start_with_env(
         &["--params", nowhere_path.to_str().context("utf-8 path")?],
-        &[("POLIS_LOG", "info,polis_node::register=debug")],
+        &[("POLIS_LOG", "info,polis_node::start::register=debug")],
     )?;
     wait_until("four registration attempts", TIMEOUT, || {
         lonely

@@ -11,7 +11,7 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use proto::config::ClusterEpoch;
 
 /// `etcdctl snapshot status`'s revision of a database file: the measure a member used
-/// before (`node::epochs::data_revision` read only this).
+/// before (`node::member::epochs::data_revision` read only this).
 fn status_revision(db: &std::path::Path) -> Result<i64> {
     let output = std::process::Command::new("/usr/bin/etcdctl")
         .args(["snapshot", "status"])

@@ -37,47 +37,45 @@
 //! Every log line also goes to a bounded buffer and `ROOT/data/log/node.log`
 //! (`logcapture`).
 //!
-//! Modules, in layers: a module imports only from layers below it (and from its own
-//! layer where an arrow says so), never upwards, so no two modules import each other.
-//! They sit side by side in `src/`: a module's path is the target of its log lines
-//! (`POLIS_LOG=info,polis_node::register=debug`), and these stay what they were.
+//! Modules, in rooms: each folder of `src/` holds one concern, and the rooms stand in
+//! layers. A module imports only from rooms below its own (and, inside its room, only
+//! where that room's map draws an arrow), never upwards, so no two modules import each
+//! other. Each room's `mod.rs` draws its own map.
 //!
 //! ```text
 //!   main.rs         flags, logging, runtime, signals; wires values, settings and the
 //!                   two top runnables; wipes the root after LeftCluster
-//!   ─────────────── orchestration ───────────────────────────────────────────────────
-//!   roleserver      root.role: starts rolefetch, heartbeat, renew; the control plane
-//!                   while the node holds ConsensusMember
-//!   ─────────────── runnables (never import each other; talk through NodeValues) ────
+//!   ─────────────── config/ ────────────────────────────────────────────────────────
+//!   config_file     --config FILE: the file's keys made flags before the command
+//!     │             line's (which win); clap parses both; refusals name file:line: key
+//!     └──▶ flags    the command line (clap): Args, subcommands, Start (what one start
+//!                   needs of them) (on data::datadev's DataDevice, process::tcp)
+//!   ─────────────── runnables/ (never import each other but as drawn; they talk
+//!                   through NodeValues) ─────────────────────────────────────────────
+//!   roleserver      root.role: starts rolefetch, heartbeat, renew, catchup, logserver;
+//!                   the control plane while the node holds ConsensusMember
 //!   cluster         root.cluster: carries out the Plan (bootstrap::prepare, register)
-//!   controlplane    etcd + curator; bootstrap::finish or the member checks; crlsync
+//!   controlplane    etcd + curator; bootstrap::finish or the member checks; crlsync;
+//!     │             a recover finished (restore::reissue_crls, revoke_old_leases)
+//!     └──▶ peertrust    etcd peer CAs → ca.pem, etcd restarted to load them
 //!   rolefetch       this node's record: roles, curators, CRL, decommission
 //!   heartbeat       alive + status; Home ⇄ Split
 //!   renew           node and etcd peer certificates, applied live
 //!   catchup         a CA rotation missed: handovers followed, node certificate
 //!                   reissued (ReissueNodeCertificate)
 //!   logserver       root.role.logs: NodeLogs on :7836 (owner only) from logcapture
-//!   ─────────────── start paths (once per start; never import a runnable) ──────────
+//!   ─────────────── start/ (once per start; never import a runnable) ───────────────
 //!   recover         `polis-node recover`: its refusals (on top of preflight's), then a
 //!     │             join with --force-new-cluster for one etcd start; --data-device:
 //!     │             unlocked from a surviving member or the owner's backup first
-//!     └──▶ preflight, restore (serve_backup: a backup's snapshot read), datadev
-//!   config_file     --config FILE: the file's keys made flags before the command
-//!     │             line's (which win); clap parses both; refusals name file:line: key
-//!     └──▶ flags (Args)
-//!   flags           the command line (clap): Args, subcommands, Start (what one start
-//!     │             needs of them)
-//!     └──▶ datadev (DataDevice), tcp (its bounds)
+//!     └──▶ preflight, restore (serve_backup: a backup's snapshot read)
 //!   restore         `polis-node restore`: an empty root made the only member of a
 //!     │             backup's cluster (etcdctl snapshot restore, one etcd start), then
 //!     │             a join; --data-device: on a new encrypted device
-//!     └──▶ preflight, datadev
+//!     └──▶ preflight, bootstrap
 //!   set_curators    `polis-node set-curators`: the cluster directory replaced (root
 //!     │             locked, membership required); the node is not started
 //!     └──▶ preflight (lock_root)
-//!   datadev         --data-device: the ESP's keys, DataUnlock (waits, Split), the
-//!     │             encrypted data file system mounted on data/ (datafs)
-//!     └──▶ datapeers, datakeys
 //!   preflight       every refusal before anything is written; the Plan
 //!     │ ──▶ decision    the start decision (pure)
 //!     │ ──▶ join        a member's identity, roles, directory, loaded and checked
@@ -85,39 +83,54 @@
 //!            │          plane, once etcd runs)
 //!            └──▶ decision (BootstrapTrace)
 //!   register        the register path (RegisterNode, CommitNode)
-//!   ─────────────── leaves (shared by all; import only leaves listed below them) ──
+//!   ─────────────── data/ (the data device) ─ member/ (a consensus member's standing)
+//!   datadev         --data-device: the ESP's keys, DataUnlock (waits, Split), the
+//!     │             encrypted data file system mounted on data/ (datafs)
+//!     └──▶ datapeers    members' cold start: esp/data-peers (the other members'
+//!                   halves), the :7837 unlock listener, asking peers (no answer
+//!                   final: first_accepted), the refresh loop (run by controlplane)
+//!   superseded      a member of an older epoch never serves: its data dropped or held
+//!     └──▶ epochs, memberbook
 //!   rejoin          is this node's etcd member still a member? (JoinConsensus answer,
 //!                   the pure rule `verdict`); the control plane acts on it
-//!   curator_client  client with the node certificate; cluster CRL intake and saving
-//!   handover        the CA's handovers asked for (unverified) and followed (pure rule)
-//!   crlfetch        the CRL before that client runs (registering, data locked): from
-//!                   the parameters or the ESP's copy and from every curator known;
-//!                   its saving (on datakeys, storage)
-//!   exporter        `/metrics`: --metrics-listen and its default, the node's collectors
-//!   values          NodeValues: membership, cluster state, curators, roles, CRL, ...
-//!   staleview       which WatchNode update may be applied: never an older revision
-//!                   (pure rule; the newest applied one kept in the directory)
-//!   settings        Settings (from the flags)
-//!   datapeers       members' cold start: esp/data-peers (the other members' halves),
-//!                   the :7837 unlock listener, asking peers (no answer final:
-//!                   first_accepted), the refresh loop (run by controlplane) (on
-//!                   datakeys, storage)
-//!   datakeys        ESP files of a data device: local half, join key, pending
-//!                   cluster half; ROOT/datafs (on storage)
+//!   epochs          the epoch of this node's etcd data (epoch.pb, recover.pb), its
+//!                   revision, the other members' epochs asked on their node ports
 //!   memberbook      data/etcd/members.pb: the etcd members last listed (kept by
-//!                   controlplane; named in logserver's self-report) (on storage)
-//!   files           peer files, PEM, node key, directory, member.pb, quota.pb
-//!                   (on storage)
+//!                   controlplane; named in logserver's self-report)
+//!   ─────────────── curators/ (talking to the curators) ──────────────────────────────
+//!   curator_client  client with the node certificate; cluster CRL intake and saving
+//!     └──▶ crlfetch the CRL before that client runs (registering, data locked): from
+//!                   the parameters or the ESP's copy and from every curator known
+//!   handover        the CA's handovers asked for (unverified) and followed (pure rule)
+//!   retry           Backoff, ProblemLog, pause, call_until_answered
+//!   ─────────────── state/ (shared values) ─ process/ (the process on its host) ──────
+//!   values          NodeValues: membership, cluster state, curators, roles, CRL, ...
+//!     └──▶ membership, cluster_state, staleview
+//!   settings        Settings (from the flags)
 //!   membership      Membership, BootstrapData, JoinData (pure data)
 //!   cluster_state   ClusterState, Contact (pure)
-//!   retry           Backoff, ProblemLog, pause, call_until_answered
+//!   staleview       which WatchNode update may be applied: never an older revision
+//!                   (pure rule; the newest applied one kept in the directory)
+//!   exporter        `/metrics`: --metrics-listen and its default, the node's collectors
 //!   fatal           FatalSender, LeftCluster
 //!   crash           POLIS_CRASH_AFTER crash points (feature `crash-points`)
 //!   tcp             --tcp-rto-max-ms: TCP retransmission backoff ceiling (one sysctl)
-//!   storage         root layout, lock, atomic writes, protobuf files
+//!   ─────────────── disk/ (the root on disk) ─ logs/ (the node's own log lines) ─────
+//!   files           peer files, PEM, node key, directory, member.pb, quota.pb
+//!   datakeys        ESP files of a data device: local half, join key, pending
+//!     │             cluster half, trust and CRL copies; ROOT/datafs
+//!     └──▶ storage  root layout, lock, atomic writes, protobuf files
 //!   logcapture      the tracing layer: every line → ring + rotated file (LogHub)
-//!     └──▶ logfile (ROOT/data/log/node.log, rotated), logring (bounded, pure)
+//!     └──▶ logfile (ROOT/data/log/node.log, rotated) ──▶ logring (bounded, pure)
 //! ```
+//!
+//! Rooms, top to bottom: main → config → data; main → runnables → start → data,
+//! member → curators → state → disk; process (→ disk) and logs lie below whoever uses
+//! them. `scripts/check-structure` guards the layers (no import cycle).
+//!
+//! Log targets are module paths: a line of the register path has the target
+//! `polis_node::start::register` (`POLIS_LOG=info,polis_node::start::register=debug`),
+//! a room's lines all start with its path (`POLIS_LOG=info,polis_node::runnables=debug`).
 //!
 //! Invariants:
 //! - Refusals (would-be second cluster, corrupt files, foreign address, missing etcd) are
@@ -138,59 +151,18 @@
 //!   its sealed configuration and directory, leaves `esp/decommissioned` saying so, and
 //!   exits 0; a root holding that note refuses to start.
 
-// Leaves: shared by all, importing only leaves (see the module map above).
-mod cluster_state;
-mod crash;
-mod crlfetch;
-mod curator_client;
-mod datakeys;
-mod datapeers;
-mod epochs;
-mod exporter;
-mod fatal;
-mod files;
-mod handover;
-mod logfile;
-mod logring;
-mod memberbook;
-mod membership;
-mod peertrust;
-mod rejoin;
-mod retry;
-mod settings;
-mod staleview;
-mod storage;
-mod superseded;
-mod tcp;
-mod values;
-
-// Start paths: once per start.
-mod bootstrap;
-mod config_file;
-mod datadev;
-mod decision;
-mod flags;
-mod join;
-mod preflight;
-mod recover;
-mod register;
-mod restore;
-mod set_curators;
-
-// Runnables.
-mod catchup;
-mod cluster;
-mod controlplane;
-mod heartbeat;
-mod logserver;
-mod renew;
-mod rolefetch;
-
-// Logging: the capture layer over the leaves logfile and logring.
-mod logcapture;
-
-// Orchestration.
-mod roleserver;
+// The rooms (the module map above draws their layers): a room imports only from rooms
+// below it.
+mod config;
+mod curators;
+mod data;
+mod disk;
+mod logs;
+mod member;
+mod process;
+mod runnables;
+mod start;
+mod state;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -199,12 +171,20 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cluster_state::ClusterState;
-use crate::fatal::LeftCluster;
-use crate::flags::{LogFormat, Start};
-use crate::settings::Settings;
-use crate::storage::Root;
-use crate::values::NodeValues;
+use crate::config::flags::{LogFormat, Start};
+use crate::config::{config_file, flags};
+use crate::data::datadev;
+use crate::disk::datakeys;
+use crate::disk::storage::Root;
+use crate::logs::logcapture;
+use crate::member::epochs;
+use crate::process::fatal::LeftCluster;
+use crate::process::{exporter, tcp};
+use crate::runnables::{cluster, roleserver};
+use crate::start::{preflight, recover, restore, set_curators};
+use crate::state::cluster_state::ClusterState;
+use crate::state::settings::Settings;
+use crate::state::values::NodeValues;
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("POLIS_LOG")
@@ -445,7 +425,7 @@ async fn run(start: Start) -> Result<()> {
         applied_view: event::Value::new(),
         local_etcd: event::Value::new(),
         held_back: event::Value::new(),
-        epoch_seen: crate::values::saved_epoch_seen(&root)?,
+        epoch_seen: crate::state::values::saved_epoch_seen(&root)?,
         etcd_peer_cas: event::Value::new(),
         etcd_peer_trust_loaded: event::Value::new(),
         components: Default::default(),

@@ -9,7 +9,7 @@
 //!     M newer ─▶ slot = M (the owner's hook persists it)
 //! ```
 //! A curator of an older epoch serves only until it sees the newer one (a few seconds,
-//! `node::superseded`); what it answers meanwhile is refused by clients that know better.
+//! `node::member::superseded`); what it answers meanwhile is refused by clients that know better.
 //! The header value is `<number>-<made_unix_ms>-<kind>-<made_by>` (`0-0--` for the
 //! bootstrap's epoch).
 //!

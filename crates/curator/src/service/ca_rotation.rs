@@ -10,7 +10,8 @@
 //!       with WatchNode, trusts both, reports their fingerprints in its status
 //!     etcd peer CA: every member learns both with WatchNode, writes them to its etcd's
 //!       trust file and restarts its etcd to load them (etcd 3.4 reads the file only at
-//!       start), one member at a time (`node::peertrust`); it reports what its etcd loaded
+//!       start), one member at a time (`node::runnables::peertrust`); it reports what
+//!       its etcd loaded
 //!     ── every UP node (member) has (or forced) ──▶ pki promote_successor
 //!   phase reissuing: the successor signs
 //!     cluster CA: each node renews its node certificate, each curator its curator

@@ -13,7 +13,7 @@ use super::status::{etcd_status, record_address};
 /// Every etcd member, as the etcd member `client` talks to knows them, after a
 /// linearizable read: etcd 3.4 lists members from the local member's applied state, and
 /// the read makes that hold every membership change committed before the call (a node
-/// told it is no member wipes its etcd data on that answer, see `node::rejoin`).
+/// told it is no member wipes its etcd data on that answer, see `node::member::rejoin`).
 pub(super) async fn list(client: &mut etcd_client::Client) -> Result<Vec<Member>, Status> {
     client
         .get("\0polis-membership-barrier", None)

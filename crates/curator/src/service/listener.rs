@@ -139,7 +139,7 @@ pub(super) async fn serve(
     // Innermost: sees exactly the calls handled here, with their verified caller.
     let audit = rpc::server::AuditLayer::new(audit_sink, &shared.config.node_id);
     // The epoch of this member's data cannot change while it serves (a member that
-    // sees a newer one stops, `node::superseded`): read once, named on every answer.
+    // sees a newer one stops, `node::member::superseded`): read once, named on every answer.
     let chain = crate::epochs::chain(&shared.curator, true)
         .await
         .map_err(|e| format!("reading the cluster's epochs: {e}"))?;

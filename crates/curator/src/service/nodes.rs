@@ -239,7 +239,7 @@ where
 /// change of its record that only moves its revision (a label, a status, a health
 /// verdict: nothing the update carries) is not sent. The node would only record the
 /// newer revision — a synced file write per change on the node, for nothing it acts on
-/// — and the stale-view rule (`node::staleview`) holds as well with the revisions of
+/// — and the stale-view rule (`node::state::staleview`) holds as well with the revisions of
 /// the updates that are sent.
 #[derive(Clone)]
 struct NodeView(api::WatchNodeUpdate);

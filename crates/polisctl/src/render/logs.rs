@@ -57,7 +57,7 @@ mod tests {
             sequence: 3,
             level: "INFO".into(),
             runnable: "root.role.heartbeat".into(),
-            target: "polis_node::heartbeat".into(),
+            target: "polis_node::runnables::heartbeat".into(),
             text: "hello".into(),
             ..Default::default()
         };
