@@ -7,6 +7,8 @@
 //! - the role is added live: the Node named after the Polis node ID becomes Ready,
 //!   running containerd 2.3.7, and `node describe` names kubelet and containerd running;
 //! - a pod (hostNetwork, the sandbox image, `imagePullPolicy: Never`) runs on it;
+//! - kill -9 of polis-node on the worker: kubelet and containerd die with it, the pod's
+//!   processes do not; restarted, the Node is Ready again with the same container;
 //! - a Polis label shows on the Node as polis.dev/KEY and goes with it; `node
 //!   describe` shows the Node Ready;
 //! - the kubelet holds a token, not a client certificate: it reads its Node; a made-up
@@ -18,7 +20,7 @@
 //!
 //! Not yet (issue 37's later stages): a pod network across workers, Services, logs and
 //! exec (the kubelet refuses a loopback node IP: workers need addresses of their own,
-//! network namespaces in the test), pods surviving a kill -9 of polis-node.
+//! network namespaces in the test).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -78,6 +80,77 @@ impl Drop for Leftovers {
     }
 }
 
+/// The processes of the worker's containers (every runc root under `runc_root`, one
+/// per containerd namespace).
+fn container_pids(runc: &Path, runc_root: &Path) -> Result<Vec<i32>> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir(runc_root)? {
+        let root = entry?.path();
+        let out = Command::new(runc)
+            .arg("--root")
+            .arg(&root)
+            .args(["list", "-f", "json"])
+            .output()?;
+        let listed: serde_json::Value =
+            serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        for container in listed.as_array().into_iter().flatten() {
+            if container["status"] == "running"
+                && let Some(pid) = container["pid"].as_i64()
+            {
+                pids.push(i32::try_from(pid)?);
+            }
+        }
+    }
+    Ok(pids)
+}
+
+/// The command lines of the processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(needle))
+        .collect()
+}
+
+/// The worker's last log lines of its Kubernetes programs and its errors.
+fn worker_log(log: &str) -> String {
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("kubeworker") || l.contains("ERROR"))
+        .filter(|l| !l.contains("skip loading plugin"))
+        .collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Whether `node describe` names a kubelet running since `since_unix_ms` or later.
+fn kubelet_started_since(cluster: &Cluster, id: &str, since_unix_ms: u64) -> bool {
+    cluster
+        .ctl(&["node", "describe", id, "-o", "json"])
+        .is_ok_and(|(ok, out, _)| {
+            ok && serde_json::from_str::<serde_json::Value>(&out).is_ok_and(|v| {
+                v["status"]["programs"].as_array().is_some_and(|p| {
+                    p.iter().any(|p| {
+                        p["name"] == "kubelet"
+                            && p["running"] == true
+                            && p["since_unix_ms"]
+                                .as_u64()
+                                .is_some_and(|s| s >= since_unix_ms)
+                    })
+                })
+            })
+        })
+}
+
 /// A field of `node describe -o json`'s status, when it is a string.
 fn describe_field(cluster: &Cluster, id: &str, field: &str) -> Option<String> {
     let (ok, out, _) = cluster.ctl(&["node", "describe", id, "-o", "json"]).ok()?;
@@ -115,12 +188,13 @@ fn a_worker_runs_the_kubelet_and_a_pod() -> Result<()> {
         "scripts/kubernetes-images",
     )?;
     let dir = tempfile::tempdir()?;
+    let runc_root = dir
+        .path()
+        .join("w/root/data/kubernetes-worker/containerd/runc");
     let _leftovers = Leftovers {
         dir: dir.path().to_path_buf(),
         runc: runtime.join("runc"),
-        runc_root: dir
-            .path()
-            .join("w/root/data/kubernetes-worker/containerd/runc"),
+        runc_root: runc_root.clone(),
     };
     let cluster = Cluster::bootstrap(dir.path())?;
     let id0 = cluster.first.key_node_id()?;
@@ -209,12 +283,94 @@ fn a_worker_runs_the_kubelet_and_a_pod() -> Result<()> {
         .is_ok_and(|(ok, out, _)| ok && out.trim() == "Running")
     })?;
     println!("pod created -> Running: {:?}", started.elapsed());
+
+    // kill -9 of polis-node on the worker: the kubelet and containerd die with it (their
+    // parent-death signal), the pod's processes do not; started again, the node takes
+    // the same containers back and its Node is Ready again.
+    let pod_field = |path: &str| -> Result<String> {
+        let (ok, out, err) = e2e::kubectl(
+            &binaries,
+            &owner,
+            &["get", "pod", "sleeper", "-o", &format!("jsonpath={path}")],
+        )?;
+        ensure!(ok, "kubectl get pod: {err}");
+        Ok(out.trim().to_string())
+    };
+    let container = pod_field("{.status.containerStatuses[0].containerID}")?;
+    let pids = container_pids(&runtime.join("runc"), &runc_root)?;
+    ensure!(!pids.is_empty(), "no container of the worker is running");
+    worker.proc().signal(libc::SIGKILL);
+    worker.proc().wait_exit(TIMEOUT)?;
+    let worker_folder = worker
+        .root
+        .join("data/kubernetes-worker")
+        .display()
+        .to_string();
+    wait_until(
+        "kubelet and containerd die with polis-node",
+        TIMEOUT,
+        || {
+            processes_mentioning(&worker_folder).iter().all(|cmdline| {
+                !cmdline.contains("kubelet.yaml") && !cmdline.contains("containerd.toml")
+            })
+        },
+    )?;
+    for pid in &pids {
+        ensure!(
+            e2e::process_alive(*pid),
+            "container process {pid} died with polis-node"
+        );
+    }
+    let restarted = Instant::now();
+    let restarted_unix_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?;
+    worker.start(&[
+        "--runtime-binaries",
+        runtime.to_str().context("utf-8")?,
+        "--kubernetes-images",
+        images.to_str().context("utf-8")?,
+    ])?;
+    worker.wait_home()?;
+    // A kubelet started after the restart (the node's new status says so), and the
+    // Node Ready with the pod running.
+    let back = wait_until("a new kubelet runs and the Node is Ready", TIMEOUT, || {
+        kubelet_started_since(&cluster, &worker_id, restarted_unix_ms)
+            && node_field("{.status.conditions[?(@.type==\"Ready\")].status}")
+                .is_ok_and(|status| status == "True")
+            && pod_field("{.status.phase}").is_ok_and(|phase| phase == "Running")
+    });
+    if let Err(e) = back {
+        bail!("{e}: {}", worker_log(&worker.proc().output()));
+    }
+    println!(
+        "polis-node killed and restarted -> Node Ready: {:?}",
+        restarted.elapsed()
+    );
+    ensure!(
+        pod_field("{.status.containerStatuses[0].containerID}")? == container,
+        "the pod's container was replaced"
+    );
+    ensure!(
+        pod_field("{.status.containerStatuses[0].restartCount}")? == "0",
+        "the pod's container restarted"
+    );
+    for pid in &pids {
+        ensure!(e2e::process_alive(*pid), "container process {pid} ended");
+    }
     let (ok, _, err) = e2e::kubectl(
         &binaries,
         &owner,
         &["delete", "pod", "sleeper", "--wait=true", "--timeout=60s"],
     )?;
-    ensure!(ok, "kubectl delete: {err}");
+    if !ok {
+        bail!(
+            "kubectl delete: {err}: {}",
+            worker_log(&worker.proc().output())
+        );
+    }
 
     // Polis labels carried to the Node (polis.dev/), and the Node's readiness in
     // node describe.

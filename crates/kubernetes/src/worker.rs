@@ -155,7 +155,7 @@ async fn credentials(settings: &WorkerSettings) -> Result<(Vec<SocketAddr>, Dura
 }
 
 /// Imports every `*.tar` of `images` into containerd's Kubernetes namespace, once
-/// containerd answers (bounded).
+/// containerd answers (bounded: 60 s).
 async fn import_images(settings: &WorkerSettings, layout: &WorkerLayout) -> Result<(), String> {
     let Some(images) = &settings.images else {
         return Ok(());
@@ -168,12 +168,25 @@ async fn import_images(settings: &WorkerSettings, layout: &WorkerLayout) -> Resu
     archives.sort();
     let ctr = settings.runtime.join("ctr");
     let socket = layout.containerd_socket();
+    // The socket file may be a killed containerd's: wait until one answers on it.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !socket.exists() {
+    loop {
+        let answered = tokio::process::Command::new(&ctr)
+            .arg(format!("--address={}", socket.display()))
+            // Not `version`: it succeeds without a server.
+            .args(["-n", "k8s.io", "images", "ls", "-q"])
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|e| format!("running {}: {e}", ctr.display()))?;
+        if answered.status.success() {
+            break;
+        }
         if tokio::time::Instant::now() > deadline {
             return Err(format!(
-                "containerd's socket {} never appeared",
-                socket.display()
+                "containerd never answered on {} within 60 s: {}",
+                socket.display(),
+                String::from_utf8_lossy(&answered.stderr).trim()
             ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
