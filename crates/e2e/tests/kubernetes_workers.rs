@@ -15,6 +15,8 @@
 //!   token is refused;
 //! - the role is removed live: the token is refused, the Node deleted, kubelet and
 //!   containerd stop, the worker's folder is removed;
+//! - the role comes back, a pod runs, polis-node stops and the role is removed while it
+//!   is down: the next start kills the pod's processes and removes the worker's folder;
 //! - the role comes back (Ready again, the old token stays refused), then the worker is
 //!   decommissioned: its newest token is refused within 60 s and its Node deleted.
 //!
@@ -438,6 +440,40 @@ fn a_worker_runs_the_kubelet_and_a_pod() -> Result<()> {
     wait_until("the worker's folder is removed", TIMEOUT, || {
         !worker_dir.exists()
     })?;
+
+    // The role taken away while polis-node is down: its pod outlives the stop; the
+    // next start removes what the worker left (containers, processes, folder).
+    let worker_args = [
+        "--runtime-binaries",
+        runtime.to_str().context("utf-8")?,
+        "--kubernetes-images",
+        images.to_str().context("utf-8")?,
+    ];
+    cluster.ctl_retry(&["node", "add-role", &worker_id, "KubernetesWorker"])?;
+    wait_until("the pod runs on the worker again", TIMEOUT, || {
+        e2e::kubectl(&binaries, &owner, &["apply", "-f", path]).is_ok_and(|(ok, ..)| ok)
+            && pod_field("{.status.phase}").is_ok_and(|phase| phase == "Running")
+    })?;
+    worker.stop_cleanly()?;
+    let pids = container_pids(&runtime.join("runc"), &runc_root)?;
+    ensure!(
+        !pids.is_empty(),
+        "the pod's processes outlive a stopped polis-node"
+    );
+    cluster.ctl_retry(&["node", "remove-role", &worker_id, "KubernetesWorker"])?;
+    worker.start(&worker_args)?;
+    worker.wait_home()?;
+    let cleaned = wait_until("the start removes what the worker left", TIMEOUT, || {
+        !worker_dir.exists() && pids.iter().all(|pid| !e2e::process_alive(*pid))
+    });
+    if let Err(e) = cleaned {
+        bail!("{e}: {}", worker_log(&worker.proc().output()));
+    }
+    e2e::kubectl(
+        &binaries,
+        &owner,
+        &["delete", "pod", "sleeper", "--force", "--grace-period=0"],
+    )?;
 
     // Back as a worker, then decommissioned: its newest token is refused within the
     // stated bound (the apiserver's webhook cache, 10 s, and a quorum read).

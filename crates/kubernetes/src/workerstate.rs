@@ -7,6 +7,8 @@
 //!   leaving    kubelet stopped ─▶ every task SIGTERM ─▶ ≤ 30 s ─▶ SIGKILL, tasks and
 //!              containers deleted (containerd still up) ─▶ containerd stopped ─▶
 //!              mounts under the folder detached ─▶ folder removed
+//!   leftovers  (a start finds a worker's folder but no role) containers killed through
+//!              runc, processes naming the folder killed, folder removed
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -198,6 +200,63 @@ fn unescape(field: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What a worker left when its role went while polis-node was not running (or a
+/// removal was cut short): its containers killed through runc (every runc root under
+/// the folder), every process that names the folder (shims, a stray kubelet or
+/// containerd) killed, then the folder removed (`remove_folder`). No containerd is
+/// started for it: nothing of the worker is kept.
+pub fn clean_up_leftovers(runc: &Path, dir: &Path) {
+    tracing::info!(dir = %dir.display(), "this node is no worker: removing what a worker left");
+    let roots = std::fs::read_dir(dir.join("containerd/runc"))
+        .map(|entries| entries.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let run = |root: &Path, args: &[&str]| {
+        std::process::Command::new(runc)
+            .arg("--root")
+            .arg(root)
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    for root in roots {
+        let listed = match run(&root, &["list", "-q"]) {
+            Ok(listed) => listed,
+            Err(e) => {
+                tracing::warn!("running {}: {e}", runc.display());
+                break;
+            }
+        };
+        for id in listed.lines().filter(|l| !l.is_empty()) {
+            let _ = run(&root, &["kill", "-a", id, "KILL"]);
+            let _ = run(&root, &["delete", "-f", id]);
+        }
+    }
+    let needle = dir.display().to_string();
+    for pid in processes_naming(&needle) {
+        // SAFETY: kill(2) of a process whose command line names the worker's folder.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+    remove_folder(dir);
+}
+
+/// The processes (other than this one) whose command line contains `needle`.
+fn processes_naming(needle: &str) -> Vec<i32> {
+    let own = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            (pid != own && String::from_utf8_lossy(&cmdline).contains(needle)).then_some(pid)
+        })
+        .collect()
 }
 
 /// Detaches every mount under `dir` (the kubelet's volumes, containers' root file

@@ -314,6 +314,17 @@ pub async fn run(
             }
             _ => {}
         }
+        let worker_folder = settings.root.data().join("kubernetes-worker");
+        if !current.kubernetes_worker && worker.is_none() && worker_folder.exists() {
+            // The role went while this node was down, or its runnable stopped before
+            // its own teardown (a start that failed): remove what the worker left.
+            let runc = settings.runtime_binaries.join("runc");
+            tokio::task::spawn_blocking(move || {
+                kubernetes::workerstate::clean_up_leftovers(&runc, &worker_folder)
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("removing what a worker left: {e}"))?;
+        }
         match (current.consensus_member, controlplane.is_some()) {
             (true, false) => {
                 tracing::info!("this node is a consensus member: starting its control plane");
