@@ -305,6 +305,7 @@ pub fn records_seeds() -> Vec<Vec<u8>> {
                 last_error: "kube-apiserver exited (exit status: 1)".into(),
                 since_unix_ms: 1_795_000_000_000,
             }],
+            kubernetes_node: "NotReady: KubeletNotReady".into(),
         }),
         health: 1,
         data_join_key: vec![2; 32],

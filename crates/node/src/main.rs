@@ -459,6 +459,8 @@ async fn run(start: Start) -> Result<()> {
         kubernetes_images: args.kubernetes_images.clone(),
         cni_plugins: args.cni_plugins.clone(),
     };
+    // A decommissioned worker's pods go before its data does (see below).
+    let worker_runc = args.runtime_binaries.join("runc");
     let (fatal_tx, mut fatal_rx) = tokio::sync::mpsc::unbounded_channel();
     let node_root = root.clone();
     let supervisor_config = supervisor::Config {
@@ -515,6 +517,20 @@ async fn run(start: Start) -> Result<()> {
             ?stuck,
             "runnables still running {SHUTDOWN_BOUND:?} after the shutdown began: stopping without them"
         );
+    }
+    if let Err(e) = &outcome
+        && e.downcast_ref::<LeftCluster>().is_some()
+    {
+        // A worker's containers and their mounts would outlive the wipe (and keep the
+        // data device busy): they go first.
+        let worker = node_root.data().join("kubernetes-worker");
+        if worker.exists() {
+            tokio::task::spawn_blocking(move || {
+                kubernetes::workerstate::clean_up_leftovers(&worker_runc, &worker)
+            })
+            .await
+            .context("removing the worker's containers before the wipe")?;
+        }
     }
     if let Some(volume) = volume {
         // Nothing uses the data any more: its key leaves the kernel, it is unmounted.
